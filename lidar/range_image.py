@@ -1,0 +1,139 @@
+"""Range images: the (C, H, W) view every LidarVerse component shares.
+
+Layout (DESIGN.md): row 0 is the highest beam, column u = floor(0.5 * (1 - atan2(y, x) / pi) * W), so
+straight ahead is the centre column and azimuth wraps around. Range 0 means no return.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from lidar.sensors import Sensor
+
+
+@dataclass
+class RangeImage:
+    """A projected sweep. `range` is metres with 0 for no return; `intensity` is in [0, 1]."""
+
+    range: np.ndarray
+    intensity: np.ndarray
+
+    def __post_init__(self) -> None:
+        if self.range.shape != self.intensity.shape or self.range.ndim != 2:
+            raise ValueError(
+                f"range and intensity must be matching (H, W) arrays, got {self.range.shape} and {self.intensity.shape}"
+            )
+
+    @property
+    def mask(self) -> np.ndarray:
+        return self.range > 0
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return self.range.shape  # type: ignore[return-value]
+
+    def stack(self) -> np.ndarray:
+        """(3, H, W) float32: range, intensity, mask."""
+        return np.stack([self.range, self.intensity, self.mask.astype(np.float32)]).astype(np.float32)
+
+
+def azimuth_columns(points_xy: np.ndarray, width: int) -> np.ndarray:
+    """Column index of each point by the DESIGN.md formula, wrapped into [0, width)."""
+    az = np.arctan2(points_xy[:, 1], points_xy[:, 0])
+    u = np.floor(0.5 * (1.0 - az / np.pi) * width).astype(np.int64)
+    return np.mod(u, width)
+
+
+def beam_rows(points: np.ndarray, sensor: Sensor) -> np.ndarray:
+    """Nearest beam row per point from its elevation; -1 where it lies outside the sensor's beams.
+
+    A point more than one beam spacing above the top beam or below the bottom one does not belong to any
+    beam (e.g. a scan that is not in the sensor frame), so it is rejected instead of clamped.
+    """
+    elev = np.arctan2(points[:, 2], np.hypot(points[:, 0], points[:, 1]))
+    beams = sensor.elevations[::-1]  # ascending for searchsorted
+    if len(beams) == 1:
+        rows = np.zeros(len(points), dtype=np.int64)
+        tol = np.deg2rad(1.0)
+        rows[np.abs(elev - beams[0]) > tol] = -1
+        return rows
+    mids = 0.5 * (beams[1:] + beams[:-1])
+    asc = np.searchsorted(mids, elev)
+    rows = (len(beams) - 1 - asc).astype(np.int64)
+    spacing = np.diff(beams)
+    top_tol, bottom_tol = spacing[-1], spacing[0]
+    outside = (elev > beams[-1] + top_tol) | (elev < beams[0] - bottom_tol)
+    rows[outside] = -1
+    return rows
+
+
+def rows_from_ring(points: np.ndarray, ring: np.ndarray, sensor: Sensor) -> np.ndarray:
+    """Rows from a file's ring/beam column, oriented so row 0 is the highest beam.
+
+    Datasets disagree on whether ring 0 is the top (Ouster) or the bottom beam (some Velodyne drivers),
+    so the order is read off the data: if mean elevation rises with the ring index, the index is flipped.
+    """
+    ring = np.asarray(ring).astype(np.int64)
+    if ring.size == 0:
+        return ring
+    valid = (ring >= 0) & (ring < sensor.height)
+    elev = np.arctan2(points[:, 2], np.hypot(points[:, 0], points[:, 1]))
+    if valid.sum() > 2 and np.unique(ring[valid]).size > 1:
+        corr = np.corrcoef(ring[valid].astype(np.float64), elev[valid])[0, 1]
+        if np.isfinite(corr) and corr > 0:
+            ring = sensor.height - 1 - ring
+    return np.where(valid, ring, -1)
+
+
+def project(points: np.ndarray, sensor: Sensor, ring: np.ndarray | None = None) -> RangeImage:
+    """Z-buffer points (N, 3+) in the sensor frame into a range image; the nearest return wins a pixel.
+
+    Column 3, if present, is intensity in [0, 1]. `ring` gives each point's beam index when the file has
+    one; otherwise the nearest beam elevation decides. Points outside [min_range, max_range] are dropped.
+    """
+    pts = np.asarray(points, dtype=np.float64)
+    if pts.ndim != 2 or pts.shape[1] < 3:
+        raise ValueError(f"points must be an (N, 3+) array, got shape {pts.shape}")
+    height, width = sensor.shape
+    rng = np.linalg.norm(pts[:, :3], axis=1)
+    rows = rows_from_ring(pts, ring, sensor) if ring is not None else beam_rows(pts, sensor)
+    keep = (rows >= 0) & (rng >= sensor.min_range) & (rng <= sensor.max_range) & np.isfinite(rng)
+    cols = azimuth_columns(pts[keep, :2], width)
+    pix = rows[keep] * width + cols
+    r = rng[keep]
+    inten = pts[keep, 3] if pts.shape[1] > 3 else np.zeros_like(r)
+    order = np.lexsort((r, pix))  # by pixel, then nearest first
+    pix_sorted = pix[order]
+    first = np.ones(len(order), dtype=bool)
+    first[1:] = pix_sorted[1:] != pix_sorted[:-1]
+    winners = order[first]
+    range_img = np.zeros(height * width, dtype=np.float32)
+    inten_img = np.zeros(height * width, dtype=np.float32)
+    range_img[pix[winners]] = r[winners]
+    inten_img[pix[winners]] = np.clip(inten[winners], 0.0, 1.0)
+    return RangeImage(range_img.reshape(height, width), inten_img.reshape(height, width))
+
+
+def unproject(image: RangeImage, sensor: Sensor) -> np.ndarray:
+    """Points (N, 4) float32 (x, y, z, intensity) for every returning pixel, along its beam and column centre."""
+    if image.shape != sensor.shape:
+        raise ValueError(f"range image is {image.shape} but sensor {sensor.name!r} is {sensor.shape}")
+    mask = image.mask
+    dirs = sensor.ray_directions()[mask]
+    xyz = dirs * image.range[mask, None].astype(np.float64)
+    return np.concatenate([xyz, image.intensity[mask, None]], axis=1).astype(np.float32)
+
+
+def encode_range(range_m: np.ndarray, max_range: float) -> np.ndarray:
+    """Metres -> log-range in [-1, 1] as the network sees it; 0 m (no return) maps to exactly -1."""
+    r = np.clip(np.asarray(range_m, dtype=np.float32), 0.0, max_range)
+    return (2.0 * np.log1p(r) / np.log1p(max_range) - 1.0).astype(np.float32)
+
+
+def decode_range(encoded: np.ndarray, max_range: float, min_range: float) -> np.ndarray:
+    """Inverse of `encode_range`; anything decoding below `min_range` is a ray drop (0 m)."""
+    e = np.clip(np.asarray(encoded, dtype=np.float32), -1.0, 1.0)
+    r = np.expm1((e + 1.0) * 0.5 * np.log1p(max_range)).astype(np.float32)
+    return np.where(r >= min_range, r, 0.0).astype(np.float32)
