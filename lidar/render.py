@@ -23,7 +23,8 @@ ColorBy = Literal["height", "range", "intensity"]
 BevColorBy = Literal["height", "density", "intensity"]
 
 # Turbo (Mikhailov, Google AI Blog 2019) as its published degree-5 polynomial fit; rows are the
-# coefficients of x^0..x^5 for red, green and blue. Perceptually ordered, readable on black.
+# coefficients of x^0..x^5 for red, green and blue. Perceptually ordered, readable on black. The LUT
+# starts at x = 0.05: Turbo's bottom few percent is near-black and would read as "no return".
 _TURBO_COEFFS = np.array(
     [
         [0.13572138, 4.61539260, -42.66032258, 132.13108234, -152.94239396, 59.28637943],
@@ -32,7 +33,9 @@ _TURBO_COEFFS = np.array(
     ]
 )
 _TURBO_LUT = np.clip(
-    np.stack([np.polynomial.polynomial.polyval(np.linspace(0.0, 1.0, 256), c) for c in _TURBO_COEFFS], axis=1)
+    np.stack(
+        [np.polynomial.polynomial.polyval(np.linspace(0.05, 1.0, 256), c) for c in _TURBO_COEFFS], axis=1
+    )
     * 255.0
     + 0.5,
     0,
