@@ -1,0 +1,176 @@
+"""Metrics give the numbers LiDARGen / R2DM define, checked against hand values, scipy and explicit loops."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from scipy.spatial.distance import jensenshannon
+
+from lidar import metrics
+from lidar.range_image import RangeImage, project
+from lidar.sensors import HDL32
+
+
+def _scene(seed: int, n: int = 3000, shift: float = 0.0) -> np.ndarray:
+    """A street-ish cloud: ground ring plus two walls, optionally slid forward by `shift` metres."""
+    rng = np.random.default_rng(seed)
+    az = rng.uniform(-np.pi, np.pi, n)
+    r = rng.uniform(4.0, 60.0, n)
+    ground = np.stack([r * np.cos(az), r * np.sin(az), np.full(n, -1.8)], axis=1)
+    x = rng.uniform(-50, 50, n)
+    walls = np.stack([x, np.where(rng.random(n) < 0.5, 8.3, -8.3), rng.uniform(-1.8, 3.0, n)], axis=1)
+    pts = np.concatenate([ground, walls])
+    pts[:, 0] += shift
+    return pts.astype(np.float32)
+
+
+def test_bev_histogram_bins_by_hand_and_keeps_only_3_to_70_m_by_xyz_norm():
+    pts = np.array(
+        [
+            [10.0, 0.0, 0.0],  # kept: x-bin floor(90 / 1.6) = 56, y-bin 50
+            [69.9, 0.0, 0.0],  # kept: x-bin 93
+            [-10.0, -20.0, 5.0],  # range 22.9, kept: x-bin 43, y-bin 37
+            [2.0, 0.0, 0.0],  # too near
+            [0.0, 0.0, 3.0],  # exactly 3 m: dropped (strict)
+            [70.0, 0.0, 0.0],  # exactly 70 m: dropped (strict)
+            [2.9, 0.0, 69.9],  # xy within 3 m but xyz norm ~70 m: range is 3D, kept
+            [np.nan, 1.0, 1.0],
+        ]
+    )
+    hist = metrics.bev_histogram(pts)
+    assert hist.shape == (100, 100) and hist.dtype == np.float64
+    assert hist.sum() == 4
+    assert hist[56, 50] == 1 and hist[93, 50] == 1 and hist[43, 37] == 1 and hist[51, 50] == 1
+
+
+def test_bev_histogram_matches_r2dm_torch_histogramdd():
+    torch = pytest.importorskip("torch")
+    pts = _scene(1)
+    # R2DM metrics/bev.py point_cloud_to_histogram, re-typed here as the reference. (Walls sit off bin
+    # edges: R2DM's float32 torch edges and LiDARGen's float64 numpy edges can disagree exactly on one.)
+    pc = torch.from_numpy(pts)
+    depth = pc.norm(p=2, dim=1)
+    mask = (depth > 3.0) & (depth < 70.0)
+    ref = torch.histogramdd(pc[mask, 0:2], bins=100, range=[-80.0, 80.0, -80.0, 80.0]).hist
+    np.testing.assert_array_equal(metrics.bev_histogram(pts), ref.numpy())
+
+
+def test_histogram_jsd_is_scipys_natural_log_distance():
+    rng = np.random.default_rng(0)
+    a = rng.integers(0, 20, size=(3, 7, 7)).astype(float)
+    b = rng.integers(0, 20, size=(5, 7, 7)).astype(float)
+    expected = jensenshannon(a.sum(0).ravel() / a.sum(), b.sum(0).ravel() / b.sum())
+    assert metrics.histogram_jsd(a, b) == pytest.approx(expected, rel=1e-12)
+    # By hand: p = [1, 0], q = [1/2, 1/2], m = [3/4, 1/4].
+    js = 0.5 * (math.log(4 / 3) + 0.5 * math.log(2 / 3) + 0.5 * math.log(2))
+    assert metrics.histogram_jsd(np.array([[2.0, 0.0]]), np.array([[1.0, 1.0]])) == pytest.approx(
+        math.sqrt(js)
+    )
+    # Disjoint support: the maximum, sqrt(ln 2).
+    assert metrics.histogram_jsd(np.array([[1.0, 0.0]]), np.array([[0.0, 3.0]])) == pytest.approx(
+        math.sqrt(math.log(2))
+    )
+
+
+def test_histogram_jsd_compares_set_sums_not_scans():
+    a = np.array([[1.0, 0.0], [0.0, 1.0]])
+    b = np.array([[5.0, 5.0]])
+    assert metrics.histogram_jsd(a, b) == 0.0
+
+
+def test_histogram_mmd_equals_an_explicit_double_loop():
+    rng = np.random.default_rng(1)
+    a = rng.integers(0, 5, size=(3, 4, 4)).astype(float) + 0.1
+    b = rng.integers(0, 5, size=(4, 4, 4)).astype(float)
+    b[:, 0, 0] += 1.0
+    sigma = 0.5
+
+    def kernel(x, y):
+        x, y = x.ravel() / x.sum(), y.ravel() / y.sum()
+        return math.exp(-float(np.sum((x - y) ** 2)) / (2 * sigma * sigma))
+
+    def disc(s1, s2):
+        return sum(kernel(x, y) for x in s1 for y in s2) / (len(s1) * len(s2))
+
+    expected = disc(a, a) + disc(b, b) - 2 * disc(a, b)
+    assert expected > 1e-4
+    assert metrics.histogram_mmd(a, b) == pytest.approx(expected, rel=1e-10)
+
+
+def test_bev_mmd_by_hand_for_two_one_point_scans():
+    # Each scan's pmf is a one-hot in a different bin: ||p - q||^2 = 2 -> MMD = 2 - 2 exp(-2 / (2 * 0.25)).
+    a = [np.array([[10.0, 0.0, 0.0]])]
+    b = [np.array([[-10.0, 0.0, 0.0]])]
+    assert metrics.bev_mmd(a, b) == pytest.approx(2.0 - 2.0 * math.exp(-4.0))
+    assert metrics.bev_jsd(a, b) == pytest.approx(math.sqrt(math.log(2)))
+
+
+def test_identical_sets_score_zero_and_a_shifted_world_does_not():
+    same = [_scene(s) for s in range(3)]
+    assert metrics.bev_jsd(same, same) == 0.0
+    assert metrics.bev_mmd(same, same) == pytest.approx(0.0, abs=1e-15)
+    assert metrics.range_histogram_jsd(same, same) == 0.0
+    near = metrics.bev_jsd(same, [_scene(s, shift=2.0) for s in range(3)])
+    far = metrics.bev_jsd(same, [_scene(s, shift=12.0) for s in range(3)])
+    assert 0.0 < near < far <= math.sqrt(math.log(2))
+    assert metrics.bev_mmd(same, [_scene(s, shift=12.0) for s in range(3)]) > 0.0
+
+
+def test_bev_metrics_refuse_empty_sets_single_arrays_and_empty_windows():
+    with pytest.raises(ValueError, match="empty"):
+        metrics.bev_jsd([], [_scene(0)])
+    with pytest.raises(ValueError, match="wrap a single scan"):
+        metrics.bev_mmd(_scene(0), [_scene(0)])
+    with pytest.raises(ValueError, match="no points inside the histogram window"):
+        metrics.bev_mmd([np.array([[1.0, 0.0, 0.0]])], [_scene(0)])
+
+
+def test_range_histogram_jsd_by_hand_and_range_images_agree_with_points():
+    a = [np.array([[5.0, 0.0, 0.0], [0.0, 15.0, 0.0]])]  # ranges 5 and 15 -> bins 0 and 1 of 10 m
+    b = [np.array([[0.0, 0.0, 5.0]])]  # range 5 -> bin 0
+    js = 0.5 * (math.log(4 / 3) + 0.5 * math.log(2 / 3) + 0.5 * math.log(2))
+    assert metrics.range_histogram_jsd(b, a, bins=10, max_range=100.0) == pytest.approx(math.sqrt(js))
+
+    sensor = HDL32.with_width(256)
+    images = [project(_scene(0), sensor), project(_scene(1, shift=5.0), sensor)]
+    hists = [np.histogram(im.range[im.mask], bins=100, range=(0.0, 100.0))[0] for im in images]
+    expected = jensenshannon(hists[0] / hists[0].sum(), hists[1] / hists[1].sum())
+    assert metrics.range_histogram_jsd(images[:1], images[1:]) == pytest.approx(expected, rel=1e-12)
+    assert expected > 0
+
+
+def test_beam_return_rate_counts_returns_per_row():
+    rng = np.zeros((3, 4), dtype=np.float32)
+    rng[0, :] = 10.0  # top row all returns
+    rng[1, :2] = 5.0  # half
+    first = RangeImage(rng, np.zeros_like(rng))
+    np.testing.assert_array_equal(metrics.beam_return_rate(first), [1.0, 0.5, 0.0])
+    second = RangeImage(np.ones((3, 4), dtype=np.float32), np.zeros((3, 4), dtype=np.float32))
+    np.testing.assert_array_equal(metrics.beam_return_rate([first, second]), [1.0, 0.75, 0.5])
+    np.testing.assert_array_equal(metrics.beam_return_rate(np.stack([rng, second.range])), [1.0, 0.75, 0.5])
+    np.testing.assert_array_equal(metrics.beam_return_rate(rng > 0), [1.0, 0.5, 0.0])
+    with pytest.raises(ValueError, match="one shape"):
+        metrics.beam_return_rate([first, RangeImage(np.ones((2, 4)), np.ones((2, 4)))])
+    with pytest.raises(ValueError, match=r"\(H, W\)"):
+        metrics.beam_return_rate(np.ones(5))
+
+
+def test_chamfer_distance_by_hand_brute_force_and_identity():
+    a = np.array([[0.0, 0.0, 0.0, 0.3]])
+    b = np.array([[3.0, 4.0, 0.0], [0.0, 0.0, 1.0]])
+    # a->b: 1; b->a: mean(5, 1) = 3; CD = (1 + 3) / 2 = 2 metres (not squared).
+    assert metrics.chamfer_distance(a, b) == pytest.approx(2.0)
+
+    rng = np.random.default_rng(3)
+    x, y = rng.normal(size=(200, 3)), rng.normal(size=(150, 3)) + 0.5
+    d = np.linalg.norm(x[:, None] - y[None], axis=2)
+    assert metrics.chamfer_distance(x, y) == pytest.approx(
+        0.5 * (d.min(1).mean() + d.min(0).mean()), rel=1e-12
+    )
+    assert metrics.chamfer_distance(x, x) == 0.0
+    with pytest.raises(ValueError, match="non-empty"):
+        metrics.chamfer_distance(np.zeros((0, 3)), y)
+    with pytest.raises(ValueError, match="non-finite"):
+        metrics.chamfer_distance(np.array([[np.nan, 0, 0]]), y)
