@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -11,6 +12,8 @@ from scipy.spatial.distance import jensenshannon
 from lidar import metrics
 from lidar.range_image import RangeImage, project
 from lidar.sensors import HDL32
+
+REAL_SCANS = Path(__file__).resolve().parents[2] / "shared/data/real_scans"
 
 
 def _scene(seed: int, n: int = 3000, shift: float = 0.0) -> np.ndarray:
@@ -174,3 +177,21 @@ def test_chamfer_distance_by_hand_brute_force_and_identity():
         metrics.chamfer_distance(np.zeros((0, 3)), y)
     with pytest.raises(ValueError, match="non-finite"):
         metrics.chamfer_distance(np.array([[np.nan, 0, 0]]), y)
+
+
+def _kitti_bin(name: str) -> np.ndarray:
+    path = REAL_SCANS / name
+    if not path.exists():
+        pytest.skip(f"shared real scan {path} is absent (expected the shared data folder next to the repo)")
+    return np.fromfile(path, dtype=np.float32).reshape(-1, 4)
+
+
+def test_real_kitti_frames_score_closer_to_each_other_than_to_another_dataset():
+    k0, k2, k4 = (_kitti_bin(f"kitti_patchworkpp_00000{i}.bin") for i in (0, 2, 4))
+    panda = _kitti_bin("pandaset_bynow76_000000.bin")  # ego/ground frame, another sensor and city
+    same_drive = metrics.bev_jsd([k0], [k2])
+    other = metrics.bev_jsd([k0], [panda])
+    assert 0.0 < same_drive < other
+    assert metrics.bev_mmd([k0], [k2]) < metrics.bev_mmd([k0], [panda])
+    # Frames 0.2 s apart disagree less than frames 0.4 s apart.
+    assert 0.0 < metrics.chamfer_distance(k0, k2) < metrics.chamfer_distance(k0, k4) < 1.0
