@@ -1,0 +1,22 @@
+"""Point-cloud files in and out: KITTI/nuScenes `.bin`, `.pcd`, `.ply`, `.npy`/`.npz`, `.las`/`.laz`.
+
+`read_points` returns a `Scan` whose points follow DESIGN.md (float32 x, y, z, intensity in [0, 1]);
+`write_points` picks the format from the extension; `detect_sensor` guesses the device.
+"""
+
+from lidar.formats.detect import azimuth_coverage_deg, detect_sensor, elevations_deg
+from lidar.formats.io import WRITERS, read_points, write_points
+from lidar.formats.scan import MAX_FILE_BYTES, MAX_POINTS, PointCloudError, Scan
+
+__all__ = [
+    "MAX_FILE_BYTES",
+    "MAX_POINTS",
+    "WRITERS",
+    "PointCloudError",
+    "Scan",
+    "azimuth_coverage_deg",
+    "detect_sensor",
+    "elevations_deg",
+    "read_points",
+    "write_points",
+]

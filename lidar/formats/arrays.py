@@ -1,0 +1,108 @@
+"""NumPy `.npy` / `.npz` clouds: a plain (N, 3+) array, a structured array, or named arrays in an archive.
+
+Columns of a plain array follow the KITTI/nuScenes order (x, y, z, intensity, then ring or time), so a
+`.bin` that someone saved with `np.save` reads the same as the raw file would.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from lidar.formats.fields import extra_column_kind, split_fields
+from lidar.formats.scan import PointCloudError, Scan, build_scan, check_point_count
+from lidar.sensors import Sensor
+
+NPY_MAGIC = b"\x93NUMPY"
+
+
+def _npy_rows(path: Path) -> int:
+    """Row count from the .npy header alone, so an oversized array is refused before it is loaded."""
+    with path.open("rb") as f:
+        try:
+            version = np.lib.format.read_magic(f)
+            read_header = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
+            shape, _, _ = read_header(f)
+        except ValueError as err:
+            raise PointCloudError(f"{path}: corrupt .npy header: {err}") from err
+    return int(shape[0]) if shape else 0
+
+
+def _columns_from_array(path: Path, arr: np.ndarray) -> dict[str, Any]:
+    if arr.dtype.names:
+        return split_fields(path, {name: arr[name] for name in arr.dtype.names})
+    if arr.ndim != 2 or arr.shape[1] < 3 or not np.issubdtype(arr.dtype, np.number):
+        raise PointCloudError(
+            f"{path}: array of shape {arr.shape} and dtype {arr.dtype}; expected a numeric (N, 3+) array of "
+            "x, y, z[, intensity[, ring or time]]"
+        )
+    data = arr.astype(np.float64)
+    out: dict[str, Any] = {"xyz": data[:, :3], "columns": ("x", "y", "z")}
+    if data.shape[1] > 3:
+        out["intensity"] = data[:, 3]
+        out["columns"] += ("intensity",)
+    if data.shape[1] > 4:
+        kind = extra_column_kind(data[:, 4])
+        out["columns"] += (kind,)
+        if kind in ("ring", "time"):
+            out[kind] = data[:, 4]
+    if data.shape[1] > 5:
+        out["columns"] += tuple(f"extra{k}" for k in range(5, data.shape[1]))
+    return out
+
+
+def _load(path: Path, arr: np.ndarray, fmt: str, sensor: Sensor | None) -> Scan:
+    notes = []
+    if arr.dtype.names is None and arr.ndim == 2 and arr.shape[1] > 5:
+        notes.append(f"columns beyond the 5th ignored ({arr.shape[1]} columns)")
+    return build_scan(path, fmt, **_columns_from_array(path, arr), notes=notes, sensor=sensor)
+
+
+def read_npy(path: Path, sensor: Sensor | None) -> Scan:
+    check_point_count(path, _npy_rows(path))
+    try:
+        arr = np.load(path, allow_pickle=False)
+    except ValueError as err:
+        raise PointCloudError(f"{path}: cannot load the .npy array without unpickling ({err}); expected a numeric array") from err
+    return _load(path, arr, "npy", sensor)
+
+
+def read_npz(path: Path, sensor: Sensor | None) -> Scan:
+    try:
+        archive = np.load(path, allow_pickle=False)
+        arrays = {k: archive[k] for k in archive.files}
+    except ValueError as err:
+        raise PointCloudError(f"{path}: cannot load the .npz archive without unpickling ({err})") from err
+    if not arrays:
+        raise PointCloudError(f"{path}: the .npz archive is empty; expected 'points' (N, 3+) or x, y, z arrays")
+    lower = {k.lower(): k for k in arrays}
+    key = lower.get("points") or (next(iter(arrays)) if len(arrays) == 1 else None)
+    if key is not None:
+        arr = arrays[key]
+        check_point_count(path, len(arr))
+        if "ring" in lower and arr.dtype.names is None and arr.ndim == 2:
+            cols = _columns_from_array(path, arr[:, :4])
+            cols["ring"] = arrays[lower["ring"]]
+            cols["columns"] += ("ring",)
+            return build_scan(path, "npz", **cols, sensor=sensor)
+        return _load(path, arr, "npz", sensor)
+    if all(c in lower for c in "xyz"):
+        check_point_count(path, len(arrays[lower["x"]]))
+        return build_scan(path, "npz", **split_fields(path, arrays), sensor=sensor)
+    raise PointCloudError(
+        f"{path}: .npz keys {sorted(arrays)}; expected 'points' (N, 3+) (optionally with 'ring') or x, y, z arrays"
+    )
+
+
+def write_npy(path: Path, points: np.ndarray, ring: np.ndarray | None) -> None:
+    data = points if ring is None else np.concatenate([points, ring[:, None].astype(np.float32)], axis=1)
+    np.save(path, data.astype(np.float32))
+
+
+def write_npz(path: Path, points: np.ndarray, ring: np.ndarray | None) -> None:
+    arrays = {"points": points.astype(np.float32)}
+    if ring is not None:
+        arrays["ring"] = ring.astype(np.int64)
+    np.savez_compressed(path, **arrays)

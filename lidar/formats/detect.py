@@ -1,0 +1,90 @@
+"""`detect_sensor`: which LiDAR most likely produced a scan, from its beams and its elevation spread.
+
+A ring column settles the beam count, and the highest beam's measured elevation picks among presets with
+that count; a sensor no preset describes (e.g. an OS1-64 Gen1, +-16.6 deg) gets its beam table measured
+from the file. Without rings the top of the elevation distribution decides: the highest beam nearly
+always hits something, while the lowest is often hidden by the car or cropped to a camera's view.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import numpy as np
+
+from lidar.formats.scan import Scan
+from lidar.range_image import beam_rows
+from lidar.sensors import PRESETS, Sensor
+
+logger = logging.getLogger(__name__)
+
+#: The measured top beam must be this close (degrees) to a preset's top beam.
+_TOP_TOLERANCE_DEG = 2.5
+#: A preset is ruled out when more than this fraction of far returns lies outside its beams.
+_MAX_OUTSIDE = 0.08
+#: Standard range-image widths; a scan gets the narrowest that holds one column per return of a beam.
+_WIDTHS = (512, 1024, 2048, 4096)
+#: Returns nearer than this are skipped: the sensor's blind zone and, for some drivers, offsets from its origin.
+_MIN_RANGE = 2.0
+
+
+def elevations_deg(points: np.ndarray) -> np.ndarray:
+    return np.degrees(np.arctan2(points[:, 2], np.hypot(points[:, 0], points[:, 1])))
+
+
+def azimuth_coverage_deg(points: np.ndarray) -> int:
+    """Occupied 1-degree azimuth bins out of 360, around the file's origin (as the real-scan README counts)."""
+    az = np.degrees(np.arctan2(points[:, 1], points[:, 0]))
+    return int(np.unique(np.floor(az).astype(np.int64) % 360).size)
+
+
+def _width(points_per_beam: float) -> int:
+    return next((w for w in _WIDTHS if w >= 0.95 * points_per_beam), _WIDTHS[-1])
+
+
+def _from_rings(scan: Scan, far: np.ndarray, elev: np.ndarray) -> Sensor | None:
+    ring = scan.ring
+    assert ring is not None
+    height = int(ring.max()) + 1
+    counts = np.bincount(ring[ring >= 0], minlength=height)
+    per_ring = [elev[far & (ring == k)] for k in range(height)]
+    if height < 2 or any(len(e) < 5 for e in per_ring):
+        logger.info("%s: %d rings, some with almost no returns; sensor not detected", scan.path, height)
+        return None
+    measured = np.array([np.median(e) for e in per_ring])
+    top = float(measured.max())
+    width = _width(float(counts.max()))
+    candidates = [s for s in PRESETS.values() if s.height == height]
+    if candidates:
+        best = min(candidates, key=lambda s: abs(s.elevations_deg[0] - top))
+        if abs(best.elevations_deg[0] - top) <= _TOP_TOLERANCE_DEG:
+            return best.with_width(width)
+    if np.unique(np.round(measured, 4)).size != height:
+        return None
+    return Sensor.from_angles(f"measured-{height}", np.round(measured, 4), width=width, min_range=0.5, max_range=120.0)
+
+
+def detect_sensor(scan: Scan) -> Sensor | None:
+    """The likely sensor (a preset at a fitting width, or a beam table measured from rings), None if unsure."""
+    if not scan.sensor_frame:
+        return None
+    pts = scan.points
+    far = np.linalg.norm(pts[:, :3], axis=1) > _MIN_RANGE
+    if far.sum() < 100:
+        return None
+    elev = elevations_deg(pts)
+    if scan.ring is not None:
+        return _from_rings(scan, far, elev)
+    top = float(np.percentile(elev[far], 99.8))
+    fits = []
+    for sensor in PRESETS.values():
+        outside = float((beam_rows(pts[far], sensor) == -1).mean())
+        gap = abs(sensor.elevations_deg[0] - top)
+        if outside <= _MAX_OUTSIDE and gap <= _TOP_TOLERANCE_DEG:
+            fits.append((gap, outside, sensor))
+    if not fits:
+        return None
+    _, _, sensor = min(fits, key=lambda f: (f[0], f[1]))
+    returns = pts[np.abs(pts[:, :3]).sum(axis=1) > 0]
+    per_beam = len(returns) / sensor.height * 360.0 / max(azimuth_coverage_deg(returns), 1)
+    return sensor.with_width(_width(per_beam))

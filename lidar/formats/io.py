@@ -1,0 +1,133 @@
+"""`read_points` / `write_points`: pick a format from the file's content first, then its extension.
+
+Content wins because real files lie about their names (a NumPy array saved as `.bin`, a PCD renamed to
+`.txt`); the extension decides only for headerless raw sweeps and when writing.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+
+from lidar.formats.arrays import NPY_MAGIC, read_npy, read_npz, write_npy, write_npz
+from lidar.formats.binary import read_bin, write_bin
+from lidar.formats.las import read_las, write_las
+from lidar.formats.pcd import read_pcd, write_pcd
+from lidar.formats.ply import read_ply, write_ply
+from lidar.formats.scan import PointCloudError, Scan, check_file_size
+from lidar.sensors import Sensor
+
+logger = logging.getLogger(__name__)
+
+#: Writers by format name; `write_points` maps extensions onto these.
+WRITERS: dict[str, Callable[[Path, np.ndarray, np.ndarray | None], None]] = {
+    "kitti-bin": write_bin,
+    "nuscenes-bin": write_bin,
+    "pcd": write_pcd,
+    "pcd-ascii": lambda p, pts, ring: write_pcd(p, pts, ring, binary=False),
+    "ply": write_ply,
+    "ply-ascii": lambda p, pts, ring: write_ply(p, pts, ring, binary=False),
+    "npy": write_npy,
+    "npz": write_npz,
+    "las": write_las,
+    "laz": write_las,
+}
+_EXTENSIONS = {".bin": "kitti-bin", ".pcd": "pcd", ".ply": "ply", ".npy": "npy", ".npz": "npz", ".las": "las", ".laz": "laz"}
+
+
+def _sniff(path: Path) -> str | None:
+    """Format named by the first bytes, or None for headerless data."""
+    with path.open("rb") as f:
+        head = f.read(64)
+    if head.startswith(NPY_MAGIC):
+        return "npy"
+    if head.startswith(b"PK\x03\x04"):
+        return "npz"
+    if head.startswith(b"LASF"):
+        return "las"
+    if head.startswith(b"ply\n") or head.startswith(b"ply\r\n"):
+        return "ply"
+    text = head.lstrip()
+    if text.startswith(b"# .PCD") or text.startswith(b"VERSION") or text.startswith(b"FIELDS"):
+        return "pcd"
+    return None
+
+
+def read_points(path: str | Path, sensor: Sensor | None = None) -> Scan:
+    """Read one sweep from any supported file; `sensor`, if known, helps derive rings of organised dumps.
+
+    Raises `PointCloudError` naming the file and what was expected for every kind of bad input.
+    """
+    path = Path(path)
+    started = time.perf_counter()
+    size = check_file_size(path)
+    kind = _sniff(path)
+    suffix = path.suffix.lower()
+    if kind is None and suffix not in (".bin", ""):
+        raise PointCloudError(
+            f"{path}: unrecognised content for a {suffix} file; expected one of "
+            f"{sorted(_EXTENSIONS)} (a {suffix} file must start with its format's header)"
+        )
+    expected = {"npy": (".npy",), "npz": (".npz",), "las": (".las", ".laz"), "ply": (".ply",), "pcd": (".pcd",)}
+    notes = []
+    if kind is not None and suffix not in expected[kind]:
+        notes.append(f"content is a {kind.upper()} file despite the {suffix or 'missing'} extension")
+    readers = {"npy": read_npy, "npz": read_npz, "las": read_las, "ply": read_ply, "pcd": read_pcd}
+    try:
+        scan = readers[kind](path, sensor) if kind is not None else read_bin(path, size, sensor)
+    except (OSError, UnicodeError, ValueError, IndexError) as err:
+        if isinstance(err, PointCloudError):
+            raise
+        raise PointCloudError(f"{path}: cannot read as {kind or 'a raw sweep'}: {err}") from err
+    scan.notes[:0] = notes
+    logger.info("read %s (%s, %d points) in %.3f s", path, scan.format, scan.num_points, time.perf_counter() - started)
+    return scan
+
+
+def format_for(path: Path, fmt: str | None) -> str:
+    """The writer name for `fmt` or, if None, for the path's extension (`.pcd.bin` means nuScenes)."""
+    if fmt is not None:
+        if fmt not in WRITERS:
+            raise PointCloudError(f"{path}: unknown format {fmt!r}; expected one of {sorted(WRITERS)}")
+        return fmt
+    name = path.name.lower()
+    if name.endswith(".pcd.bin"):
+        return "nuscenes-bin"
+    if path.suffix.lower() not in _EXTENSIONS:
+        raise PointCloudError(
+            f"{path}: cannot tell the format from the extension {path.suffix or '(none)'}; expected one of "
+            f"{sorted(_EXTENSIONS)} or .pcd.bin, or pass fmt= one of {sorted(WRITERS)}"
+        )
+    return _EXTENSIONS[path.suffix.lower()]
+
+
+def write_points(path: str | Path, points: np.ndarray, fmt: str | None = None, ring: np.ndarray | None = None) -> Path:
+    """Write (N, 4) points (intensity in [0, 1]) in the format of `fmt` or the extension; returns the path.
+
+    `ring` (N,) beam indices are stored where the format has a place for them; the nuScenes layout
+    requires them.
+    """
+    path = Path(path)
+    fmt = format_for(path, fmt)
+    pts = np.asarray(points, dtype=np.float32)
+    if pts.ndim != 2 or pts.shape[1] != 4 or len(pts) == 0:
+        raise PointCloudError(f"{path}: points have shape {pts.shape}; expected a non-empty (N, 4) x, y, z, intensity array")
+    if not np.isfinite(pts).all():
+        raise PointCloudError(f"{path}: points contain NaN/inf; drop them before writing")
+    if ring is not None:
+        ring = np.asarray(ring)
+        if ring.shape != (len(pts),) or not np.issubdtype(ring.dtype, np.integer) or ring.min() < 0 or ring.max() > 255:
+            raise PointCloudError(f"{path}: ring must be (N,) integers in [0, 255] matching {len(pts)} points, got {ring.shape} {ring.dtype}")
+    if fmt == "nuscenes-bin" and ring is None:
+        raise PointCloudError(f"{path}: the nuScenes .pcd.bin layout needs a ring column; pass ring= (or --sensor to the CLI)")
+    if fmt == "kitti-bin" and ring is not None:
+        ring = None
+    started = time.perf_counter()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    WRITERS[fmt](path, pts, ring)
+    logger.info("wrote %s (%s, %d points) in %.3f s", path, fmt, len(pts), time.perf_counter() - started)
+    return path

@@ -1,0 +1,179 @@
+"""PCL's `.pcd` (v0.7): ASCII and binary read and write, binary_compressed (LZF) read.
+
+PCL writes binary_compressed by default, so a reader without it fails on most real-world files; the LZF
+decoder is small enough to carry here rather than add a dependency.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import numpy as np
+
+from lidar.formats.fields import split_fields
+from lidar.formats.scan import PointCloudError, Scan, build_scan, check_point_count
+from lidar.sensors import Sensor
+
+logger = logging.getLogger(__name__)
+
+_TYPES = {("F", 4): "f4", ("F", 8): "f8", ("F", 2): "f2", ("I", 1): "i1", ("I", 2): "i2", ("I", 4): "i4",
+          ("I", 8): "i8", ("U", 1): "u1", ("U", 2): "u2", ("U", 4): "u4", ("U", 8): "u8"}
+_HEADER_KEYS = ("VERSION", "FIELDS", "SIZE", "TYPE", "COUNT", "WIDTH", "HEIGHT", "VIEWPOINT", "POINTS", "DATA")
+
+
+def lzf_decompress(data: bytes, expected_size: int) -> bytes:
+    """Decode an LZF stream (liblzf's lzf_decompress): literal runs and back-references into the output."""
+    out = bytearray()
+    i, n = 0, len(data)
+    while i < n:
+        ctrl = data[i]
+        i += 1
+        if ctrl < 32:  # literal run of ctrl + 1 bytes
+            end = i + ctrl + 1
+            if end > n:
+                raise ValueError("LZF literal run past the end of the input")
+            out += data[i:end]
+            i = end
+            continue
+        length = ctrl >> 5
+        if length == 7:
+            length += data[i]
+            i += 1
+        if i >= n:
+            raise ValueError("LZF back-reference truncated")
+        start = len(out) - ((ctrl & 0x1F) << 8) - data[i] - 1
+        i += 1
+        length += 2
+        if start < 0:
+            raise ValueError("LZF back-reference before the start of the output")
+        if start + length <= len(out):
+            out += out[start : start + length]
+        else:  # overlapping copy repeats the last (len(out) - start) bytes
+            period = out[start:]
+            out += (period * (length // len(period) + 1))[:length]
+    if len(out) != expected_size:
+        raise ValueError(f"LZF stream decoded to {len(out)} bytes, header says {expected_size}")
+    return bytes(out)
+
+
+def _parse_header(path: Path, blob: bytes) -> tuple[dict[str, list[str]], int]:
+    header: dict[str, list[str]] = {}
+    pos = 0
+    while "DATA" not in header:
+        end = blob.find(b"\n", pos)
+        if end < 0:
+            raise PointCloudError(f"{path}: PCD header has no DATA line; expected the PCD v0.7 header keys {_HEADER_KEYS}")
+        line = blob[pos:end].decode("ascii", errors="replace").strip()
+        pos = end + 1
+        if not line or line.startswith("#"):
+            continue
+        key, *values = line.split()
+        header[key.upper()] = values
+    for key in ("FIELDS", "SIZE", "TYPE"):
+        if key not in header:
+            raise PointCloudError(f"{path}: PCD header lacks {key}; expected the PCD v0.7 header keys {_HEADER_KEYS}")
+    return header, pos
+
+
+def _dtype(path: Path, header: dict[str, list[str]]) -> np.dtype:
+    names = header["FIELDS"]
+    counts = [int(c) for c in header.get("COUNT", ["1"] * len(names))]
+    if not (len(names) == len(header["SIZE"]) == len(header["TYPE"]) == len(counts)):
+        raise PointCloudError(f"{path}: PCD FIELDS, SIZE, TYPE and COUNT have different lengths")
+    fields = []
+    for k, (name, size, typ, count) in enumerate(zip(names, header["SIZE"], header["TYPE"], counts, strict=True)):
+        key = (typ.upper(), int(size))
+        if key not in _TYPES:
+            raise PointCloudError(f"{path}: PCD field {name!r} has TYPE {typ} SIZE {size}; expected F 2/4/8, I or U 1/2/4/8")
+        unique = name if name != "_" else f"_pad{k}"
+        fields.append((unique, "<" + _TYPES[key], (count,)) if count > 1 else (unique, "<" + _TYPES[key]))
+    return np.dtype(fields)
+
+
+def read_pcd(path: Path, sensor: Sensor | None) -> Scan:
+    blob = path.read_bytes()
+    header, offset = _parse_header(path, blob)
+    dtype = _dtype(path, header)
+    try:
+        n = int(header["POINTS"][0]) if "POINTS" in header else int(header["WIDTH"][0]) * int(header["HEIGHT"][0])
+    except (KeyError, IndexError, ValueError) as err:
+        raise PointCloudError(f"{path}: PCD header needs POINTS or WIDTH and HEIGHT as integers") from err
+    check_point_count(path, n)
+    kind = header["DATA"][0].lower() if header["DATA"] else ""
+    body = blob[offset:]
+    if kind == "ascii":
+        rows = [line.split() for line in body.decode("ascii", errors="replace").splitlines() if line.strip()]
+        flat = [(name, sub) for name in dtype.names for sub in range(int(np.prod(dtype[name].shape or (1,))))]
+        if len(rows) < n or any(len(r) < len(flat) for r in rows[:n]):
+            raise PointCloudError(f"{path}: PCD ASCII body has fewer than {n} rows of {len(flat)} values")
+        table = np.array([r[: len(flat)] for r in rows[:n]], dtype=np.float64)
+        data = np.zeros(n, dtype=dtype)
+        for j, (name, sub) in enumerate(flat):
+            if dtype[name].shape:
+                data[name][:, sub] = table[:, j]
+            else:
+                data[name] = table[:, j]
+    elif kind == "binary":
+        if len(body) < n * dtype.itemsize:
+            raise PointCloudError(f"{path}: PCD binary body is {len(body)} bytes, expected {n} x {dtype.itemsize}")
+        data = np.frombuffer(body, dtype=dtype, count=n)
+    elif kind == "binary_compressed":
+        data = _read_compressed(path, body, dtype, n)
+    else:
+        raise PointCloudError(f"{path}: PCD DATA {kind!r}; expected ascii, binary or binary_compressed")
+    cols = split_fields(path, {name: np.asarray(data[name]) for name in dtype.names if not name.startswith("_pad")})
+    return build_scan(path, f"pcd-{kind}", **cols, sensor=sensor)
+
+
+def _read_compressed(path: Path, body: bytes, dtype: np.dtype, n: int) -> np.ndarray:
+    """binary_compressed stores each field's values contiguously (structure of arrays), then LZF-compresses."""
+    if len(body) < 8:
+        raise PointCloudError(f"{path}: PCD binary_compressed body is truncated (no size words)")
+    compressed, raw_size = np.frombuffer(body[:8], dtype="<u4")
+    try:
+        raw = lzf_decompress(body[8 : 8 + int(compressed)], int(raw_size))
+    except ValueError as err:
+        raise PointCloudError(f"{path}: corrupt PCD binary_compressed data: {err}") from err
+    data = np.zeros(n, dtype=dtype)
+    offset = 0
+    for name in dtype.names:
+        field_dtype = dtype[name]
+        nbytes = field_dtype.itemsize * n
+        if offset + nbytes > len(raw):
+            raise PointCloudError(f"{path}: PCD binary_compressed data holds fewer than {n} points")
+        data[name] = np.frombuffer(raw[offset : offset + nbytes], dtype=field_dtype.base).reshape((n, *field_dtype.shape))
+        offset += nbytes
+    return data
+
+
+def write_pcd(path: Path, points: np.ndarray, ring: np.ndarray | None, binary: bool = True) -> None:
+    fields = [("x", "<f4"), ("y", "<f4"), ("z", "<f4"), ("intensity", "<f4")]
+    if ring is not None:
+        fields.append(("ring", "<u2"))
+    data = np.zeros(len(points), dtype=np.dtype(fields))
+    for k, name in enumerate(("x", "y", "z", "intensity")):
+        data[name] = points[:, k]
+    if ring is not None:
+        data["ring"] = ring
+    names = [f[0] for f in fields]
+    header = "\n".join([
+        "# .PCD v0.7 - Point Cloud Data file format (written by LidarVerse)",
+        "VERSION 0.7",
+        "FIELDS " + " ".join(names),
+        "SIZE " + " ".join(str(np.dtype(t).itemsize) for _, t in fields),
+        "TYPE " + " ".join("U" if t == "<u2" else "F" for _, t in fields),
+        "COUNT " + " ".join("1" for _ in fields),
+        f"WIDTH {len(points)}",
+        "HEIGHT 1",
+        "VIEWPOINT 0 0 0 1 0 0 0",
+        f"POINTS {len(points)}",
+        "DATA " + ("binary" if binary else "ascii"),
+    ]) + "\n"
+    with path.open("wb") as f:
+        f.write(header.encode("ascii"))
+        if binary:
+            f.write(data.tobytes())
+        else:
+            table = np.stack([data[name].astype(np.float64) for name in names], axis=1)
+            np.savetxt(f, table, fmt=["%.9g"] * 4 + ["%d"] * (len(names) - 4))

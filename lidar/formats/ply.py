@@ -1,0 +1,113 @@
+"""Stanford `.ply` point clouds: ASCII and binary (little or big endian) read, ASCII and little-endian write.
+
+Only the `vertex` element matters for a sweep; elements before it are skipped when their size is known
+(scalar properties), and anything after it (faces of a mesh) is ignored.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from lidar.formats.fields import split_fields
+from lidar.formats.scan import PointCloudError, Scan, build_scan, check_point_count
+from lidar.sensors import Sensor
+
+_TYPES = {
+    "char": "i1", "int8": "i1", "uchar": "u1", "uint8": "u1", "short": "i2", "int16": "i2", "ushort": "u2",
+    "uint16": "u2", "int": "i4", "int32": "i4", "uint": "u4", "uint32": "u4", "float": "f4", "float32": "f4",
+    "double": "f8", "float64": "f8",
+}
+_FORMATS = {"ascii": None, "binary_little_endian": "<", "binary_big_endian": ">"}
+
+
+def _parse_header(path: Path, blob: bytes) -> tuple[str, list[tuple[str, int, list[tuple[str, str]] | None]], int]:
+    """(format, [(element, count, [(property, type)] or None if it has list properties)], body offset)."""
+    end = blob.find(b"end_header")
+    if not blob.startswith(b"ply") or end < 0:
+        raise PointCloudError(f"{path}: not a PLY file; expected a header starting with 'ply' and ending with 'end_header'")
+    body = blob.find(b"\n", end) + 1
+    fmt = None
+    elements: list[tuple[str, int, list[tuple[str, str]] | None]] = []
+    for raw_line in blob[:end].decode("ascii", errors="replace").splitlines()[1:]:
+        words = raw_line.split()
+        if not words or words[0] in ("comment", "obj_info"):
+            continue
+        if words[0] == "format" and len(words) >= 2:
+            fmt = words[1]
+        elif words[0] == "element" and len(words) == 3:
+            elements.append((words[1], int(words[2]), []))
+        elif words[0] == "property" and elements:
+            name, count, props = elements[-1]
+            if words[1] == "list":
+                elements[-1] = (name, count, None)
+            elif props is not None:
+                if words[1] not in _TYPES:
+                    raise PointCloudError(f"{path}: PLY property type {words[1]!r}; expected one of {sorted(_TYPES)}")
+                props.append((words[2], words[1]))
+    if fmt not in _FORMATS:
+        raise PointCloudError(f"{path}: PLY format {fmt!r}; expected one of {sorted(_FORMATS)}")
+    return fmt, elements, body
+
+
+def read_ply(path: Path, sensor: Sensor | None) -> Scan:
+    blob = path.read_bytes()
+    fmt, elements, offset = _parse_header(path, blob)
+    names = [e[0] for e in elements]
+    if "vertex" not in names:
+        raise PointCloudError(f"{path}: PLY has no 'vertex' element (elements: {names}); expected one point per vertex")
+    endian = _FORMATS[fmt]
+    body = blob[offset:]
+    lines = body.decode("ascii", errors="replace").splitlines() if endian is None else []
+    pos = 0
+    for name, count, props in elements:
+        if props is None:
+            raise PointCloudError(
+                f"{path}: PLY element {name!r} has list properties before or in the vertex element; "
+                "expected a point cloud (vertex element first or scalar-only elements before it)"
+            )
+        dtype = np.dtype([(p, (endian or "<") + _TYPES[t]) for p, t in props])
+        if name != "vertex":
+            pos += count * (1 if endian is None else dtype.itemsize)
+            continue
+        check_point_count(path, count)
+        if endian is None:
+            rows = [line.split()[: len(props)] for line in lines[pos : pos + count]]
+            if len(rows) < count or any(len(r) < len(props) for r in rows):
+                raise PointCloudError(f"{path}: PLY ASCII body has fewer than {count} vertex rows of {len(props)} values")
+            table = np.array(rows, dtype=np.float64)
+            fields = {p: table[:, j] for j, (p, _) in enumerate(props)}
+        else:
+            if len(body) < pos + count * dtype.itemsize:
+                raise PointCloudError(f"{path}: PLY body is truncated; expected {count} vertices of {dtype.itemsize} bytes")
+            data = np.frombuffer(body, dtype=dtype, count=count, offset=pos)
+            fields = {p: data[p] for p, _ in props}
+        return build_scan(path, f"ply-{'ascii' if endian is None else 'binary'}", **split_fields(path, fields), sensor=sensor)
+    raise AssertionError("unreachable: vertex element checked above")
+
+
+def write_ply(path: Path, points: np.ndarray, ring: np.ndarray | None, binary: bool = True) -> None:
+    props = [("x", "float"), ("y", "float"), ("z", "float"), ("intensity", "float")]
+    if ring is not None:
+        props.append(("ring", "ushort"))
+    header = "\n".join([
+        "ply",
+        f"format {'binary_little_endian' if binary else 'ascii'} 1.0",
+        "comment written by LidarVerse; intensity in [0, 1]",
+        f"element vertex {len(points)}",
+        *(f"property {t} {p}" for p, t in props),
+        "end_header",
+    ]) + "\n"
+    data = np.zeros(len(points), dtype=np.dtype([(p, "<" + _TYPES[t]) for p, t in props]))
+    for k, (p, _) in enumerate(props[:4]):
+        data[p] = points[:, k]
+    if ring is not None:
+        data["ring"] = ring
+    with path.open("wb") as f:
+        f.write(header.encode("ascii"))
+        if binary:
+            f.write(data.tobytes())
+        else:
+            table = np.stack([data[p].astype(np.float64) for p, _ in props], axis=1)
+            np.savetxt(f, table, fmt=["%.9g"] * 4 + ["%d"] * (len(props) - 4))

@@ -1,0 +1,254 @@
+"""The `Scan` every reader returns, and the one place raw columns become LidarVerse points.
+
+Readers only decode bytes into named float64 columns; `build_scan` applies the DESIGN.md rules once for
+all formats (drop NaN/inf and count them, rescale intensity to [0, 1], derive the ring of an organised
+scan, flag scans whose origin is not the sensor), so a quirk is handled identically whatever the file.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from lidar.sensors import Sensor
+
+logger = logging.getLogger(__name__)
+
+#: Larger clouds than this are refused: no spinning LiDAR sweep comes close, so it is a merged map or garbage.
+MAX_POINTS = 5_000_000
+#: Files larger than this are refused before a byte is read.
+MAX_FILE_BYTES = 200_000_000
+
+#: Intensity scales recognised by their maximum: reflectance in [0, 1], 8-bit, and 16-bit counters (Ouster signal, LAS).
+_INTENSITY_SCALES = (1.0, 255.0, 65535.0)
+#: Organised scans (one return per pixel, no ring column) come in these beam counts and widths.
+_ORGANISED_HEIGHTS = (128, 64, 32, 16)
+_ORGANISED_WIDTHS = (512, 1024, 2048, 4096)
+#: A scan in its sensor's frame has at least this fraction of far returns this far below the horizon (the road).
+_BELOW_HORIZON_DEG = 5.0
+_MIN_BELOW_HORIZON = 0.02
+
+
+class PointCloudError(ValueError):
+    """A file that cannot be read as a LiDAR sweep; the message names the file and what was expected."""
+
+
+@dataclass
+class Scan:
+    """One sweep as read from a file: points in the frame the file gives, plus what the reader learnt."""
+
+    #: (N, 4) float32 x, y, z, intensity in [0, 1].
+    points: np.ndarray
+    #: (N,) int64 beam index per point (as the file numbers it), or None when unknown.
+    ring: np.ndarray | None = None
+    #: Points dropped because a coordinate or the intensity was NaN/inf.
+    dropped_nonfinite: int = 0
+    #: Format name, e.g. "kitti-bin", "nuscenes-bin", "pcd-binary", "ply-ascii", "npy", "laz".
+    format: str = ""
+    #: The divisor applied to the file's intensity to bring it into [0, 1].
+    intensity_scale: float = 1.0
+    path: Path | None = None
+    #: Human-readable quirks found while reading (shown by `python -m lidar info`).
+    notes: list[str] = field(default_factory=list)
+    #: Column names as the file stores them.
+    columns: tuple[str, ...] = ()
+    #: False when the points are evidently not in the sensor frame (origin below the sensor, e.g. PandaSet).
+    sensor_frame: bool = True
+
+    @property
+    def num_points(self) -> int:
+        return len(self.points)
+
+
+def check_file_size(path: Path) -> int:
+    """Refuse missing, empty and oversized files before reading them."""
+    if not path.exists():
+        raise PointCloudError(f"{path}: no such file")
+    if not path.is_file():
+        raise PointCloudError(f"{path}: not a regular file; expected a point-cloud file")
+    size = path.stat().st_size
+    if size == 0:
+        raise PointCloudError(f"{path}: the file is empty (0 bytes); expected a point cloud")
+    if size > MAX_FILE_BYTES:
+        raise PointCloudError(
+            f"{path}: {size / 1e6:.1f} MB is over the {MAX_FILE_BYTES / 1e6:.0f} MB limit for one LiDAR sweep"
+        )
+    return size
+
+
+def check_point_count(path: Path, n: int) -> None:
+    """Refuse empty and oversized clouds as soon as a header or size reveals their count."""
+    if n <= 0:
+        raise PointCloudError(f"{path}: the file holds no points; expected at least one")
+    if n > MAX_POINTS:
+        raise PointCloudError(
+            f"{path}: {n:,} points is over the {MAX_POINTS:,}-point limit for one LiDAR sweep "
+            "(is it a merged map? split it into sweeps)"
+        )
+
+
+def intensity_scale_of(values: np.ndarray) -> tuple[float, str | None]:
+    """The divisor that maps a file's intensities into [0, 1], and a note when it had to be guessed."""
+    if values.size == 0:
+        return 1.0, None
+    vmax = float(values.max())
+    for scale in _INTENSITY_SCALES:
+        if vmax <= scale * (1.0 + 1e-6):
+            return scale, None
+    return vmax, f"intensity up to {vmax:g} matches no standard scale (1, 255, 65535); divided by its maximum"
+
+
+def organised_ring(xyz: np.ndarray, sensor: Sensor | None) -> tuple[np.ndarray | None, str | None]:
+    """Beam index of an organised scan (H*W points, pixel order), read off the elevation pattern.
+
+    Ouster and other drivers often dump the full image without a ring column, either one azimuth column of
+    H beams after another or one beam row after another. The layout is accepted only when each candidate
+    beam has a tight elevation and the beams are distinct, so an unorganised cloud is never given rings.
+    """
+    n = len(xyz)
+    heights = (sensor.height, *_ORGANISED_HEIGHTS) if sensor is not None else _ORGANISED_HEIGHTS
+    rng = np.linalg.norm(xyz, axis=1)
+    valid = rng > 0.5
+    elev = np.degrees(np.arctan2(xyz[:, 2], np.hypot(xyz[:, 0], xyz[:, 1])))
+    index = np.arange(n)
+    for height in dict.fromkeys(heights):
+        if n % height or n // height not in _ORGANISED_WIDTHS:
+            continue
+        width = n // height
+        for layout, ring in (("column-major", index % height), ("row-major", index // width)):
+            groups = [elev[valid & (ring == k)] for k in range(height)]
+            if any(len(g) < 8 for g in groups):
+                continue
+            medians = np.array([np.median(g) for g in groups])
+            spread = np.median([np.median(np.abs(g - m)) for g, m in zip(groups, medians, strict=True)])
+            spacing = np.median(np.abs(np.diff(np.sort(medians))))
+            if spacing > 0.05 and spread < 0.25 * spacing:
+                note = f"organised {height}x{width} scan ({layout}); ring index derived from the point order"
+                return ring.astype(np.int64), note
+    return None, None
+
+
+def _sensor_frame_check(xyz: np.ndarray) -> str | None:
+    """A note when the cloud's origin is evidently not the sensor but the ground below it.
+
+    A roof-mounted sensor sees the road well below its horizon (36-62% of returns beyond 2 m lie more than
+    5 deg down in every shared sensor-frame scan); a cloud re-centred on the ground (PandaSet's ego frame)
+    has almost none there, and its elevations are no longer beam angles.
+    """
+    far = np.linalg.norm(xyz, axis=1) > 2.0
+    if far.sum() < 100:
+        return None
+    elev = np.degrees(np.arctan2(xyz[far, 2], np.hypot(xyz[far, 0], xyz[far, 1])))
+    below = float((elev < -_BELOW_HORIZON_DEG).mean())
+    if below >= _MIN_BELOW_HORIZON:
+        return None
+    horiz = np.hypot(xyz[:, 0], xyz[:, 1])
+    near = (horiz > 5.0) & (horiz < 30.0)
+    ground = ""
+    if near.sum() > 100:
+        counts, edges = np.histogram(xyz[near, 2], bins=np.arange(-4.0, 3.0, 0.1))
+        ground = f"; the ground lies at z = {edges[counts.argmax()] + 0.05:+.1f} m (about -1.7 m in a roof sensor's frame)"
+    return (
+        f"not in the sensor frame: only {100 * below:.1f}% of returns lie more than {_BELOW_HORIZON_DEG:.0f} deg below "
+        f"the origin's horizon (elevations {elev.min():.0f} to {elev.max():+.0f} deg){ground}; the origin is at ground "
+        "level, so elevations are not beam angles and no sensor is detected"
+    )
+
+
+def _keyframe_rows(dt: np.ndarray) -> tuple[np.ndarray, str] | tuple[None, None]:
+    """Rows of the newest sweep when a time column shows several stacked sweeps (nuScenes multi-sweep dumps)."""
+    finite = dt[np.isfinite(dt)]
+    if finite.size == 0:
+        return None, None
+    values = np.unique(finite)
+    if len(values) < 2 or len(values) > 20 or values.min() < 0 or values.max() > 1.0:
+        return None, None
+    keep = dt == values.min()
+    note = (
+        f"{len(values)} sweeps stacked (time offsets {values.min():g}-{values.max():g} s); kept the keyframe sweep "
+        f"(offset {values.min():g} s): {int(keep.sum()):,} of {len(dt):,} points, because the older sweeps are "
+        "motion-compensated into its frame and are not one revolution of the sensor"
+    )
+    return keep, note
+
+
+def build_scan(
+    path: Path,
+    fmt: str,
+    xyz: np.ndarray,
+    intensity: np.ndarray | None = None,
+    ring: np.ndarray | None = None,
+    time: np.ndarray | None = None,
+    columns: tuple[str, ...] = (),
+    notes: list[str] | None = None,
+    sensor: Sensor | None = None,
+) -> Scan:
+    """Apply the DESIGN.md point rules to decoded columns (float64 or any numeric dtype)."""
+    notes = list(notes or [])
+    xyz = np.asarray(xyz, dtype=np.float64).reshape(-1, 3)
+    n = len(xyz)
+    check_point_count(path, n)
+    inten = np.zeros(n) if intensity is None else np.asarray(intensity, dtype=np.float64).ravel()
+    if intensity is None:
+        notes.append("no intensity column; intensity set to 0")
+    # 1. newest sweep of stacked sweeps
+    keep = np.ones(n, dtype=bool)
+    rows, note = _keyframe_rows(np.asarray(time, dtype=np.float64).ravel()) if time is not None else (None, None)
+    if rows is not None:
+        keep &= rows
+        notes.append(note)
+    # 2. ring of an organised dump (one sweep), read before any row is dropped so pixel order is intact
+    elif ring is None:
+        ring, note = organised_ring(np.where(np.isfinite(xyz), xyz, 0.0), sensor)
+        if note:
+            notes.append(note)
+    # 3. NaN/inf
+    finite = np.isfinite(xyz).all(axis=1) & np.isfinite(inten)
+    if ring is not None:
+        ring_f = np.asarray(ring, dtype=np.float64).ravel()
+        finite &= np.isfinite(ring_f)
+    dropped = int((keep & ~finite).sum())
+    keep &= finite
+    if dropped:
+        notes.append(f"dropped {dropped:,} points with NaN/inf values")
+        logger.info("%s: dropped %d non-finite points", path, dropped)
+    xyz, inten = xyz[keep], inten[keep]
+    if len(xyz) == 0:
+        raise PointCloudError(f"{path}: no finite points left after dropping {dropped:,} NaN/inf points")
+    ring_out = None if ring is None else np.asarray(ring, dtype=np.float64).ravel()[keep].astype(np.int64)
+    if ring_out is not None and sensor is not None and ring_out.max() >= sensor.height:
+        notes.append(
+            f"ring index reaches {ring_out.max()} but sensor {sensor.name!r} has {sensor.height} beams; "
+            "those points fall outside its range image"
+        )
+    # 4. intensity to [0, 1]
+    negative = int((inten < 0).sum())
+    if negative:
+        notes.append(f"clipped {negative:,} negative intensities to 0")
+        inten = np.maximum(inten, 0.0)
+    scale, note = intensity_scale_of(inten)
+    if note:
+        notes.append(note)
+    # 5. frame sanity
+    origin = int((np.abs(xyz).sum(axis=1) == 0).sum())
+    if origin:
+        notes.append(f"{origin:,} points lie exactly at the origin (no-return placeholders); projection drops them")
+    frame_note = _sensor_frame_check(xyz)
+    if frame_note:
+        notes.append(frame_note)
+    points = np.concatenate([xyz, (inten / scale)[:, None]], axis=1).astype(np.float32)
+    points[:, 3] = np.clip(points[:, 3], 0.0, 1.0)
+    return Scan(
+        points=points,
+        ring=ring_out,
+        dropped_nonfinite=dropped,
+        format=fmt,
+        intensity_scale=scale,
+        path=path,
+        notes=notes,
+        columns=tuple(columns),
+        sensor_frame=frame_note is None,
+    )
