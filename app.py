@@ -1,4 +1,560 @@
-"""LidarVerse Space. Placeholder until the app lands (issue 7)."""
+"""LidarVerse Space: generate a LiDAR world around a driving car, continue a real scan, inspect the model.
+
+UI only. The model (inference), maps (lidar.sim), pictures and viewer files (lidar.render) and point-cloud
+files (lidar.formats) are other packages' business; this file holds the page layout, the per-request limits,
+the per-request scratch folder and the small formatting that turns a rollout into Gradio outputs.
+
+    python app.py [--model SRC] [--host H] [--port P] [--share]
+"""
+
+from __future__ import annotations
+
+# ZeroGPU patches torch's CUDA entry points when `spaces` is imported, so it must come before anything
+# that imports torch. Elsewhere (laptop, CI, a dedicated-GPU Space) the package is absent and generation
+# simply runs on whatever device the pipeline picked.
+try:
+    import spaces
+except ImportError:
+    spaces = None
+
+import argparse
+import contextlib
+import io
+import json
+import logging
+import math
+import random
+import shutil
+import tempfile
+import time
+import zipfile
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import gradio as gr
+import numpy as np
+from PIL import Image
+
+from inference import MAX_FRAMES as PIPELINE_MAX_FRAMES
+from inference import MAX_STEPS as PIPELINE_MAX_STEPS
+from inference import ModelSourceError, load_pipeline
+from lidar import render
+from lidar.formats import PointCloudError, detect_sensor, read_points, write_points
+from lidar.sensors import PRESETS, get_sensor
+from lidar.sim import make_world
+
+logger = logging.getLogger(__name__)
+
+# Server-side limits: a public Space must not let one request hold the GPU or the disk for long. The
+# pipeline enforces its own limits too; the stricter one wins.
+MAX_FRAMES = min(32, PIPELINE_MAX_FRAMES)
+MAX_STEPS = min(50, PIPELINE_MAX_STEPS)
+MAX_UPLOAD_MB = 50
+MAX_SEED = 2**31 - 1
+MAX_GUIDANCE = 10.0
+DEFAULT_GUIDANCE = 1.5
+# Generation holds the model: one at a time per replica, and a bounded wait list so memory stays bounded.
+GENERATION_CONCURRENCY = 1
+QUEUE_MAX_SIZE = 16
+
+ACTIONS = {"Straight": "straight", "Turn left": "turn_left", "Turn right": "turn_right"}
+STYLES = ("urban", "suburban", "highway")
+SCAN_SUFFIXES = (".bin", ".pcd", ".ply", ".npy", ".npz", ".las", ".laz")
+AUTO_SENSOR = "auto-detect"
+BEV_EXTENT_M = 50.0
+ANIMATION_FPS = 5.0
+VIEWER_MAX_POINTS = 400_000
+# The shared real scans sit beside the repository (…/shared/data/real_scans); absent in a bare clone.
+REAL_SCANS_DIR = Path(__file__).resolve().parents[1] / "shared" / "data" / "real_scans"
+
+
+@dataclass
+class AppState:
+    """The loaded pipeline; swapped whole by the Model tab, read by every generation request."""
+
+    pipeline: Any
+    source: str | None
+
+
+STATE: AppState | None = None
+
+
+def _pipeline() -> Any:
+    if STATE is None:
+        raise gr.Error("No model is loaded yet; start the app with `python app.py` or load one in the Model tab.")
+    return STATE.pipeline
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Input checks: every number is re-checked here because API clients can send anything.
+
+
+def _whole_number(value: Any, name: str, lo: int, hi: int) -> int:
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        raise gr.Error(f"{name} must be a whole number from {lo} to {hi}; got {value!r}.") from None
+    if not math.isfinite(number) or number != int(number) or not lo <= number <= hi:
+        raise gr.Error(f"{name} must be a whole number from {lo} to {hi}; got {value!r}.")
+    return int(number)
+
+
+def _real_number(value: Any, name: str, lo: float, hi: float) -> float:
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        raise gr.Error(f"{name} must be a number from {lo} to {hi}; got {value!r}.") from None
+    if not math.isfinite(number) or not lo <= number <= hi:
+        raise gr.Error(f"{name} must be a number from {lo} to {hi}; got {value!r}.")
+    return number
+
+
+def _choice(value: Any, name: str, choices: dict[str, str] | tuple[str, ...]) -> str:
+    if value not in choices:
+        raise gr.Error(f"{name} must be one of {', '.join(map(repr, choices))}; got {value!r}.")
+    return choices[value] if isinstance(choices, dict) else value
+
+
+def _upload_path(upload: Any) -> Path:
+    """The uploaded file's path, after the checks that need no parsing: present, size, extension."""
+    if upload is None:
+        raise gr.Error("No scan uploaded: drop a .bin, .pcd, .ply, .npy or .las file on 'Scan'.")
+    path = Path(upload if isinstance(upload, str | Path) else getattr(upload, "name", upload["path"]))
+    if not path.is_file():
+        raise gr.Error(f"The uploaded file {path.name!r} could not be found on the server; upload it again.")
+    size = path.stat().st_size
+    if size == 0:
+        raise gr.Error(f"{path.name!r} is empty (0 bytes); expected a LiDAR scan.")
+    if size > MAX_UPLOAD_MB * 1024 * 1024:
+        raise gr.Error(f"{path.name!r} is {size / 2**20:.1f} MB; uploads are limited to {MAX_UPLOAD_MB} MB.")
+    if path.suffix.lower() not in SCAN_SUFFIXES:
+        raise gr.Error(f"{path.name!r} has an unsupported extension; expected one of {', '.join(SCAN_SUFFIXES)}.")
+    return path
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Per-request scratch space and outputs.
+
+
+@contextlib.contextmanager
+def _request_dir() -> Iterator[Path]:
+    """A scratch folder for one request, removed when the request is done.
+
+    Gradio copies every returned file into its own cache (bounded by `delete_cache`) while post-processing
+    a yield, so the callbacks yield their outputs from inside this block and the folder goes right after.
+    """
+    path = Path(tempfile.mkdtemp(prefix="lidarverse-request-"))
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+def _progress_callback(progress: gr.Progress, label: str) -> Callable[[Any], None]:
+    """Adapt the pipeline's per-step callback (frame, frames, step, steps, fraction) to Gradio's bar."""
+
+    def callback(p: Any) -> None:
+        progress(p.fraction, desc=f"{label}: frame {p.frame + 1}/{p.frames}, step {p.step}/{p.steps}")
+
+    return callback
+
+
+def _png_bytes(image: Image.Image) -> bytes:
+    buf = io.BytesIO()
+    image.save(buf, format="PNG")
+    return buf.getvalue()
+
+
+@dataclass
+class Presented:
+    """What one rollout shows: viewer PLY, animations, per-frame pictures, stats and downloads."""
+
+    viewer_ply: str
+    bev_animation: str
+    range_animation: str
+    frame_pngs: list[tuple[bytes, bytes]]
+    stats: dict[str, Any]
+    downloads: list[str]
+
+    def outputs(self) -> tuple:
+        """What the generation events return, in the order of `RolloutView.outputs`; the per-frame
+        pictures go to session state (not to API clients) and the frame viewer reads them from there."""
+        return (self.viewer_ply, self.bev_animation, self.range_animation, self.stats, self.downloads, self.frame_pngs)
+
+
+def _present(result: Any, out: Path, sensor: Any, stats: dict[str, Any], observed: np.ndarray | None = None) -> Presented:
+    """Write the files for one rollout into `out` and collect what the page shows."""
+    frames = result.frames
+    world = np.asarray(result.world, dtype=np.float32)
+
+    # 1. 3D viewer: the accumulated world coloured by height; observed points (forecast) in grey.
+    colors = render.colorize(world, "height")
+    viewer_points = world
+    if observed is not None and len(observed):
+        viewer_points = np.concatenate([observed[:, :4], world])
+        colors = np.concatenate([np.full((len(observed), 3), 150, np.uint8), colors])
+    viewer_ply = render.write_ply_for_viewer(out / "world_viewer.ply", viewer_points, colors, max_points=VIEWER_MAX_POINTS)
+
+    # 2. Per-frame pictures (sensor frame, one colour scale across frames) and their animations.
+    z_range = (-3.0, 5.0)
+    bevs = [render.bev_image(f.points, extent=BEV_EXTENT_M, resolution=0.2, value_range=z_range) for f in frames]
+    ranges = [render.range_image_png(f.range_image, max_range=sensor.max_range, scale=4) for f in frames]
+    bev_gif = render.save_animation(bevs, out / "bev.gif", fps=ANIMATION_FPS)
+    range_gif = render.save_animation(ranges, out / "range.gif", fps=ANIMATION_FPS)
+
+    # 3. Downloads: per-frame KITTI .bin + poses.json in a zip, and the world in three formats.
+    frames_zip = out / "frames_kitti.zip"
+    with zipfile.ZipFile(frames_zip, "w", compression=zipfile.ZIP_DEFLATED) as zf:
+        poses = []
+        for i, frame in enumerate(frames):
+            name = f"{i:06d}.bin"
+            write_points(out / name, np.asarray(frame.points, dtype=np.float32))
+            zf.write(out / name, f"velodyne/{name}")
+            (out / name).unlink()
+            poses.append({"file": f"velodyne/{name}", "world_from_sensor": np.asarray(frame.pose).tolist()})
+        zf.writestr("poses.json", json.dumps(_poses_document(poses, sensor), indent=1))
+    world_files = [write_points(out / f"world{ext}", world) for ext in (".ply", ".pcd", ".las")]
+
+    stats = {**stats, "frames": len(frames), "world points": len(world),
+             "points per frame": round(float(np.mean([len(f.points) for f in frames])), 1)}
+    return Presented(
+        viewer_ply=str(viewer_ply),
+        bev_animation=str(bev_gif),
+        range_animation=str(range_gif),
+        frame_pngs=[(_png_bytes(b), _png_bytes(r)) for b, r in zip(bevs, ranges, strict=True)],
+        stats=stats,
+        downloads=[str(frames_zip), *(str(p) for p in world_files)],
+    )
+
+
+def _poses_document(poses: list[dict[str, Any]], sensor: Any) -> dict[str, Any]:
+    return {
+        "convention": "world_from_sensor 4x4, metres, x forward / y left / z up; frames at 10 Hz",
+        "sensor": sensor.to_dict(),
+        "frames": poses,
+    }
+
+
+def _timing_stats(seconds: float, frames: int, points: int) -> dict[str, Any]:
+    return {"seconds": round(seconds, 3), "frames/s": round(frames / seconds, 3) if seconds > 0 else None, "points": points}
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Callbacks.
+
+
+def preview_map(map_seed: Any, style: Any) -> Image.Image:
+    """BEV picture of the HD map that `map_seed` and `style` select."""
+    seed = _whole_number(map_seed, "Map seed", 0, MAX_SEED)
+    style = _choice(style, "Style", STYLES)
+    return make_world(seed, style).hdmap.preview()
+
+
+def generate_world(
+    map_seed: Any,
+    style: Any,
+    action: Any,
+    frames: Any,
+    steps: Any,
+    seed: Any,
+    guidance: Any,
+    progress: gr.Progress = gr.Progress(),  # noqa: B008 - Gradio finds the tracker by this default
+) -> Iterator[tuple]:
+    """Roll out a world around a car driving the chosen action on the chosen map."""
+    pipe = _pipeline()
+    map_seed = _whole_number(map_seed, "Map seed", 0, MAX_SEED)
+    style = _choice(style, "Style", STYLES)
+    action = _choice(action, "Action", ACTIONS)
+    frames = _whole_number(frames, "Frames", 1, MAX_FRAMES)
+    steps = _whole_number(steps, "Sampling steps", 1, MAX_STEPS)
+    seed = _whole_number(seed, "Seed", 0, MAX_SEED)
+    guidance = _real_number(guidance, "Guidance", 0.0, MAX_GUIDANCE)
+
+    progress(0.0, desc="Generating")
+    start = time.perf_counter()
+    try:
+        result = pipe.generate_world(
+            map=map_seed, style=style, action=action, frames=frames, steps=steps, seed=seed, guidance=guidance,
+            callback=_progress_callback(progress, "Generating"),
+        )
+    except ValueError as err:
+        raise gr.Error(f"Cannot generate this world: {err}") from None
+    seconds = time.perf_counter() - start
+    with _request_dir() as out:
+        presented = _present(result, out, pipe.sensor, _timing_stats(seconds, frames, len(result.world)))
+        yield presented.outputs()
+
+
+def forecast_from_scan(
+    scan_file: Any,
+    sensor_name: Any,
+    action: Any,
+    frames: Any,
+    steps: Any,
+    seed: Any,
+    progress: gr.Progress = gr.Progress(),  # noqa: B008 - Gradio finds the tracker by this default
+) -> Iterator[tuple]:
+    """Continue an uploaded real scan: the model drives on from it and fills in the world it sees."""
+    pipe = _pipeline()
+    path = _upload_path(scan_file)
+    sensor_choices = (AUTO_SENSOR, *PRESETS)
+    sensor_name = _choice(sensor_name, "Sensor", sensor_choices)
+    action = _choice(action, "Action", ACTIONS)
+    frames = _whole_number(frames, "Frames", 1, MAX_FRAMES)
+    steps = _whole_number(steps, "Sampling steps", 1, MAX_STEPS)
+    seed = _whole_number(seed, "Seed", 0, MAX_SEED)
+
+    sensor = None if sensor_name == AUTO_SENSOR else get_sensor(sensor_name)
+    try:
+        scan = read_points(path, sensor)
+    except PointCloudError as err:
+        raise gr.Error(str(err)) from None
+    if len(scan.points) == 0:
+        raise gr.Error(f"{path.name!r} holds no finite points ({scan.dropped_nonfinite} NaN/inf dropped); expected a LiDAR scan.")
+    if sensor is None:
+        sensor = detect_sensor(scan)
+        if sensor is None:
+            raise gr.Error(f"Could not tell which sensor recorded {path.name!r}; choose it under 'Sensor'.")
+
+    progress(0.0, desc="Forecasting")
+    start = time.perf_counter()
+    try:
+        result = pipe.forecast(
+            [scan], action=action, frames=frames, steps=steps, seed=seed,
+            callback=_progress_callback(progress, "Forecasting"),
+        )
+    except ValueError as err:
+        raise gr.Error(f"Cannot forecast from {path.name!r}: {err}") from None
+    seconds = time.perf_counter() - start
+    notes = [*scan.notes, f"sensor: {sensor.name}"]
+    if scan.dropped_nonfinite:
+        notes.append(f"dropped {scan.dropped_nonfinite} NaN/inf points")
+    stats = {**_timing_stats(seconds, frames, len(result.world)), "input": path.name, "input points": len(scan.points), "notes": notes}
+    with _request_dir() as out:
+        presented = _present(result, out, pipe.sensor, stats, observed=scan.points)
+        yield presented.outputs()
+
+
+def show_frame(index: Any, frame_pngs: list[tuple[bytes, bytes]] | None) -> tuple[Image.Image | None, Image.Image | None]:
+    """The BEV and range image of one generated frame, for the frame slider."""
+    if not frame_pngs:
+        return None, None
+    i = min(max(int(index or 0), 0), len(frame_pngs) - 1)
+    bev, rng = frame_pngs[i]
+    return Image.open(io.BytesIO(bev)), Image.open(io.BytesIO(rng))
+
+
+def reset_frame_viewer(frame_pngs: list[tuple[bytes, bytes]] | None) -> tuple:
+    """After a rollout: the slider spans its frames and the viewer shows the first one."""
+    count = len(frame_pngs) if frame_pngs else 0
+    slider = gr.Slider(minimum=0, maximum=max(count - 1, 1), value=0, interactive=count > 1)
+    return (slider, *show_frame(0, frame_pngs))
+
+
+def model_info() -> dict[str, Any]:
+    """Where the loaded weights came from: source, iteration, EMA or regular, parameters, sensor, device."""
+    return json.loads(json.dumps(_pipeline().provenance.to_dict(), default=str))
+
+
+def load_model(source: str | None) -> AppState:
+    """Load a pipeline and make it the one every tab uses (startup and the Model tab)."""
+    global STATE
+    pipe = load_pipeline(source)
+    STATE = AppState(pipeline=pipe, source=source)
+    logger.info("model loaded: %s", pipe.provenance.to_dict())
+    return STATE
+
+
+def reload_model(source: Any) -> tuple[dict[str, Any], str]:
+    """Switch to another checkpoint: a release folder, a Hub id, or a training job dir's latest."""
+    source = (str(source).strip() if source is not None else "") or None
+    start = time.perf_counter()
+    try:
+        load_model(source)
+    except (ModelSourceError, OSError) as err:
+        raise gr.Error(f"Could not load {source or 'the default model'!r}: {err}") from None
+    return model_info(), f"Loaded **{source or 'the default model'}** in {time.perf_counter() - start:.1f} s."
+
+
+def random_seed() -> int:
+    return random.randint(0, MAX_SEED)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Layout.
+
+HOW_IT_WORKS = """
+### How it works
+LidarVerse is a causal, few-step, block-autoregressive LiDAR world model. For each new frame the car moves
+along the chosen action (poses at 10 Hz). The model sees two things in the new sensor's range view: the HD
+map ray-cast from the new pose, and everything it has generated so far, kept in a rolling spatial cache and
+re-projected. A few flow-matching steps (4 by default) turn noise into a 360° sweep (range + intensity),
+which is unprojected, moved into the world frame and merged into the cache. Forecasting is the same loop
+with the uploaded scan seeded into the cache. *Guidance* trades diversity for fidelity to the map.
+"""
+
+
+@dataclass
+class RolloutView:
+    """The output panel shared by the World and Forecast tabs."""
+
+    viewer: gr.Model3D
+    bev_animation: gr.Image
+    range_animation: gr.Image
+    stats: gr.JSON
+    downloads: gr.File
+    frame_pngs: gr.State
+    slider: gr.Slider
+    frame_bev: gr.Image
+    frame_range: gr.Image
+
+    @property
+    def outputs(self) -> list[gr.components.Component]:
+        """In the order `Presented.outputs` returns."""
+        return [self.viewer, self.bev_animation, self.range_animation, self.stats, self.downloads, self.frame_pngs]
+
+    @classmethod
+    def build(cls, prefix: str) -> RolloutView:
+        with gr.Row():
+            viewer = gr.Model3D(
+                label="Accumulated world (drag to orbit, scroll to zoom)", display_mode="point_cloud",
+                clear_color=(0.05, 0.05, 0.08, 1.0), height=480, scale=3, elem_id=f"{prefix}-viewer",
+            )
+            with gr.Column(scale=2):
+                bev_animation = gr.Image(label="Bird's-eye view, frame by frame", type="filepath", height=300,
+                                         elem_id=f"{prefix}-bev")
+                range_animation = gr.Image(label="Range image, frame by frame", type="filepath", elem_id=f"{prefix}-range")
+        with gr.Row():
+            with gr.Column(scale=3):
+                slider = gr.Slider(0, max(MAX_FRAMES - 1, 1), value=0, step=1, label="Frame", interactive=False)
+                with gr.Row():
+                    frame_bev = gr.Image(label="Frame BEV", height=260)
+                    frame_range = gr.Image(label="Frame range image")
+            with gr.Column(scale=2):
+                stats = gr.JSON(label="Stats")
+                downloads = gr.File(
+                    label="Downloads: frames (KITTI .bin + poses.json), world .ply / .pcd / .las", file_count="multiple",
+                )
+        frame_pngs = gr.State(None, time_to_live=3600)
+        slider.release(show_frame, [slider, frame_pngs], [frame_bev, frame_range], api_visibility="private")
+        return cls(viewer, bev_animation, range_animation, stats, downloads, frame_pngs, slider, frame_bev, frame_range)
+
+    def wire(self, event: Any) -> None:
+        """After a rollout event, point the frame viewer at the new frames."""
+        event.then(reset_frame_viewer, self.frame_pngs, [self.slider, self.frame_bev, self.frame_range],
+                   api_visibility="private")
+
+
+def _on_gpu(fn: Callable) -> Callable:
+    """ZeroGPU attaches a GPU only inside `spaces.GPU` calls; without ZeroGPU the function runs as is."""
+    return spaces.GPU(duration=120)(fn) if spaces is not None else fn
+
+
+def example_scans() -> list[Path]:
+    """The shared real scans that ship beside the repository, when they are there."""
+    return sorted(REAL_SCANS_DIR.glob("*.bin")) if REAL_SCANS_DIR.is_dir() else []
+
+
+def build_demo() -> gr.Blocks:
+    """The page. Callbacks read the model from `STATE` at request time, so the Model tab can swap it."""
+    with gr.Blocks(title="LidarVerse", delete_cache=(600, 1800)) as demo:
+        gr.Markdown(
+            "# LidarVerse\nGenerate a 360° LiDAR world around a driving car, continue a real scan, "
+            "and download the result for your own tools."
+        )
+        with gr.Tab("World generation"):
+            with gr.Row():
+                with gr.Column(scale=1):
+                    with gr.Row():
+                        map_seed = gr.Number(3, label="Map seed", precision=0, minimum=0, maximum=MAX_SEED)
+                        style = gr.Dropdown(list(STYLES), value="urban", label="Style")
+                    action = gr.Radio(list(ACTIONS), value="Straight", label="Ego action")
+                    frames = gr.Slider(1, MAX_FRAMES, value=min(8, MAX_FRAMES), step=1, label="Frames")
+                    steps = gr.Slider(1, MAX_STEPS, value=min(4, MAX_STEPS), step=1, label="Sampling steps")
+                    with gr.Row():
+                        seed = gr.Number(0, label="Seed", precision=0, minimum=0, maximum=MAX_SEED, scale=3)
+                        dice = gr.Button("Random seed", scale=1, min_width=40)
+                    guidance = gr.Slider(0.0, MAX_GUIDANCE, value=DEFAULT_GUIDANCE, step=0.1, label="Guidance")
+                    generate = gr.Button("Generate", variant="primary", elem_id="generate")
+                with gr.Column(scale=1):
+                    map_preview = gr.Image(label="HD map (BEV)", height=340, elem_id="map-preview")
+            world_view = RolloutView.build("world")
+            gr.Examples(
+                [[3, "urban", "Turn left", 8, 4, 0, DEFAULT_GUIDANCE],
+                 [11, "suburban", "Straight", 8, 4, 1, DEFAULT_GUIDANCE],
+                 [7, "highway", "Turn right", 8, 4, 2, DEFAULT_GUIDANCE]],
+                [map_seed, style, action, frames, steps, seed, guidance],
+            )
+        with gr.Tab("Forecast from a scan"):
+            with gr.Row():
+                with gr.Column(scale=1):
+                    scan_file = gr.File(label="Scan (.bin, .pcd, .ply, .npy, .las)", file_types=list(SCAN_SUFFIXES),
+                                        type="filepath")
+                    sensor = gr.Dropdown([AUTO_SENSOR, *PRESETS], value=AUTO_SENSOR,
+                                         label="Sensor (when it cannot be detected)")
+                    f_action = gr.Radio(list(ACTIONS), value="Straight", label="Ego action")
+                    f_frames = gr.Slider(1, MAX_FRAMES, value=min(6, MAX_FRAMES), step=1, label="Frames")
+                    f_steps = gr.Slider(1, MAX_STEPS, value=min(4, MAX_STEPS), step=1, label="Sampling steps")
+                    f_seed = gr.Number(0, label="Seed", precision=0, minimum=0, maximum=MAX_SEED)
+                    forecast = gr.Button("Forecast", variant="primary", elem_id="forecast")
+                with gr.Column(scale=1):
+                    scans = example_scans()
+                    if scans:
+                        gr.Examples([[str(p), AUTO_SENSOR] for p in scans], [scan_file, sensor], label="Real scans")
+                    else:
+                        gr.Markdown("*The shared real scans are not beside this checkout; upload your own.*")
+            forecast_view = RolloutView.build("forecast")
+        with gr.Tab("Model"):
+            info = gr.JSON(label="Loaded checkpoint")
+            with gr.Row():
+                source = gr.Textbox(
+                    label="Source", scale=4,
+                    placeholder="weights/default | a release folder | org/name[@revision] | a training job dir",
+                )
+                reload_button = gr.Button("Load", scale=1)
+            status = gr.Markdown()
+        gr.Markdown(HOW_IT_WORKS)
+
+        gr.on([demo.load, map_seed.change, style.change], preview_map, [map_seed, style], map_preview,
+              api_visibility="private")
+        dice.click(random_seed, None, seed, api_visibility="private")
+        world_view.wire(generate.click(
+            _on_gpu(generate_world), [map_seed, style, action, frames, steps, seed, guidance], world_view.outputs,
+            api_name="generate_world", concurrency_id="model", concurrency_limit=GENERATION_CONCURRENCY,
+        ))
+        forecast_view.wire(forecast.click(
+            _on_gpu(forecast_from_scan), [scan_file, sensor, f_action, f_frames, f_steps, f_seed],
+            forecast_view.outputs,
+            api_name="forecast_from_scan", concurrency_id="model", concurrency_limit=GENERATION_CONCURRENCY,
+        ))
+        demo.load(model_info, None, info, api_name="model_info")
+        reload_button.click(reload_model, source, [info, status], api_name="reload_model", concurrency_id="model")
+    demo.queue(max_size=QUEUE_MAX_SIZE)
+    return demo
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description="LidarVerse world-generation demo (Gradio).")
+    parser.add_argument("--model", default=None,
+                        help="release folder, weights file, job dir or Hub id (default: $LIDARVERSE_MODEL, else weights/default)")
+    parser.add_argument("--host", default=None, help="interface to bind (default: $GRADIO_SERVER_NAME, else 127.0.0.1)")
+    parser.add_argument("--port", type=int, default=None, help="port (default: $GRADIO_SERVER_PORT, else 7860)")
+    parser.add_argument("--share", action="store_true", help="also serve through a public gradio.live link")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+
+    try:
+        load_model(args.model)
+    except ModelSourceError as err:
+        parser.exit(2, f"app.py: cannot load the model: {err}\n")
+    allowed = [str(REAL_SCANS_DIR)] if REAL_SCANS_DIR.is_dir() else []
+    build_demo().launch(
+        server_name=args.host, server_port=args.port, share=args.share, max_file_size=f"{MAX_UPLOAD_MB}mb",
+        allowed_paths=allowed, theme=gr.themes.Soft(),
+    )
+
 
 if __name__ == "__main__":
-    print("LidarVerse: the world-generation app is not built yet; see the open issues.")
+    main()
