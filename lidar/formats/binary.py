@@ -107,9 +107,9 @@ def choose_layout(path: Path, size: int) -> Layout:
         if best is None or score > best[0]:
             best = (score, lay)
     unfit = [lay.describe() for lay in LAYOUTS if lay not in fitting]
+    if fitting and all(size // lay.row_bytes > MAX_POINTS for lay in fitting):
+        check_point_count(path, size // fitting[0].row_bytes)
     if best is None or best[0] < _MIN_SCORE:
-        if not fitting:
-            check_point_count(path, size // LAYOUTS[0].row_bytes)
         detail = "; ".join(tried) if tried else "none of them divides the size"
         raise PointCloudError(
             f"{path}: {size:,} bytes is not a LiDAR sweep in any raw layout tried. Layouts whose row size divides "

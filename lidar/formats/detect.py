@@ -20,6 +20,8 @@ logger = logging.getLogger(__name__)
 
 #: The measured top beam must be this close (degrees) to a preset's top beam.
 _TOP_TOLERANCE_DEG = 2.5
+#: Presets whose top beams match within this much of the best are told apart by beam alignment.
+_TIE_DEG = 1.0
 #: A preset is ruled out when more than this fraction of far returns lies outside its beams.
 _MAX_OUTSIDE = 0.08
 #: Standard range-image widths; a scan gets the narrowest that holds one column per return of a beam.
@@ -78,13 +80,18 @@ def detect_sensor(scan: Scan) -> Sensor | None:
     top = float(np.percentile(elev[far], 99.8))
     fits = []
     for sensor in PRESETS.values():
-        outside = float((beam_rows(pts[far], sensor) == -1).mean())
+        rows = beam_rows(pts[far], sensor)
+        inside = rows >= 0
         gap = abs(sensor.elevations_deg[0] - top)
-        if outside <= _MAX_OUTSIDE and gap <= _TOP_TOLERANCE_DEG:
-            fits.append((gap, outside, sensor))
+        if 1.0 - inside.mean() <= _MAX_OUTSIDE and gap <= _TOP_TOLERANCE_DEG:
+            # how far returns sit from the nearest beam, in beam spacings: tells OS1-64 from OS1-128
+            spacing = (sensor.elevations_deg[0] - sensor.elevations_deg[-1]) / max(sensor.height - 1, 1)
+            offset = np.abs(elev[far][inside] - np.asarray(sensor.elevations_deg)[rows[inside]]) / spacing
+            fits.append((gap, float(np.median(offset)), sensor))
     if not fits:
         return None
-    _, _, sensor = min(fits, key=lambda f: (f[0], f[1]))
+    best_gap = min(f[0] for f in fits)
+    _, _, sensor = min((f for f in fits if f[0] <= best_gap + _TIE_DEG), key=lambda f: f[1])
     returns = pts[np.abs(pts[:, :3]).sum(axis=1) > 0]
     per_beam = len(returns) / sensor.height * 360.0 / max(azimuth_coverage_deg(returns), 1)
     return sensor.with_width(_width(per_beam))

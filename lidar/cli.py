@@ -1,0 +1,189 @@
+"""`python -m lidar`: inspect, convert and picture LiDAR files from the shell.
+
+    python -m lidar info FILE [--json]
+    python -m lidar convert IN OUT [--sensor S]
+    python -m lidar render FILE --out PNG [--view bev|range] [--sensor S]
+
+Bad input prints one `lidar: error: ...` line to stderr and exits with status 2; no traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+from pathlib import Path
+from typing import Any, NoReturn
+
+import numpy as np
+
+from lidar.formats import (
+    PointCloudError,
+    Scan,
+    azimuth_coverage_deg,
+    detect_sensor,
+    elevations_deg,
+    read_points,
+    write_points,
+)
+from lidar.range_image import beam_rows, project
+from lidar.sensors import PRESETS, Sensor, get_sensor
+
+logger = logging.getLogger(__name__)
+
+EXIT_USAGE = 2
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse that reports a usage error as one line, like every other error of this CLI."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(EXIT_USAGE, f"lidar: error: {message} (see `python -m lidar --help`)\n")
+
+
+def _sensor_arg(name: str | None) -> Sensor | None:
+    return None if name is None else get_sensor(name)
+
+
+def summarize(scan: Scan, sensor: Sensor | None = None) -> dict[str, Any]:
+    """Everything `info` prints, as JSON-ready values; `sensor` overrides detection."""
+    pts = scan.points
+    rng = np.linalg.norm(pts[:, :3], axis=1)
+    elev = elevations_deg(pts)
+    detected = sensor or detect_sensor(scan)
+    out: dict[str, Any] = {
+        "file": str(scan.path),
+        "format": scan.format,
+        "points": scan.num_points,
+        "dropped_nonfinite": scan.dropped_nonfinite,
+        "columns": list(scan.columns),
+        "range_m": {"min": float(rng.min()), "median": float(np.median(rng)), "max": float(rng.max())},
+        "elevation_deg": {"min": float(elev.min()), "max": float(elev.max())},
+        "azimuth_coverage_deg": azimuth_coverage_deg(pts),
+        "intensity_scale": scan.intensity_scale,
+        "intensity": {"min": float(pts[:, 3].min()), "mean": float(pts[:, 3].mean()), "max": float(pts[:, 3].max())},
+        "rings": None if scan.ring is None else int(np.unique(scan.ring).size),
+        "sensor_frame": scan.sensor_frame,
+        "likely_sensor": None if detected is None else detected.to_dict(),
+        "kept_fraction": None,
+        "notes": list(scan.notes),
+    }
+    if detected is not None:
+        image = project(pts, detected, ring=scan.ring)
+        out["kept_fraction"] = float(image.mask.sum()) / scan.num_points
+    return out
+
+
+def _print_info(info: dict[str, Any]) -> None:
+    r, e, i = info["range_m"], info["elevation_deg"], info["intensity"]
+    sensor = info["likely_sensor"]
+    if sensor is None:
+        sensor_line = "none (unsure" + ("" if info["sensor_frame"] else "; not in the sensor frame") + ")"
+    else:
+        elev = sensor["elevations_deg"]
+        sensor_line = (
+            f"{sensor['name']} ({len(elev)} beams, {elev[0]:+.1f} to {elev[-1]:+.1f} deg, {sensor['width']} columns); "
+            f"project keeps {100 * info['kept_fraction']:.1f}% of the points"
+        )
+    lines = [
+        f"file:        {info['file']}",
+        f"format:      {info['format']}",
+        f"points:      {info['points']:,} ({info['dropped_nonfinite']:,} NaN/inf dropped)",
+        f"columns:     {', '.join(info['columns']) or '-'}",
+        f"range:       {r['min']:.2f} / {r['median']:.2f} / {r['max']:.2f} m (min / median / max)",
+        f"elevation:   {e['min']:+.1f} to {e['max']:+.1f} deg",
+        f"azimuth:     {info['azimuth_coverage_deg']} of 360 one-degree bins occupied",
+        f"intensity:   file values / {info['intensity_scale']:g} -> {i['min']:.3f} .. {i['max']:.3f} (mean {i['mean']:.3f})",
+        f"rings:       {info['rings'] if info['rings'] is not None else 'none'}",
+        f"sensor:      {sensor_line}",
+    ]
+    lines += [f"note:        {note}" for note in info["notes"]]
+    print("\n".join(lines))
+
+
+def cmd_info(args: argparse.Namespace) -> int:
+    sensor = _sensor_arg(args.sensor)
+    info = summarize(read_points(args.file, sensor=sensor), sensor)
+    if args.json:
+        print(json.dumps(info, indent=2))
+    else:
+        _print_info(info)
+    return 0
+
+
+def cmd_convert(args: argparse.Namespace) -> int:
+    sensor = _sensor_arg(args.sensor)
+    scan = read_points(args.input, sensor=sensor)
+    points, ring = scan.points, scan.ring
+    if ring is None and (sensor is not None or args.output.name.lower().endswith(".pcd.bin")):
+        # 1. a ring the target can store: nearest beam of the given (or detected) sensor
+        sensor = sensor or detect_sensor(scan)
+        if sensor is None:
+            raise PointCloudError(
+                f"{args.input}: {args.output.name} needs a ring column, the file has none and its sensor cannot be "
+                f"detected; pass --sensor (one of {sorted(PRESETS)})"
+            )
+        rows = beam_rows(points, sensor)
+        if (rows < 0).any():
+            print(f"lidar: dropped {(rows < 0).sum():,} points outside the beams of {sensor.name}", file=sys.stderr)
+        points, ring = points[rows >= 0], rows[rows >= 0]
+    out = write_points(args.output, points, ring=ring)
+    print(f"wrote {out} ({len(points):,} points{'' if ring is None else ', with ring'}) from {scan.format}")
+    return 0
+
+
+def cmd_render(args: argparse.Namespace) -> int:
+    from lidar.render import bev_image, range_image_png  # Pillow drawing only when rendering
+
+    sensor = _sensor_arg(args.sensor)
+    scan = read_points(args.file, sensor=sensor)
+    if args.view == "bev":
+        image = bev_image(scan.points, extent=args.extent, color_by=args.color_by)
+    else:
+        sensor = sensor or detect_sensor(scan)
+        if sensor is None:
+            reason = "it is not in the sensor frame" if not scan.sensor_frame else "no preset fits its beams"
+            raise PointCloudError(f"{args.file}: cannot pick a sensor for the range view ({reason}); pass --sensor")
+        image = range_image_png(project(scan.points, sensor, ring=scan.ring), max_range=sensor.max_range)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    image.save(args.out)
+    print(f"wrote {args.out} ({image.width}x{image.height}, {args.view} view of {scan.num_points:,} points)")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="python -m lidar", description="Inspect, convert and render LiDAR point-cloud files.")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    sensors = f"sensor preset or alias ({', '.join(sorted(PRESETS))}, kitti, nuscenes, ...)"
+
+    info = sub.add_parser("info", help="points, columns, range, elevation/azimuth coverage, intensity scale, sensor")
+    info.add_argument("file", type=Path)
+    info.add_argument("--json", action="store_true", help="print JSON instead of text")
+    info.add_argument("--sensor", help=f"use this {sensors} instead of detecting it")
+    info.set_defaults(func=cmd_info)
+
+    convert = sub.add_parser("convert", help="rewrite a file in the format of OUT's extension")
+    convert.add_argument("input", type=Path)
+    convert.add_argument("output", type=Path, help=".bin, .pcd.bin (nuScenes), .pcd, .ply, .npy, .npz, .las, .laz")
+    convert.add_argument("--sensor", help=f"{sensors}; derives a ring column (nearest beam) when the file has none")
+    convert.set_defaults(func=cmd_convert)
+
+    render = sub.add_parser("render", help="draw a bird's-eye or range-image PNG")
+    render.add_argument("file", type=Path)
+    render.add_argument("--out", type=Path, required=True, help="output picture (.png)")
+    render.add_argument("--view", choices=("bev", "range"), default="bev")
+    render.add_argument("--sensor", help=f"{sensors} for the range view (default: detected)")
+    render.add_argument("--extent", type=float, default=50.0, help="BEV half-width in metres (default 50)")
+    render.add_argument("--color-by", choices=("height", "density", "intensity"), default="height")
+    render.set_defaults(func=cmd_render)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return int(args.func(args))
+    except (PointCloudError, ValueError, OSError) as err:
+        print(f"lidar: error: {err}", file=sys.stderr)
+        return EXIT_USAGE
