@@ -1,0 +1,422 @@
+"""lidar.formats on files written here: round trips, content sniffing, layout scoring, limits, quirks."""
+
+from __future__ import annotations
+
+import struct
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from lidar.formats import MAX_POINTS, PointCloudError, Scan, detect_sensor, read_points, write_points
+from lidar.formats.pcd import lzf_decompress
+from lidar.sensors import HDL32, HDL64, OS1_64, OS1_128, PRESETS, VLP16, Sensor
+
+
+def sweep(sensor: Sensor, seed: int = 0, keep: float = 0.9) -> tuple[np.ndarray, np.ndarray]:
+    """A plausible sweep along the sensor's rays (points, ring), in firing order (column by column)."""
+    rng = np.random.default_rng(seed)
+    dirs = sensor.ray_directions()
+    ranges = rng.uniform(max(sensor.min_range, 3.0), 60.0, size=dirs.shape[:2])
+    down = sensor.elevations < 0
+    ground = sensor.mount_height / np.sin(-sensor.elevations[down])  # where each downward beam meets the road
+    ranges[down] = np.minimum(ranges[down], ground[:, None])
+    mask = rng.random(dirs.shape[:2]) < keep
+    rows, cols = np.nonzero(mask.T)[::-1]  # column-major order, like a spinning sensor fires
+    xyz = dirs[rows, cols] * ranges[rows, cols, None]
+    inten = rng.uniform(0.0, 1.0, size=len(xyz))
+    return np.concatenate([xyz, inten[:, None]], axis=1).astype(np.float32), rows.astype(np.int64)
+
+
+@pytest.fixture(scope="module")
+def cloud() -> tuple[np.ndarray, np.ndarray]:
+    return sweep(HDL32.with_width(256), seed=1)
+
+
+# 1. round trips ------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("name", "fmt", "expected_format", "stores_ring", "atol"),
+    [
+        ("scan.bin", None, "kitti-bin", False, 0.0),
+        ("scan.pcd.bin", None, "nuscenes-bin", True, 1e-6),
+        ("scan.pcd", None, "pcd-binary", True, 0.0),
+        ("scan.pcd", "pcd-ascii", "pcd-ascii", True, 0.0),
+        ("scan.ply", None, "ply-binary", True, 0.0),
+        ("scan.ply", "ply-ascii", "ply-ascii", True, 0.0),
+        ("scan.npy", None, "npy", True, 0.0),
+        ("scan.npz", None, "npz", True, 0.0),
+        ("scan.las", None, "las", True, 1e-4),
+        ("scan.laz", None, "laz", True, 1e-4),
+    ],
+)
+def test_every_writer_round_trips_points_and_ring(tmp_path, cloud, name, fmt, expected_format, stores_ring, atol):
+    points, ring = cloud
+    path = write_points(tmp_path / name, points, fmt=fmt, ring=ring)
+    scan = read_points(path)
+    assert scan.format == expected_format
+    assert scan.points.dtype == np.float32 and scan.points.shape == points.shape
+    np.testing.assert_allclose(scan.points[:, :3], points[:, :3], atol=max(atol, 1e-6), rtol=0)
+    np.testing.assert_allclose(scan.points[:, 3], points[:, 3], atol=max(atol, 2e-5), rtol=0)
+    if stores_ring:
+        np.testing.assert_array_equal(scan.ring, ring)
+    else:
+        assert scan.ring is None
+    assert scan.dropped_nonfinite == 0
+
+
+def test_las_stores_intensity_as_16_bit_and_reads_it_back_in_unit_range(tmp_path, cloud):
+    points, _ = cloud
+    scan = read_points(write_points(tmp_path / "scan.las", points))
+    assert scan.intensity_scale == 65535.0
+    assert scan.points[:, 3].min() >= 0.0 and scan.points[:, 3].max() <= 1.0
+
+
+def test_nuscenes_layout_stores_0_to_255_intensity_like_the_dataset(tmp_path, cloud):
+    points, ring = cloud
+    path = write_points(tmp_path / "scan.pcd.bin", points, ring=ring)
+    raw = np.fromfile(path, dtype=np.float32).reshape(-1, 5)
+    np.testing.assert_allclose(raw[:, 3], points[:, 3] * 255.0, rtol=1e-6)
+    np.testing.assert_array_equal(raw[:, 4], ring)
+    assert read_points(path).intensity_scale == 255.0
+
+
+# 2. content beats extension --------------------------------------------------------------------------------
+
+
+def test_numpy_file_named_bin_loads_as_npy_with_a_note(tmp_path, cloud):
+    points, _ = cloud
+    path = tmp_path / "really_numpy.bin"
+    with path.open("wb") as f:
+        np.save(f, points.astype(np.float64))
+    scan = read_points(path)
+    assert scan.format == "npy"
+    np.testing.assert_allclose(scan.points, points, atol=1e-6)
+    assert any("NPY" in n and ".bin" in n for n in scan.notes)
+
+
+def test_pcd_with_a_wrong_extension_is_read_by_content(tmp_path, cloud):
+    points, _ = cloud
+    pcd = write_points(tmp_path / "a.pcd", points)
+    renamed = pcd.rename(tmp_path / "a.bin")
+    scan = read_points(renamed)
+    assert scan.format == "pcd-binary"
+    np.testing.assert_array_equal(scan.points, points)
+
+
+def test_unknown_extension_without_a_header_is_refused(tmp_path):
+    path = tmp_path / "notes.txt"
+    path.write_text("hello world\n")
+    with pytest.raises(PointCloudError, match=r"notes\.txt.*unrecognised content"):
+        read_points(path)
+
+
+# 3. raw .bin layouts ---------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("dtype", "columns", "expected"),
+    [("<f4", 4, "kitti-bin"), ("<f2", 4, "float16-bin"), ("<f8", 4, "float64-bin"), ("<f2", 5, "float16x5-bin")],
+)
+def test_raw_bin_layout_is_found_from_plausible_values(tmp_path, cloud, dtype, columns, expected):
+    points, ring = cloud
+    data = np.concatenate([points, ring[:, None].astype(np.float32)], axis=1)[:, :columns]
+    path = tmp_path / "scan.bin"
+    path.write_bytes(data.astype(dtype).tobytes())
+    scan = read_points(path)
+    assert scan.format == expected
+    np.testing.assert_allclose(scan.points[:, :3], points[:, :3], rtol=2e-3, atol=0.05)
+    if columns == 5:
+        np.testing.assert_array_equal(scan.ring, ring)
+
+
+def test_kitti_file_whose_size_also_fits_five_columns_is_still_kitti(tmp_path, cloud):
+    points, _ = cloud
+    points = points[: len(points) // 5 * 5]  # N*16 divisible by 20 as well
+    path = tmp_path / "scan.bin"
+    path.write_bytes(points.astype("<f4").tobytes())
+    assert path.stat().st_size % 20 == 0
+    assert read_points(path).format == "kitti-bin"
+
+
+def test_stacked_sweeps_keep_only_the_keyframe(tmp_path, cloud):
+    points, _ = cloud
+    dt = np.repeat(np.array([0.0, 0.05, 0.1], dtype=np.float32), len(points) // 3 + 1)[: len(points)]
+    path = tmp_path / "sweeps.bin"
+    path.write_bytes(np.concatenate([points[:, :3], points[:, 3:] * 255, dt[:, None]], axis=1).astype("<f2").tobytes())
+    scan = read_points(path)
+    assert scan.num_points == int((dt == 0).sum())
+    assert any("3 sweeps stacked" in n for n in scan.notes)
+
+
+def test_size_that_fits_no_layout_names_the_file_and_every_layout(tmp_path):
+    path = tmp_path / "odd.bin"
+    path.write_bytes(np.zeros(401, dtype="<f4").tobytes())  # 1604 bytes: no row size divides it
+    with pytest.raises(PointCloudError) as err:
+        read_points(path)
+    message = str(err.value)
+    assert "odd.bin" in message and "1,604 bytes" in message
+    for layout in ("4 x float32", "5 x float32", "4 x float16", "5 x float16", "4 x float64", "5 x float64"):
+        assert layout in message
+
+
+def test_random_bytes_are_refused_as_implausible(tmp_path):
+    path = tmp_path / "noise.bin"
+    path.write_bytes(np.random.default_rng(0).integers(0, 256, size=16_000, dtype=np.uint8).tobytes())
+    with pytest.raises(PointCloudError, match=r"noise\.bin.*plausible rows"):
+        read_points(path)
+
+
+# 4. limits and bad values -----------------------------------------------------------------------------------
+
+
+def test_empty_file_is_refused(tmp_path):
+    path = tmp_path / "empty.bin"
+    path.touch()
+    with pytest.raises(PointCloudError, match=r"empty\.bin.*empty"):
+        read_points(path)
+
+
+def test_file_over_200_mb_is_refused_before_reading(tmp_path):
+    path = tmp_path / "huge.bin"
+    with path.open("wb") as f:
+        f.truncate(200_000_016)  # sparse: no disk used
+    with pytest.raises(PointCloudError, match=r"huge\.bin.*200 MB"):
+        read_points(path)
+
+
+def test_bin_over_5_million_points_is_refused(tmp_path):
+    path = tmp_path / "many.bin"
+    with path.open("wb") as f:
+        f.truncate((MAX_POINTS + 1) * 16)
+    with pytest.raises(PointCloudError, match=r"many\.bin.*5,000,001 points.*5,000,000"):
+        read_points(path)
+
+
+@pytest.mark.parametrize(
+    ("name", "header"),
+    [
+        ("big.pcd", "VERSION 0.7\nFIELDS x y z\nSIZE 4 4 4\nTYPE F F F\nCOUNT 1 1 1\nWIDTH 6000000\nHEIGHT 1\nPOINTS 6000000\nDATA binary\n"),
+        ("big.ply", "ply\nformat binary_little_endian 1.0\nelement vertex 6000000\nproperty float x\nproperty float y\nproperty float z\nend_header\n"),
+    ],
+)
+def test_header_announcing_too_many_points_is_refused_without_reading_the_body(tmp_path, name, header):
+    path = tmp_path / name
+    path.write_bytes(header.encode() + b"\0" * 64)
+    with pytest.raises(PointCloudError, match="6,000,000 points"):
+        read_points(path)
+
+
+def test_nan_and_inf_points_are_dropped_and_counted(tmp_path, cloud):
+    points, _ = cloud
+    bad = points.copy()
+    bad[[3, 10, 11], 0] = np.nan
+    bad[20, 2] = np.inf
+    bad[30, 3] = -np.inf
+    scan = read_points(write_points_raw(tmp_path / "nan.bin", bad))
+    assert scan.dropped_nonfinite == 5
+    assert scan.num_points == len(points) - 5
+    assert np.isfinite(scan.points).all()
+    assert any("5 points with NaN/inf" in n for n in scan.notes)
+
+
+def write_points_raw(path: Path, data: np.ndarray) -> Path:
+    """Bytes as a foreign tool would write them (write_points refuses NaN)."""
+    path.write_bytes(data.astype("<f4").tobytes())
+    return path
+
+
+@pytest.mark.parametrize(("top", "scale"), [(0.8, 1.0), (200.0, 255.0), (12551.0, 65535.0), (1e6, 1e6)])
+def test_intensity_scale_is_detected_and_mapped_to_unit_range(tmp_path, cloud, top, scale):
+    points, _ = cloud
+    data = points.copy()
+    data[:, 3] = np.linspace(0.0, top, len(points))
+    scan = read_points(write_points_raw(tmp_path / "i.bin", data))
+    assert scan.intensity_scale == pytest.approx(scale)
+    assert scan.points[:, 3].max() == pytest.approx(top / scale, rel=1e-5)
+    assert scan.points[:, 3].min() == 0.0
+
+
+def test_write_refuses_bad_shapes_unknown_extensions_and_ringless_nuscenes(tmp_path, cloud):
+    points, _ = cloud
+    with pytest.raises(PointCloudError, match=r"shape \(5, 3\).*expected a non-empty \(N, 4\)"):
+        write_points(tmp_path / "a.bin", np.zeros((5, 3)))
+    with pytest.raises(PointCloudError, match=r"\.xyz.*expected one of"):
+        write_points(tmp_path / "a.xyz", points)
+    with pytest.raises(PointCloudError, match="needs a ring"):
+        write_points(tmp_path / "a.pcd.bin", points)
+
+
+# 5. PCD, PLY, NPZ details -------------------------------------------------------------------------------------
+
+
+def test_lzf_decoder_handles_literals_and_overlapping_back_references():
+    # literal "abc" (ctrl 2), then a 9-byte copy from 3 back (ctrl 7<<5, extra length 0, offset byte 2)
+    assert lzf_decompress(b"\x02abc\xe0\x00\x02", 12) == b"abcabcabcabc"
+    # short copy: length 3 (ctrl 1<<5), offset 1 back -> repeats the last byte
+    assert lzf_decompress(b"\x01xy\x20\x00", 5) == b"xyyyy"
+    with pytest.raises(ValueError, match="header says"):
+        lzf_decompress(b"\x02abc", 4)
+
+
+def lzf_compress(data: bytes) -> bytes:
+    """Minimal LZF encoder for the test: greedy back-references to offsets 1..64, else literals."""
+    out, literal, i = bytearray(), bytearray(), 0
+
+    def flush() -> None:
+        for k in range(0, len(literal), 32):
+            chunk = literal[k : k + 32]
+            out.append(len(chunk) - 1)
+            out.extend(chunk)
+        literal.clear()
+
+    while i < len(data):
+        best_len, best_off = 0, 0
+        for off in range(1, min(i, 64) + 1):
+            n = 0
+            while i + n < len(data) and n < 264 and data[i + n] == data[i + n - off]:
+                n += 1
+            if n > best_len:
+                best_len, best_off = n, off
+        if best_len >= 3:
+            flush()
+            length, distance = best_len - 2, best_off - 1
+            if length < 7:
+                out.append((length << 5) | (distance >> 8))
+            else:
+                out += bytes([(7 << 5) | (distance >> 8), length - 7])
+            out.append(distance & 0xFF)
+            i += best_len
+        else:
+            literal.append(data[i])
+            i += 1
+    flush()
+    return bytes(out)
+
+
+def test_pcd_binary_compressed_is_decoded(tmp_path):
+    points, ring = sweep(VLP16.with_width(64), seed=3)
+    points[:, 3] = 0.5  # a constant column compresses into long back-references
+    fields = [points[:, k].astype("<f4").tobytes() for k in range(4)] + [ring.astype("<u2").tobytes()]
+    raw = b"".join(fields)
+    packed = lzf_compress(raw)
+    assert len(packed) < len(raw)
+    header = (
+        "# .PCD v0.7\nVERSION 0.7\nFIELDS x y z intensity ring\nSIZE 4 4 4 4 2\nTYPE F F F F U\nCOUNT 1 1 1 1 1\n"
+        f"WIDTH {len(points)}\nHEIGHT 1\nVIEWPOINT 0 0 0 1 0 0 0\nPOINTS {len(points)}\nDATA binary_compressed\n"
+    )
+    path = tmp_path / "c.pcd"
+    path.write_bytes(header.encode() + struct.pack("<II", len(packed), len(raw)) + packed)
+    scan = read_points(path)
+    assert scan.format == "pcd-binary_compressed"
+    np.testing.assert_array_equal(scan.points, points)
+    np.testing.assert_array_equal(scan.ring, ring)
+
+
+def test_pcd_with_reflectance_field_and_padding_reads_intensity(tmp_path):
+    header = (
+        "VERSION 0.7\nFIELDS x y z _ reflectance\nSIZE 4 4 4 1 4\nTYPE F F F U F\nCOUNT 1 1 1 4 1\n"
+        "WIDTH 2\nHEIGHT 1\nPOINTS 2\nDATA ascii\n"
+    )
+    path = tmp_path / "r.pcd"
+    path.write_text(header + "1 2 3 0 0 0 0 128\n4 5 6 0 0 0 0 255\n")
+    scan = read_points(path)
+    np.testing.assert_allclose(scan.points, [[1, 2, 3, 128 / 255], [4, 5, 6, 1.0]], rtol=1e-6)
+    assert scan.intensity_scale == 255.0
+
+
+def test_pcd_without_fields_line_is_refused(tmp_path):
+    path = tmp_path / "bad.pcd"
+    path.write_text("VERSION 0.7\nSIZE 4 4 4\nTYPE F F F\nPOINTS 1\nDATA ascii\n1 2 3\n")
+    with pytest.raises(PointCloudError, match=r"bad\.pcd.*lacks FIELDS"):
+        read_points(path)
+
+
+def test_ply_big_endian_with_a_face_element_after_the_vertices(tmp_path):
+    pts = np.array([[1.0, 2.0, 3.0, 10.0], [4.0, 5.0, 6.0, 20.0], [7.0, 8.0, 9.0, 30.0]], dtype=">f4")
+    header = (
+        "ply\nformat binary_big_endian 1.0\ncomment from a mesh tool\nelement vertex 3\nproperty float x\n"
+        "property float y\nproperty float z\nproperty float intensity\nelement face 1\n"
+        "property list uchar int vertex_indices\nend_header\n"
+    )
+    path = tmp_path / "mesh.ply"
+    path.write_bytes(header.encode() + pts.tobytes() + b"\x03" + np.array([0, 1, 2], ">i4").tobytes())
+    scan = read_points(path)
+    np.testing.assert_allclose(scan.points[:, :3], pts[:, :3])
+    np.testing.assert_allclose(scan.points[:, 3], pts[:, 3] / 255.0)
+
+
+def test_ply_without_vertices_is_refused(tmp_path):
+    path = tmp_path / "faces.ply"
+    path.write_text("ply\nformat ascii 1.0\nelement face 0\nproperty list uchar int vertex_indices\nend_header\n")
+    with pytest.raises(PointCloudError, match=r"faces\.ply.*no 'vertex' element"):
+        read_points(path)
+
+
+def test_npz_with_named_columns_and_npy_without_intensity(tmp_path, cloud):
+    points, _ = cloud
+    np.savez(tmp_path / "cols.npz", x=points[:, 0], y=points[:, 1], z=points[:, 2], intensity=points[:, 3] * 255)
+    scan = read_points(tmp_path / "cols.npz")
+    np.testing.assert_allclose(scan.points, points, atol=1e-6)
+    np.save(tmp_path / "xyz.npy", points[:, :3])
+    scan = read_points(tmp_path / "xyz.npy")
+    assert (scan.points[:, 3] == 0).all() and any("no intensity" in n for n in scan.notes)
+
+
+def test_npz_without_points_is_refused(tmp_path):
+    np.savez(tmp_path / "other.npz", a=np.zeros(3), b=np.ones(3))
+    with pytest.raises(PointCloudError, match=r"other\.npz.*expected 'points'"):
+        read_points(tmp_path / "other.npz")
+
+
+# 6. organised scans and sensor detection ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("order", ["column-major", "row-major"])
+def test_organised_dump_gets_its_ring_from_the_point_order(tmp_path, order):
+    sensor = OS1_64.with_width(512)
+    dirs = sensor.ray_directions()
+    ranges = np.random.default_rng(4).uniform(2.0, 40.0, size=sensor.shape)
+    grid = dirs * ranges[..., None]
+    xyz = grid.transpose(1, 0, 2).reshape(-1, 3) if order == "column-major" else grid.reshape(-1, 3)
+    expected = np.tile(np.arange(64), 512) if order == "column-major" else np.repeat(np.arange(64), 512)
+    np.save(tmp_path / "org.npy", np.concatenate([xyz, np.full((len(xyz), 1), 300.0)], axis=1))
+    scan = read_points(tmp_path / "org.npy")
+    np.testing.assert_array_equal(scan.ring, expected)
+    assert any(order in n for n in scan.notes)
+
+
+def test_shuffled_cloud_is_not_mistaken_for_an_organised_one(tmp_path):
+    sensor = OS1_64.with_width(512)
+    xyz = (sensor.ray_directions() * 10.0).reshape(-1, 3)
+    xyz = xyz[np.random.default_rng(5).permutation(len(xyz))]
+    np.save(tmp_path / "shuffled.npy", xyz)
+    assert read_points(tmp_path / "shuffled.npy").ring is None
+
+
+@pytest.mark.parametrize("preset", [HDL64, HDL32, VLP16, OS1_64, OS1_128])
+def test_detect_sensor_finds_each_preset_without_a_ring(tmp_path, preset):
+    points, _ = sweep(preset, seed=6, keep=0.95)
+    scan = read_points(write_points(tmp_path / "s.bin", points))
+    sensor = detect_sensor(scan)
+    assert sensor is not None and sensor.name == preset.name
+    assert sensor.width == preset.width
+
+
+def test_detect_sensor_measures_beams_no_preset_has():
+    custom = Sensor.from_angles("gen1", np.linspace(16.6, -16.6, 64), width=1024)
+    points, ring = sweep(custom, seed=7)
+    sensor = detect_sensor(Scan(points=points, ring=ring))
+    assert sensor is not None and sensor.name == "measured-64" and sensor.height == 64
+    np.testing.assert_allclose(sensor.elevations_deg, custom.elevations_deg, atol=1e-3)
+    assert sensor.name not in PRESETS
+
+
+def test_scan_with_its_origin_on_the_ground_is_flagged_and_gets_no_sensor(tmp_path):
+    points, _ = sweep(HDL64, seed=8)
+    points[:, 2] += HDL64.mount_height  # move the origin from the sensor down to the road
+    scan = read_points(write_points(tmp_path / "ego.bin", points))
+    assert not scan.sensor_frame
+    assert any("not in the sensor frame" in n for n in scan.notes)
+    assert detect_sensor(scan) is None
