@@ -1,0 +1,109 @@
+"""Every shared real scan loads (or is refused with a reason) and projects with its detected sensor.
+
+Point counts and azimuth coverage come from the data README's table, so the test checks the loader
+against numbers measured independently of this code. The kept-fraction bounds sit a few points under the
+values reported in the project README's "LiDAR files and sensors" table.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from lidar.formats import azimuth_coverage_deg, detect_sensor, read_points
+from lidar.range_image import project
+
+REAL_SCANS = Path(__file__).resolve().parents[2] / "shared/data/real_scans"
+
+#: file stem prefix -> (detected sensor or None, intensity divisor, file's max intensity per the data README,
+#: lower bound on the kept fraction)
+EXPECTED = {
+    "kitti_patchworkpp": ("hdl64", 1.0, 0.99, 0.78),
+    "kitti_mmdet3d": ("hdl64", 1.0, 0.99, 0.75),
+    "kitti_pointpillars": ("hdl64", 1.0, 0.99, 0.75),
+    "nuscenes_lidaraisolution": ("hdl32", 255.0, 240.0, 0.70),
+    "ouster_oustersdk": ("os1-128", 255.0, 255.0, 0.99),
+    "ouster_secondpytorch": ("measured-64", 65535.0, 12551.0, 0.99),
+    "pandaset_bynow76": (None, 255.0, 255.0, None),
+}
+
+pytestmark = pytest.mark.skipif(not REAL_SCANS.is_dir(), reason=f"shared real scans not found at {REAL_SCANS}")
+
+
+def readme_table() -> dict[str, tuple[int, int]]:
+    """file name -> (points, azimuth bins) from the data README; the keyframe count where sweeps are stacked."""
+    rows = {}
+    for line in (REAL_SCANS / "README.md").read_text().splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) == 10 and cells[0].endswith(".bin"):
+            keyframe = re.search(r"keyframe[^:]*:\s*([\d,]+)", cells[7])
+            points = (keyframe.group(1) if keyframe else cells[7].split()[0]).replace(",", "")
+            rows[cells[0]] = (int(points), int(cells[8].split()[0]))
+    return rows
+
+
+def expected_for(name: str) -> tuple[str | None, float, float, float | None]:
+    return next(v for prefix, v in EXPECTED.items() if name.startswith(prefix))
+
+
+FILES = sorted(p.name for p in REAL_SCANS.glob("*") if p.name != "README.md") if REAL_SCANS.is_dir() else []
+
+
+def test_readme_table_lists_every_shared_file():
+    assert sorted(readme_table()) == FILES
+    assert len(FILES) == 11
+
+
+@pytest.mark.parametrize("name", FILES)
+def test_real_scan_loads_with_readme_counts_and_unit_intensity(name):
+    points, azimuth_bins = readme_table()[name]
+    _, scale, max_intensity, _ = expected_for(name)
+    scan = read_points(REAL_SCANS / name)
+    assert scan.num_points == points
+    assert scan.points.dtype == np.float32 and scan.points.shape == (points, 4)
+    assert np.isfinite(scan.points).all() and scan.dropped_nonfinite == 0
+    assert scan.intensity_scale == scale
+    assert scan.points[:, 3].min() >= 0.0 and scan.points[:, 3].max() <= 1.0
+    assert scan.points[:, 3].max() * scale == pytest.approx(max_intensity, rel=1e-5)
+    assert abs(azimuth_coverage_deg(scan.points) - azimuth_bins) <= 1
+
+
+@pytest.mark.parametrize("name", FILES)
+def test_real_scan_projects_with_its_detected_sensor(name):
+    sensor_name, _, _, min_kept = expected_for(name)
+    scan = read_points(REAL_SCANS / name)
+    sensor = detect_sensor(scan)
+    if sensor_name is None:
+        assert sensor is None
+        assert not scan.sensor_frame
+        assert any("not in the sensor frame" in note for note in scan.notes)
+        return
+    assert sensor is not None and sensor.name == sensor_name
+    image = project(scan.points, sensor, ring=scan.ring)
+    kept = image.mask.sum() / scan.num_points
+    assert kept >= min_kept, f"{name}: {sensor.name} x {sensor.width} keeps only {kept:.3f}"
+
+
+def test_numpy_file_named_bin_is_an_organised_ouster_scan():
+    scan = read_points(REAL_SCANS / "ouster_secondpytorch-pr262_000000.bin")
+    assert scan.format == "npy"
+    np.testing.assert_array_equal(scan.ring, np.arange(65536) % 64)
+    sensor = detect_sensor(scan)
+    assert sensor is not None
+    assert sensor.elevations_deg[0] == pytest.approx(16.6, abs=0.1)  # OS1-64 Gen1: +-16.6 deg, no preset
+    assert sensor.elevations_deg[-1] == pytest.approx(-16.6, abs=0.1)
+
+
+def test_float16_nuscenes_dump_keeps_only_its_keyframe_sweep():
+    scan = read_points(REAL_SCANS / "nuscenes_lidaraisolution_ff9eff4389a740848f9a56ad749a4ae8.bin")
+    assert scan.format == "float16x5-bin"
+    assert any("10 sweeps stacked" in note and "271,156" in note for note in scan.notes)
+
+
+def test_ouster_beam_column_is_read_as_the_ring():
+    scan = read_points(REAL_SCANS / "ouster_oustersdk_OS-1-128_v2.3.0_1024x10_lb_n3.bin")
+    assert scan.format == "nuscenes-bin"
+    assert scan.ring is not None and np.unique(scan.ring).size == 128
