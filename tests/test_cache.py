@@ -1,0 +1,81 @@
+"""The rolling spatial cache: newest point per voxel, bounded in radius and in point count."""
+
+import numpy as np
+import pytest
+
+from inference.cache import SpatialCache, transform_points
+
+
+def pose_at(x: float, y: float = 0.0, yaw: float = 0.0) -> np.ndarray:
+    pose = np.eye(4)
+    pose[:2, :2] = [[np.cos(yaw), -np.sin(yaw)], [np.sin(yaw), np.cos(yaw)]]
+    pose[:3, 3] = [x, y, 1.8]
+    return pose
+
+
+def test_transform_points_moves_xyz_and_keeps_intensity():
+    pts = np.array([[1.0, 0.0, 0.0, 0.7]], dtype=np.float32)
+    out = transform_points(pts, pose_at(10.0, yaw=np.pi / 2))
+    np.testing.assert_allclose(out, [[10.0, 1.0, 1.8, 0.7]], atol=1e-6)
+    assert out.dtype == np.float32
+
+
+def test_points_in_the_same_voxel_collapse_to_the_newest_one():
+    cache = SpatialCache(radius=100.0, voxel_size=0.5, max_points=100)
+    cache.add(np.array([[1.1, 1.1, 0.1, 0.2], [5.0, 5.0, 0.0, 0.3]], dtype=np.float32), pose_at(0))
+    cache.add(np.array([[1.2, 1.3, 0.2, 0.9]], dtype=np.float32), pose_at(0))
+    pts = cache.points()
+    assert len(cache) == 2
+    np.testing.assert_allclose(pts[0], [1.2, 1.3, 0.2, 0.9], atol=1e-6)  # newest first, and it won its voxel
+    np.testing.assert_allclose(pts[1], [5.0, 5.0, 0.0, 0.3], atol=1e-6)
+
+
+def test_points_farther_than_the_radius_from_the_latest_pose_are_dropped():
+    cache = SpatialCache(radius=10.0, voxel_size=0.1, max_points=100)
+    cache.add(np.array([[0.0, 0.0, 0, 0], [9.0, 0.0, 0, 0], [20.0, 0.0, 0, 0]], dtype=np.float32), pose_at(0))
+    assert sorted(cache.points()[:, 0].tolist()) == [0.0, 9.0]
+    cache.add(np.zeros((0, 4), np.float32), pose_at(15.0))  # ego moved on: the origin point falls out
+    assert cache.points()[:, 0].tolist() == [9.0]
+
+
+def test_point_budget_keeps_the_nearest_points():
+    cache = SpatialCache(radius=1000.0, voxel_size=0.1, max_points=3)
+    xs = np.array([50.0, 1.0, 30.0, 2.0, 3.0, 40.0])
+    cache.add(np.stack([xs, 0 * xs, 0 * xs, 0 * xs], axis=1).astype(np.float32), pose_at(0))
+    assert sorted(cache.points()[:, 0].tolist()) == [1.0, 2.0, 3.0]
+
+
+def test_cache_seen_from_a_pose_is_in_that_sensor_frame():
+    cache = SpatialCache()
+    cache.add(np.array([[12.0, 0.0, 1.8, 0.5]], dtype=np.float32), pose_at(2.0))
+    np.testing.assert_allclose(cache.points_in_frame(pose_at(2.0)), [[10.0, 0.0, 0.0, 0.5]], atol=1e-5)
+
+
+def test_nonfinite_points_never_enter_the_cache_and_bad_shapes_are_named():
+    cache = SpatialCache()
+    cache.add(np.array([[np.nan, 0, 0, 0], [1, 0, 0, 0]], dtype=np.float32))
+    assert len(cache) == 1
+    with pytest.raises(ValueError, match=r"\(N, 4\)"):
+        cache.add(np.zeros((3, 3), np.float32))
+    with pytest.raises(ValueError, match="radius"):
+        SpatialCache(radius=0)
+
+
+def test_state_dict_round_trip_restores_points_and_radius_centre():
+    cache = SpatialCache(radius=10.0, voxel_size=0.2, max_points=50)
+    cache.add(np.array([[5.0, 0, 0, 0.1], [1.0, 1.0, 0, 0.2]], dtype=np.float32), pose_at(0))
+    other = SpatialCache()
+    other.load_state_dict(cache.state_dict())
+    np.testing.assert_array_equal(other.points(), cache.points())
+    other.add(np.zeros((0, 4), np.float32))  # same centre -> nothing dropped
+    assert len(other) == 2 and other.radius == 10.0
+
+
+def test_a_full_sweep_of_points_merges_fast_and_stays_bounded():
+    rng = np.random.default_rng(0)
+    cache = SpatialCache(radius=60.0, voxel_size=0.2, max_points=40_000)
+    for i in range(10):
+        pts = np.concatenate([rng.uniform(-80, 80, size=(16_384, 3)), rng.random((16_384, 1))], axis=1)
+        cache.add(transform_points(pts.astype(np.float32), pose_at(i)), pose_at(i))
+        assert len(cache) <= 40_000
+    assert np.hypot(cache.points()[:, 0] - 9.0, cache.points()[:, 1]).max() <= 60.0
