@@ -1,0 +1,145 @@
+"""Range-image projection: simulated sweeps round-trip within 1 cm, the nearest return wins, rings decide rows."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from lidar.range_image import (
+    RangeImage,
+    azimuth_columns,
+    beam_rows,
+    decode_range,
+    encode_range,
+    project,
+    rows_from_ring,
+    unproject,
+)
+from lidar.sensors import HDL32, HDL64, OS1_64, OS1_128, VLP16, Sensor
+
+
+def simulated(sensor: Sensor, seed: int = 0, keep: float = 0.8) -> tuple[np.ndarray, np.ndarray]:
+    """Points exactly along `sensor.ray_directions()` (as lidar.sim casts them) and their pixel mask."""
+    rng = np.random.default_rng(seed)
+    mask = rng.random(sensor.shape) < keep
+    ranges = rng.uniform(sensor.min_range, sensor.max_range, size=sensor.shape)
+    xyz = sensor.ray_directions()[mask] * ranges[mask, None]
+    inten = rng.uniform(0.0, 1.0, size=(len(xyz), 1))
+    return np.concatenate([xyz, inten], axis=1).astype(np.float32), mask
+
+
+@pytest.mark.parametrize("sensor", [HDL64, HDL32, VLP16, OS1_64, OS1_128], ids=lambda s: s.name)
+def test_simulated_sweep_round_trips_within_a_centimetre(sensor):
+    sensor = sensor.with_width(512)
+    points, mask = simulated(sensor)
+    image = project(points, sensor)
+    np.testing.assert_array_equal(image.mask, mask)  # every point kept, one per pixel
+    back = unproject(image, sensor)  # row-major pixel order, as `simulated` built them
+    assert back.shape == points.shape and back.dtype == np.float32
+    assert np.linalg.norm(back[:, :3] - points[:, :3], axis=1).max() < 0.01
+    np.testing.assert_allclose(back[:, 3], points[:, 3], atol=1e-6)
+
+
+def test_ring_path_round_trips_too():
+    sensor = OS1_64.with_width(256)
+    points, mask = simulated(sensor, seed=1)
+    ring = np.nonzero(mask)[0]
+    image = project(points, sensor, ring=ring)
+    np.testing.assert_array_equal(image.mask, mask)
+    assert np.linalg.norm(unproject(image, sensor)[:, :3] - points[:, :3], axis=1).max() < 0.01
+
+
+def test_nearest_return_wins_a_pixel_whatever_the_order():
+    sensor = HDL32.with_width(64)
+    ray = sensor.ray_directions()[5, 20]
+    near = np.array([*(ray * 10.0), 0.2])
+    far = np.array([*(ray * 20.0), 0.8])
+    for pts in (np.stack([near, far]), np.stack([far, near])):
+        image = project(pts, sensor)
+        assert image.mask.sum() == 1
+        assert image.range[5, 20] == pytest.approx(10.0, abs=1e-5)
+        assert image.intensity[5, 20] == pytest.approx(0.2)
+
+
+def test_ring_index_decides_the_row_over_the_elevation():
+    sensor = HDL32.with_width(64)
+    points, mask = simulated(sensor, seed=2)
+    rows = np.nonzero(mask)[0]
+    # a few points sit at another beam's elevation, but their ring says otherwise
+    ring = rows.copy()
+    moved = np.arange(0, len(points), 50)
+    ring[moved] = (rows[moved] + 3) % sensor.height
+    image = project(points, sensor, ring=ring)
+    cols = azimuth_columns(points[moved, :2], sensor.width)
+    assert (image.range[ring[moved], cols] > 0).all()
+
+
+def test_bottom_first_ring_numbering_is_flipped_to_top_first():
+    sensor = VLP16.with_width(128)
+    points, mask = simulated(sensor, seed=3, keep=1.0)
+    rows = np.nonzero(mask)[0]
+    top_first = rows_from_ring(points, rows, sensor)
+    bottom_first = rows_from_ring(points, sensor.height - 1 - rows, sensor)
+    np.testing.assert_array_equal(top_first, rows)
+    np.testing.assert_array_equal(bottom_first, rows)
+    np.testing.assert_array_equal(project(points, sensor, ring=sensor.height - 1 - rows).range, project(points, sensor).range)
+
+
+def test_ring_outside_the_sensor_beams_drops_the_point():
+    sensor = VLP16.with_width(64)
+    points, mask = simulated(sensor, seed=4)
+    ring = np.nonzero(mask)[0]
+    ring[:10] = 40  # a 16-beam sensor has no ring 40
+    image = project(points, sensor, ring=ring)
+    assert image.mask.sum() == len(points) - 10
+
+
+def test_points_outside_range_limits_or_beams_are_dropped():
+    sensor = HDL64.with_width(64)
+    ray = sensor.ray_directions()[10, 10]
+    pts = np.stack([ray * 0.5, ray * 500.0, ray * 30.0, [10.0, 0.0, 10.0]])  # too near, too far, kept, 45 deg up
+    assert beam_rows(pts, sensor)[3] == -1
+    assert project(pts, sensor).mask.sum() == 1
+
+
+def test_azimuth_columns_follow_the_design_formula():
+    width = 1024
+    xy = np.array([[1.0, 0.0], [1.0, 1e-6], [1.0, -1e-6], [-1.0, 1e-9], [-1.0, -1e-9], [0.0, 1.0]])
+    np.testing.assert_array_equal(azimuth_columns(xy, width), [512, 511, 512, 0, 1023, 256])
+
+
+def test_column_of_each_ray_is_its_own_column():
+    sensor = OS1_64.with_width(2048)
+    dirs = sensor.ray_directions()
+    cols = azimuth_columns(dirs[0], sensor.width)
+    np.testing.assert_array_equal(cols, np.arange(sensor.width))
+
+
+def test_wrong_shapes_are_refused():
+    sensor = HDL32.with_width(64)
+    with pytest.raises(ValueError, match=r"\(N, 3\+\)"):
+        project(np.zeros((5, 2)), sensor)
+    with pytest.raises(ValueError, match=r"\(N, 3\+\)"):
+        project(np.zeros(12), sensor)
+    with pytest.raises(ValueError, match="matching"):
+        RangeImage(np.zeros((32, 64)), np.zeros((32, 65)))
+    with pytest.raises(ValueError, match="sensor 'hdl32' is"):
+        unproject(RangeImage(np.zeros((16, 64)), np.zeros((16, 64))), sensor)
+
+
+def test_stack_holds_range_intensity_and_mask():
+    sensor = VLP16.with_width(32)
+    points, mask = simulated(sensor, seed=5)
+    stacked = project(points, sensor).stack()
+    assert stacked.shape == (3, 16, 32) and stacked.dtype == np.float32
+    np.testing.assert_array_equal(stacked[2], mask.astype(np.float32))
+
+
+def test_log_range_encoding_inverts_and_marks_no_return():
+    r = np.array([0.0, 0.5, 1.0, 7.5, 50.0, 120.0], dtype=np.float32)
+    enc = encode_range(r, max_range=120.0)
+    assert enc[0] == -1.0 and enc[-1] == pytest.approx(1.0)
+    assert np.all(np.diff(enc) > 0)
+    dec = decode_range(enc, max_range=120.0, min_range=1.0)
+    np.testing.assert_allclose(dec[2:], r[2:], rtol=1e-4)
+    np.testing.assert_array_equal(dec[:2], [0.0, 0.0])  # below min_range decodes as a ray drop
