@@ -1,0 +1,320 @@
+"""Things in the world: vehicles, people, street furniture, trees, walls and buildings.
+
+Each actor is a handful of analytic solids in its own frame (x forward, z up from the ground), so a car
+reads as a car to a 32-beam sensor (a body box under an ellipsoid cabin) while staying cheap to ray-cast.
+Moving actors follow a lane or sidewalk polyline at constant speed and stop before its end.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+import numpy as np
+
+from lidar.sim.hdmap import HDMap
+from lidar.sim.layout import Footprint, Layout
+from lidar.sim.primitives import BOX, CYLINDER, ELLIPSOID, Shapes
+from lidar.sim.roads import PARKING_WIDTH, arc_lengths, offset_line, point_at, sub_line
+
+logger = logging.getLogger(__name__)
+
+#: Object classes of solids. A point label is len(MAP_CLASSES) + index here (ground hits use the map class).
+#: Training data depends on this order: extend it only by appending.
+OBJECT_CLASSES: tuple[str, ...] = (
+    "car", "van", "truck", "pedestrian", "cyclist", "pole", "sign", "tree", "bush", "wall", "fence", "facade",
+)
+OBJECT_CLASS_INDEX = {name: i for i, name in enumerate(OBJECT_CLASSES)}
+#: Classes that get a 3-D box (the detection targets).
+BOXED_CLASSES = ("car", "van", "truck", "pedestrian", "cyclist")
+
+
+@dataclass
+class Actor:
+    """A boxed object. Static actors have a fixed (x, y, yaw); moving ones follow `path` at `speed`."""
+
+    id: int
+    cls: str
+    size: tuple[float, float, float]  # length, width, height (m)
+    parts: Shapes  # solids in the actor frame
+    x: float = 0.0
+    y: float = 0.0
+    yaw: float = 0.0
+    path: np.ndarray | None = None
+    s0: float = 0.0
+    speed: float = 0.0
+    s_stop: float = 0.0
+
+    @property
+    def moving(self) -> bool:
+        return self.path is not None and self.speed > 0
+
+    def pose_at(self, t: float, hdmap: HDMap) -> tuple[float, float, float, float]:
+        """(x, y, ground z, yaw) at time t seconds."""
+        if self.moving:
+            assert self.path is not None
+            s = min(self.s0 + self.speed * t, self.s_stop)
+            pos, tan = point_at(self.path, np.array([s]))
+            x, y, yaw = float(pos[0, 0]), float(pos[0, 1]), float(np.arctan2(tan[0, 1], tan[0, 0]))
+        else:
+            x, y, yaw = self.x, self.y, self.yaw
+        z = float(hdmap.ground_height(np.array([x]), np.array([y]))[0])
+        return x, y, z, yaw
+
+
+def _row(kind, center, size, yaw, refl, cls, actor, porosity=0.0) -> tuple:
+    return (kind, center, size, yaw, refl, OBJECT_CLASS_INDEX[cls], actor, porosity)
+
+
+# ------------------------------------------------------------------------------------------ templates
+def vehicle(rng: np.random.Generator, cls: str, actor: int) -> tuple[Shapes, tuple[float, float, float]]:
+    """A rounded vehicle body: boxes for the chassis and cargo, ellipsoids for cabin and bonnet."""
+    paint = float(rng.choice([0.06, 0.12, 0.25, 0.45, 0.6]) * rng.uniform(0.8, 1.2))
+    if cls == "car":
+        length, width, height = rng.uniform(3.9, 4.9), rng.uniform(1.7, 1.9), rng.uniform(1.4, 1.6)
+        rows = [_row(BOX, (0, 0, 0.62), (length / 2, width / 2, 0.37), 0.0, paint, cls, actor),
+                _row(ELLIPSOID, (-0.08 * length, 0, 0.95), (0.33 * length, 0.47 * width, height - 0.95), 0.0,
+                     paint * 0.8, cls, actor)]
+    elif cls == "van":
+        length, width, height = rng.uniform(4.8, 5.6), rng.uniform(1.9, 2.05), rng.uniform(1.9, 2.4)
+        body = length - 0.9
+        rows = [_row(BOX, (-0.45, 0, (0.3 + height) / 2), (body / 2, width / 2, (height - 0.3) / 2), 0.0, paint,
+                     cls, actor),
+                _row(ELLIPSOID, (length / 2 - 1.0, 0, 0.85), (1.0, width / 2, 0.55), 0.0, paint, cls, actor)]
+    elif cls == "truck":
+        length, width, height = rng.uniform(7.0, 10.0), rng.uniform(2.4, 2.55), rng.uniform(3.2, 3.8)
+        cab = 2.2
+        rows = [_row(BOX, (length / 2 - cab / 2, 0, 1.75), (cab / 2, width / 2, 1.3), 0.0, paint, cls, actor),
+                _row(BOX, (-cab / 2 - 0.15, 0, (0.6 + height) / 2), ((length - cab - 0.3) / 2, width / 2,
+                     (height - 0.6) / 2), 0.0, float(rng.uniform(0.2, 0.6)), cls, actor)]
+    else:
+        raise ValueError(f"unknown vehicle class {cls!r}; expected car, van or truck")
+    return Shapes.from_rows(rows), (float(length), float(width), float(height))
+
+
+def person(rng: np.random.Generator, actor: int, cyclist: bool = False) -> tuple[Shapes, tuple[float, float, float]]:
+    """A pedestrian (body cylinder + head) or a cyclist (bike frame box + rider)."""
+    h = rng.uniform(1.55, 1.9)
+    refl = float(rng.uniform(0.15, 0.45))
+    if not cyclist:
+        rows = [_row(CYLINDER, (0, 0, (h - 0.24) / 2), (0.22, 0.22, (h - 0.24) / 2), 0.0, refl, "pedestrian", actor),
+                _row(ELLIPSOID, (0, 0, h - 0.12), (0.1, 0.1, 0.12), 0.0, refl, "pedestrian", actor)]
+        return Shapes.from_rows(rows), (0.5, 0.5, float(h))
+    top = h + 0.2
+    rows = [_row(BOX, (0, 0, 0.5), (0.85, 0.06, 0.45), 0.0, 0.3, "cyclist", actor),
+            _row(CYLINDER, (0, 0, (0.9 + top - 0.24) / 2), (0.2, 0.2, (top - 0.24 - 0.9) / 2), 0.0, refl, "cyclist", actor),
+            _row(ELLIPSOID, (0, 0, top - 0.12), (0.1, 0.1, 0.12), 0.0, refl, "cyclist", actor)]
+    return Shapes.from_rows(rows), (1.8, 0.6, float(top))
+
+
+# ------------------------------------------------------------------------------------------ population
+@dataclass
+class Population:
+    actors: list[Actor]
+    scenery: Shapes  # static solids of scenery and of static actors, in world coordinates
+
+
+def _ground(hdmap: HDMap, x: float, y: float) -> float:
+    return float(hdmap.ground_height(np.array([x]), np.array([y]))[0])
+
+
+def populate(rng: np.random.Generator, layout: Layout, style: str) -> Population:
+    """Place parked and driving vehicles, people, poles, signs, trees, walls, fences and buildings."""
+    hdmap, graph = layout.hdmap, layout.graph
+    actors: list[Actor] = []
+    static_rows: list[tuple] = []
+    radius = [graph.node_radius(n) for n in range(len(graph.nodes))]
+    density = {"urban": 1.0, "suburban": 0.5, "highway": 0.6}[style]
+
+    def add_static_actor(shapes: Shapes, size, cls: str, x: float, y: float, yaw: float) -> None:
+        actors.append(Actor(id=len(actors), cls=cls, size=size, parts=shapes, x=x, y=y, yaw=yaw))
+
+    def vehicle_class() -> str:
+        return str(rng.choice(["car", "van", "truck"], p=[0.78, 0.15, 0.07] if style != "highway" else [0.6, 0.15, 0.25]))
+
+    for r in graph.roads:
+        s_lo, s_hi = radius[r.a] + 6.0, r.length - radius[r.b] - 6.0
+        if s_hi - s_lo < 8.0:
+            continue
+        inner = sub_line(r.centre, s_lo, s_hi)
+        # 1. Parked vehicles along the curb.
+        if r.parking:
+            for side in (-1.0, 1.0):
+                lane = offset_line(inner, side * (r.half_width - PARKING_WIDTH / 2))
+                if side > 0:
+                    lane = lane[::-1].copy()
+                cum = arc_lengths(lane)
+                s = rng.uniform(0, 4)
+                while s < cum[-1] - 3:
+                    cls = str(rng.choice(["car", "van"], p=[0.85, 0.15]))
+                    shapes, size = vehicle(rng, cls, len(actors))
+                    if rng.random() < 0.75 * density + 0.2:
+                        pos, tan = point_at(lane, np.array([s + size[0] / 2]), cum)
+                        add_static_actor(shapes, size, cls, float(pos[0, 0]), float(pos[0, 1]),
+                                         float(np.arctan2(tan[0, 1], tan[0, 0])))
+                    s += size[0] + rng.uniform(0.8, 3.0)
+        # 2. Traffic: one speed per lane so cars never run into each other; they queue at the end.
+        for from_node in (r.a, r.b):
+            for lane_i in range(r.lanes):
+                line = r.lane_line(from_node, lane_i)
+                cum = arc_lengths(line)
+                s_start = radius[from_node] + 2.0
+                s_end = cum[-1] - radius[r.b if from_node == r.a else r.a] - 2.0
+                speed = float(rng.uniform(6.0, 13.0) if r.kind == "street" else rng.uniform(20.0, 30.0))
+                n = rng.poisson(density * (s_end - s_start) / 45.0)
+                starts = np.sort(rng.uniform(s_start, s_end, size=n))[::-1]
+                last = np.inf
+                queued = 0
+                for s0 in starts:
+                    cls = vehicle_class()
+                    shapes, size = vehicle(rng, cls, len(actors))
+                    if last - s0 < size[0] + 6.0:
+                        continue
+                    stop = s_end - size[0] / 2 - queued * 7.0 - 8.0 * (queued > 0)
+                    actors.append(Actor(id=len(actors), cls=cls, size=size, parts=shapes, path=line, s0=float(s0),
+                                        speed=speed, s_stop=float(max(stop, s0))))
+                    last = s0
+                    queued += 1
+        # 3. Cyclists near the right edge of the outer lane.
+        if r.kind == "street" and rng.random() < 0.35 * density:
+            from_node = int(rng.choice([r.a, r.b]))
+            line = offset_line(r.directed(from_node), -(r.carriageway - 0.6))
+            cum = arc_lengths(line)
+            shapes, size = person(rng, len(actors), cyclist=True)
+            s0 = float(rng.uniform(radius[from_node], cum[-1] / 2))
+            actors.append(Actor(id=len(actors), cls="cyclist", size=size, parts=shapes, path=line, s0=s0,
+                                speed=float(rng.uniform(3.0, 6.0)), s_stop=float(cum[-1] - 15.0)))
+        # 4. Sidewalk life: pedestrians, street lights, trees, signs.
+        if r.sidewalk > 0:
+            for side in (-1.0, 1.0):
+                walk = offset_line(r.centre, side * (r.half_width + r.sidewalk * 0.6))
+                cum = arc_lengths(walk)
+                for _ in range(rng.poisson(density * 3.0 * r.length / 100.0)):
+                    shapes, size = person(rng, len(actors))
+                    s0 = float(rng.uniform(s_lo, s_hi))
+                    if rng.random() < 0.6:
+                        path = walk if rng.random() < 0.5 else walk[::-1].copy()
+                        actors.append(Actor(id=len(actors), cls="pedestrian", size=size, parts=shapes, path=path,
+                                            s0=s0, speed=float(rng.uniform(0.9, 1.6)), s_stop=float(cum[-1] - s_lo)))
+                    else:
+                        pos, tan = point_at(walk, np.array([s0]), cum)
+                        add_static_actor(shapes, size, "pedestrian", float(pos[0, 0]), float(pos[0, 1]),
+                                         float(rng.uniform(-np.pi, np.pi)))
+                edge = offset_line(r.centre, side * (r.half_width + 0.5))
+                ecum = arc_lengths(edge)
+                for s in np.arange(s_lo, s_hi, rng.uniform(25.0, 35.0)):
+                    pos, tan = point_at(edge, np.array([s]), ecum)
+                    x, y = float(pos[0, 0]), float(pos[0, 1])
+                    z = _ground(hdmap, x, y)
+                    h = float(rng.uniform(6.5, 9.0))
+                    static_rows.append(_row(CYLINDER, (x, y, z + h / 2), (0.12, 0.12, h / 2), 0.0, 0.3, "pole", -1))
+                    inward = -side * np.array([-tan[0, 1], tan[0, 0]])
+                    arm = np.array([x, y]) + inward * 0.9
+                    static_rows.append(_row(BOX, (arm[0], arm[1], z + h - 0.15), (0.9, 0.08, 0.08),
+                                            float(np.arctan2(inward[1], inward[0])), 0.35, "pole", -1))
+                if style != "highway":
+                    tree_line = offset_line(r.centre, side * (r.half_width + r.sidewalk - 0.7))
+                    tcum = arc_lengths(tree_line)
+                    if rng.random() < 0.7:
+                        for s in np.arange(s_lo + rng.uniform(0, 8), s_hi, rng.uniform(9.0, 18.0)):
+                            pos, _ = point_at(tree_line, np.array([s]), tcum)
+                            static_rows += _tree(rng, hdmap, float(pos[0, 0]), float(pos[0, 1]))
+        # 5. Highway furniture: a median barrier and noise walls, broken at junctions.
+        if r.kind == "highway":
+            for off, hgt, thick in ((0.0, 0.9, 0.5), (r.half_width + 1.0, float(rng.uniform(2.5, 4.0)), 0.3),
+                                    (-(r.half_width + 1.0), float(rng.uniform(2.5, 4.0)), 0.3)):
+                if off != 0.0 and rng.random() < 0.4:
+                    continue
+                static_rows += _wall_along(hdmap, offset_line(inner, off), hgt, thick, "wall", 0.3, 0.0)
+
+    # 6. Signs at junction approaches.
+    for n in range(len(graph.nodes)):
+        if graph.degree(n) < 3:
+            continue
+        for ri in graph.incident(n):
+            r = graph.roads[ri]
+            if rng.random() > 0.5 or r.length < 2 * radius[n] + 10:
+                continue
+            line = r.directed(n)
+            pos, tan = point_at(line, np.array([radius[n] + 3.0]))
+            normal = np.array([-tan[0, 1], tan[0, 0]])
+            p = pos[0] - normal * (r.half_width + 0.4)
+            z = _ground(hdmap, float(p[0]), float(p[1]))
+            h = float(rng.uniform(2.2, 2.8))
+            yaw = float(np.arctan2(tan[0, 1], tan[0, 0]))
+            static_rows.append(_row(CYLINDER, (p[0], p[1], z + h / 2), (0.04, 0.04, h / 2), 0.0, 0.3, "sign", -1))
+            static_rows.append(_row(BOX, (p[0], p[1], z + h + 0.3), (0.03, 0.35, 0.35), yaw, 0.95, "sign", -1))
+
+    # 7. Buildings, green areas with trees and bushes, garden fences.
+    for b in layout.buildings:
+        corners = b.corners()
+        base = float(hdmap.ground_height(corners[:, 0], corners[:, 1]).min()) - 0.5
+        h = b.height + 0.5
+        static_rows.append(_row(BOX, (b.cx, b.cy, base + h / 2), (b.half_length, b.half_width, h / 2), b.yaw,
+                                float(rng.uniform(0.15, 0.45)), "facade", -1))
+        if style == "suburban" and rng.random() < 0.5:
+            static_rows += _fence_around(rng, hdmap, b)
+    for g in layout.green:
+        n_trees = int(g.half_length * g.half_width * 4 / 60.0 * rng.uniform(0.5, 1.2))
+        for _ in range(n_trees):
+            u, v = rng.uniform(-0.85, 0.85, size=2)
+            c, s = np.cos(g.yaw), np.sin(g.yaw)
+            x = g.cx + c * u * g.half_length - s * v * g.half_width
+            y = g.cy + s * u * g.half_length + c * v * g.half_width
+            if rng.random() < 0.6:
+                static_rows += _tree(rng, hdmap, float(x), float(y))
+            else:
+                rxy = float(rng.uniform(0.6, 1.6))
+                rz = float(rng.uniform(0.5, 1.2))
+                static_rows.append(_row(ELLIPSOID, (x, y, _ground(hdmap, float(x), float(y)) + rz * 0.8), (rxy, rxy * rng.uniform(0.7, 1.0), rz),
+                                        float(rng.uniform(0, np.pi)), 0.4, "bush", -1, 0.3))
+
+    # Static actors are baked into the scenery; moving actors are placed per frame.
+    static_parts = []
+    for a in actors:
+        if not a.moving:
+            x, y, z, yaw = a.pose_at(0.0, hdmap)
+            static_parts.append(a.parts.placed(x, y, z, yaw))
+    scenery = Shapes.concat([Shapes.from_rows(static_rows), *static_parts])
+    logger.debug("populated %s: %d actors (%d moving), %d static solids", style, len(actors),
+                 sum(a.moving for a in actors), len(scenery))
+    return Population(actors=actors, scenery=scenery)
+
+
+def _tree(rng: np.random.Generator, hdmap: HDMap, x: float, y: float) -> list[tuple]:
+    z = _ground(hdmap, x, y)
+    trunk_h = float(rng.uniform(1.8, 3.5))
+    r = float(rng.uniform(0.12, 0.3))
+    rxy = float(rng.uniform(1.5, 3.8))
+    rz = float(rng.uniform(1.5, 3.5))
+    return [_row(CYLINDER, (x, y, z + trunk_h / 2 + 0.3), (r, r, trunk_h / 2 + 0.3), 0.0, 0.25, "tree", -1),
+            _row(ELLIPSOID, (x, y, z + trunk_h + rz * 0.85), (rxy, rxy * rng.uniform(0.8, 1.0), rz),
+                 float(rng.uniform(0, np.pi)), 0.45, "tree", -1, 0.35)]
+
+
+def _wall_along(hdmap: HDMap, line: np.ndarray, height: float, thickness: float, cls: str, refl: float,
+                porosity: float, segment: float = 12.0) -> list[tuple]:
+    """Straight box segments approximating a wall or fence along a (possibly curved) line."""
+    rows = []
+    cum = arc_lengths(line)
+    for s in np.arange(0.0, cum[-1] - 1.0, segment):
+        e = min(s + segment, cum[-1])
+        p, _ = point_at(line, np.array([s, e]), cum)
+        mid = p.mean(axis=0)
+        d = p[1] - p[0]
+        z = _ground(hdmap, float(mid[0]), float(mid[1])) - 0.2
+        rows.append(_row(BOX, (mid[0], mid[1], z + (height + 0.2) / 2),
+                         (np.linalg.norm(d) / 2 + 0.05, thickness / 2, (height + 0.2) / 2),
+                         float(np.arctan2(d[1], d[0])), refl, cls, -1, porosity))
+    return rows
+
+
+def _fence_around(rng: np.random.Generator, hdmap: HDMap, b: Footprint) -> list[tuple]:
+    grow = Footprint(b.cx, b.cy, b.half_length + rng.uniform(2, 5), b.half_width + rng.uniform(2, 5), b.yaw)
+    ring = grow.corners()
+    height = float(rng.uniform(1.1, 1.8))
+    rows = []
+    for i in (1, 2, 3):  # leave the street-facing side open
+        seg = np.stack([ring[i], ring[(i + 1) % 4]])
+        rows += _wall_along(hdmap, seg, height, 0.05, "fence", 0.25, 0.5, segment=50.0)
+    return rows

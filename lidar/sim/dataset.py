@@ -1,0 +1,241 @@
+"""Simulated datasets on disk (one .npz per sequence + manifest.json) and as torch Datasets.
+
+Sequence i of a dataset is a pure function of (seed, i): `sequence_spec` picks its world, style, action and
+drive, so the on-the-fly dataset produces exactly what the writer would have written, and each rank and
+dataloader worker takes a disjoint, deterministic share of the indices.
+
+File layout (keys are a contract with training; extend only by adding):
+    DIR/manifest.json        written last (tmp + rename): sensor, class names, keys, one entry per sequence
+    DIR/seq_00000.npz        range (T,H,W) float32 m, 0 = no return; intensity (T,H,W) float32 [0,1];
+                             labels (T,H,W) uint8 POINT_CLASSES; instances (T,H,W) int32 actor id or -1;
+                             map_classes (T,H,W) uint8 MAP_CLASSES; poses (T,4,4) float64 world_from_sensor;
+                             times (T,) float64 s; boxes (B,7) float32 world cx,cy,cz,l,w,h,yaw;
+                             box_class (B,) int16 OBJECT_CLASSES; box_id (B,) int32; box_frame (B,) int32;
+                             map_* (HDMap.to_dict: raster, origin, resolution, terrain, vectors JSON);
+                             optional points (N,4) float32 sensor frame + point_offsets (T+1,) int64.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+from collections import OrderedDict
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch.utils.data import Dataset, IterableDataset, get_worker_info
+
+from lidar.sensors import Sensor
+from lidar.sim.actors import OBJECT_CLASSES
+from lidar.sim.drive import ACTIONS, FRAME_RATE_HZ, plan_drive
+from lidar.sim.hdmap import MAP_CLASSES, HDMap
+from lidar.sim.roads import STYLES
+from lidar.sim.sensor_model import POINT_CLASSES
+from lidar.sim.sequence import SimSequence, simulate_sequence
+from lidar.sim.world import make_world
+
+logger = logging.getLogger(__name__)
+
+FORMAT = "lidarverse-sim"
+FORMAT_VERSION = 1
+MANIFEST = "manifest.json"
+FRAME_KEYS = ("range", "intensity", "labels", "instances", "map_classes")
+#: Style mix of generated data: mostly streets, some highway.
+STYLE_WEIGHTS = {"urban": 0.5, "suburban": 0.3, "highway": 0.2}
+
+
+@dataclass(frozen=True)
+class SequenceSpec:
+    index: int
+    world_seed: int
+    style: str
+    action: str
+    drive_seed: int
+    sim_seed: int
+
+
+def sequence_spec(seed: int, index: int) -> SequenceSpec:
+    """What sequence `index` of a dataset with `seed` is: world, style, action and seeds (pure function)."""
+    rng = np.random.default_rng(np.random.SeedSequence([int(seed), int(index), 0x51A]))
+    style = str(rng.choice(STYLES, p=[STYLE_WEIGHTS[s] for s in STYLES]))
+    return SequenceSpec(index=int(index), world_seed=int(rng.integers(0, 2**31 - 1)), style=style,
+                        action=str(rng.choice(ACTIONS)), drive_seed=int(rng.integers(0, 2**31 - 1)),
+                        sim_seed=int(rng.integers(0, 2**31 - 1)))
+
+
+def generate_sequence(spec: SequenceSpec, sensor: Sensor, frames: int) -> SimSequence:
+    world = make_world(spec.world_seed, spec.style)
+    poses = plan_drive(world, spec.action, frames, seed=spec.drive_seed, mount_height=sensor.mount_height)
+    return simulate_sequence(world, poses, sensor, seed=spec.sim_seed)
+
+
+def sequence_arrays(seq: SimSequence, with_points: bool = False) -> dict[str, np.ndarray]:
+    """The .npz content of one sequence (see the module docstring for keys)."""
+    out: dict[str, np.ndarray] = {
+        "range": np.stack([f.image.range for f in seq.frames]).astype(np.float32),
+        "intensity": np.stack([f.image.intensity for f in seq.frames]).astype(np.float32),
+        "labels": np.stack([f.label_image for f in seq.frames]).astype(np.uint8),
+        "instances": np.stack([f.instance_image for f in seq.frames]).astype(np.int32),
+        "map_classes": seq.map_classes.astype(np.uint8),
+        "poses": seq.poses.astype(np.float64),
+        "times": seq.times.astype(np.float64),
+        "boxes": np.concatenate([b["boxes"] for b in seq.boxes]).astype(np.float32).reshape(-1, 7),
+        "box_class": np.concatenate([b["box_class"] for b in seq.boxes]).astype(np.int16),
+        "box_id": np.concatenate([b["box_id"] for b in seq.boxes]).astype(np.int32),
+        "box_frame": np.concatenate([np.full(len(b["boxes"]), i, np.int32) for i, b in enumerate(seq.boxes)]),
+        "sensor": np.array(json.dumps(seq.sensor.to_dict())),
+        **seq.hdmap.to_dict(),
+    }
+    if with_points:
+        out["points"] = np.concatenate([f.points for f in seq.frames]).astype(np.float32)
+        out["point_offsets"] = np.concatenate([[0], np.cumsum([len(f.points) for f in seq.frames])]).astype(np.int64)
+    return out
+
+
+def _write_npz(path: Path, arrays: dict[str, np.ndarray]) -> None:
+    tmp = path.with_name(path.name + ".tmp.npz")
+    with open(tmp, "wb") as fh:
+        np.savez_compressed(fh, **arrays)
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(tmp, path)
+
+
+def _write_one(args: tuple[str, int, int, dict, int, bool]) -> dict[str, Any]:
+    out_dir, seed, index, sensor_dict, frames, with_points = args
+    spec = sequence_spec(seed, index)
+    seq = generate_sequence(spec, Sensor.from_dict(sensor_dict), frames)
+    name = f"seq_{index:05d}.npz"
+    _write_npz(Path(out_dir) / name, sequence_arrays(seq, with_points))
+    return {"file": name, "index": index, "world_seed": spec.world_seed, "style": spec.style,
+            "action": spec.action, "drive_seed": spec.drive_seed, "sim_seed": spec.sim_seed, "frames": frames}
+
+
+def write_dataset(out_dir: str | Path, sensor: Sensor, sequences: int, frames: int, seed: int = 0,
+                  with_points: bool = False, workers: int = 1) -> Path:
+    """Generate `sequences` drives of `frames` frames into `out_dir`; the manifest is written last."""
+    if sequences < 1 or frames < 1:
+        raise ValueError(f"need sequences >= 1 and frames >= 1, got sequences={sequences}, frames={frames}")
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    jobs = [(str(out), int(seed), i, sensor.to_dict(), int(frames), bool(with_points)) for i in range(sequences)]
+    t0 = time.perf_counter()
+    if workers > 1:
+        import multiprocessing as mp
+
+        with mp.get_context("spawn").Pool(workers) as pool:
+            entries = list(pool.imap(_write_one, jobs))
+    else:
+        entries = []
+        for job in jobs:
+            entries.append(_write_one(job))
+            logger.info("wrote %s (%d/%d)", entries[-1]["file"], len(entries), sequences)
+    manifest = {
+        "format": FORMAT, "version": FORMAT_VERSION, "seed": int(seed), "frame_rate_hz": FRAME_RATE_HZ,
+        "sensor": sensor.to_dict(), "map_classes": list(MAP_CLASSES), "object_classes": list(OBJECT_CLASSES),
+        "point_classes": list(POINT_CLASSES), "frame_keys": list(FRAME_KEYS), "with_points": bool(with_points),
+        "sequences": entries,
+    }
+    tmp = out / (MANIFEST + ".tmp")
+    tmp.write_text(json.dumps(manifest, indent=1))
+    os.replace(tmp, out / MANIFEST)
+    logger.info("dataset %s: %d sequences x %d frames in %.1f s", out, sequences, frames, time.perf_counter() - t0)
+    return out / MANIFEST
+
+
+def _to_item(arrays: dict[str, np.ndarray], sl: slice, seq_index: int) -> dict[str, Any]:
+    item: dict[str, Any] = {k: torch.from_numpy(np.ascontiguousarray(arrays[k][sl])) for k in FRAME_KEYS}
+    item["poses"] = torch.from_numpy(np.ascontiguousarray(arrays["poses"][sl]))
+    item["times"] = torch.from_numpy(np.ascontiguousarray(arrays["times"][sl]))
+    item["sequence"] = seq_index
+    item["frame"] = sl.start
+    return item
+
+
+class SimDataset(Dataset):
+    """Windows of `window` consecutive frames from a dataset written by `write_dataset`.
+
+    Each item: range, intensity, labels, instances, map_classes as (window, H, W) tensors, poses
+    (window, 4, 4) float64, times, and the ints `sequence` and `frame` (start). Use `load_sequence(i)`
+    for everything of one sequence (boxes, map, points).
+    """
+
+    def __init__(self, root: str | Path, window: int = 1, stride: int = 1, cache_size: int = 4) -> None:
+        self.root = Path(root)
+        path = self.root / MANIFEST
+        if not path.is_file():
+            raise FileNotFoundError(f"{path} not found; expected a dataset written by `python -m lidar.sim --out DIR`")
+        self.manifest = json.loads(path.read_text())
+        if self.manifest.get("format") != FORMAT:
+            raise ValueError(f"{path}: format {self.manifest.get('format')!r} is not {FORMAT!r}")
+        if window < 1 or stride < 1:
+            raise ValueError(f"window and stride must be >= 1, got window={window}, stride={stride}")
+        self.sensor = Sensor.from_dict(self.manifest["sensor"])
+        self.window = int(window)
+        self.index: list[tuple[int, int]] = []
+        for i, entry in enumerate(self.manifest["sequences"]):
+            self.index += [(i, f) for f in range(0, entry["frames"] - self.window + 1, stride)]
+        self._cache: OrderedDict[int, dict[str, np.ndarray]] = OrderedDict()
+        self._cache_size = cache_size
+
+    def __len__(self) -> int:
+        return len(self.index)
+
+    def load_sequence(self, i: int) -> dict[str, np.ndarray]:
+        """All arrays of sequence i (the .npz content), cached."""
+        if i in self._cache:
+            self._cache.move_to_end(i)
+            return self._cache[i]
+        entry = self.manifest["sequences"][i]
+        with np.load(self.root / entry["file"], allow_pickle=False) as z:
+            arrays = {k: z[k] for k in z.files}
+        self._cache[i] = arrays
+        if len(self._cache) > self._cache_size:
+            self._cache.popitem(last=False)
+        return arrays
+
+    def hdmap(self, i: int) -> HDMap:
+        return HDMap.from_dict(self.load_sequence(i))
+
+    def __getitem__(self, idx: int) -> dict[str, Any]:
+        seq, start = self.index[idx]
+        return _to_item(self.load_sequence(seq), slice(start, start + self.window), seq)
+
+
+class OnTheFlySimDataset(IterableDataset):
+    """Endless (or `num_sequences`-long) stream of freshly simulated sequences, no disk involved.
+
+    Sequence indices are dealt round-robin over (rank, worker) pairs, so every rank and worker gets a
+    disjoint, reproducible share, and sequence i equals sequence i of `write_dataset(seed=seed)`.
+    Yields the same items as SimDataset (every window of each sequence).
+    """
+
+    def __init__(self, sensor: Sensor, frames: int, seed: int = 0, window: int = 1, rank: int = 0,
+                 world_size: int = 1, num_sequences: int | None = None) -> None:
+        if not 0 <= rank < world_size:
+            raise ValueError(f"rank must be in [0, world_size={world_size}), got {rank}")
+        if window < 1 or frames < window:
+            raise ValueError(f"need 1 <= window <= frames, got window={window}, frames={frames}")
+        self.sensor, self.frames, self.seed, self.window = sensor, int(frames), int(seed), int(window)
+        self.rank, self.world_size, self.num_sequences = int(rank), int(world_size), num_sequences
+
+    def sequence_indices(self, worker_id: int = 0, num_workers: int = 1):
+        shard = self.rank * num_workers + worker_id
+        step = self.world_size * num_workers
+        i = shard
+        while self.num_sequences is None or i < self.num_sequences:
+            yield i
+            i += step
+
+    def __iter__(self):
+        info = get_worker_info()
+        wid, nw = (info.id, info.num_workers) if info is not None else (0, 1)
+        for i in self.sequence_indices(wid, nw):
+            arrays = sequence_arrays(generate_sequence(sequence_spec(self.seed, i), self.sensor, self.frames))
+            for f in range(0, self.frames - self.window + 1):
+                yield _to_item(arrays, slice(f, f + self.window), i)

@@ -1,0 +1,260 @@
+"""The HD map: vector layers, a class raster and a terrain height field, plus the ray casts against them.
+
+The world model conditions on `range_view_classes`, so it is computed exactly as the simulator finds the
+ground (same terrain, same raster) but without occlusion: it says what the map holds under each ray.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from lidar.sensors import Sensor
+
+logger = logging.getLogger(__name__)
+
+#: Ground layers of the map. Index 0 means the ray meets no ground within range (sky / beyond max range).
+#: Training data depends on this order: extend it only by appending.
+MAP_CLASSES: tuple[str, ...] = (
+    "none",
+    "road",
+    "lane_marking",
+    "crosswalk",
+    "intersection",
+    "parking",
+    "sidewalk",
+    "curb",
+    "terrain",
+    "vegetation",
+    "building",
+)
+MAP_CLASS_INDEX: dict[str, int] = {name: i for i, name in enumerate(MAP_CLASSES)}
+
+#: Classes that sit one curb height above the carriageway; the drivable surface is the low level.
+RAISED_CLASSES: tuple[str, ...] = ("sidewalk", "curb", "terrain", "vegetation", "building")
+CURB_HEIGHT = 0.15
+
+#: RGB colour per map class for BEV pictures (index-aligned with MAP_CLASSES).
+MAP_COLORS = np.array(
+    [
+        (0, 0, 0),  # none
+        (60, 60, 66),  # road
+        (250, 250, 250),  # lane_marking
+        (235, 210, 60),  # crosswalk
+        (90, 80, 100),  # intersection
+        (80, 90, 120),  # parking
+        (170, 160, 150),  # sidewalk
+        (220, 120, 60),  # curb
+        (140, 120, 80),  # terrain
+        (60, 140, 60),  # vegetation
+        (150, 60, 60),  # building
+    ],
+    dtype=np.uint8,
+)
+
+
+@dataclass
+class HDMap:
+    """Vector layers (GeoJSON-like features per layer), a class raster and a terrain height field.
+
+    `raster[iy, ix]` is the class of the cell whose lower-left corner is origin + (ix, iy) * resolution.
+    `terrain[iy, ix]` is the height (m) at terrain_origin + (ix, iy) * terrain_resolution, bilinearly
+    interpolated; the carriageway lies on it and every RAISED class one CURB_HEIGHT above.
+    """
+
+    layers: dict[str, list[dict[str, Any]]]
+    raster: np.ndarray
+    origin: tuple[float, float]
+    resolution: float
+    terrain: np.ndarray
+    terrain_origin: tuple[float, float]
+    terrain_resolution: float
+    _raised_lut: np.ndarray = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        if self.raster.dtype != np.uint8 or self.raster.ndim != 2:
+            raise ValueError(f"HDMap.raster must be a 2-D uint8 class raster, got {self.raster.dtype} {self.raster.shape}")
+        if self.raster.size and int(self.raster.max()) >= len(MAP_CLASSES):
+            raise ValueError(f"HDMap.raster holds class {int(self.raster.max())}; expected < {len(MAP_CLASSES)}")
+        lut = np.zeros(256, dtype=np.float32)
+        for name in RAISED_CLASSES:
+            lut[MAP_CLASS_INDEX[name]] = CURB_HEIGHT
+        self._raised_lut = lut
+
+    # ----------------------------------------------------------------------------------------- lookups
+    @property
+    def extent(self) -> tuple[float, float, float, float]:
+        """(xmin, ymin, xmax, ymax) of the class raster in world metres."""
+        ny, nx = self.raster.shape
+        x0, y0 = self.origin
+        return (x0, y0, x0 + nx * self.resolution, y0 + ny * self.resolution)
+
+    def class_at(self, x: np.ndarray, y: np.ndarray) -> np.ndarray:
+        """Map class of world points (nearest cell); points off the raster read as terrain."""
+        ny, nx = self.raster.shape
+        ix = np.floor((np.asarray(x) - self.origin[0]) / self.resolution).astype(np.int64)
+        iy = np.floor((np.asarray(y) - self.origin[1]) / self.resolution).astype(np.int64)
+        inside = (ix >= 0) & (ix < nx) & (iy >= 0) & (iy < ny)
+        out = np.full(ix.shape, MAP_CLASS_INDEX["terrain"], dtype=np.uint8)
+        out[inside] = self.raster[iy[inside], ix[inside]]
+        return out
+
+    def terrain_height(self, x: np.ndarray, y: np.ndarray, with_gradient: bool = False):
+        """Smooth terrain height (bilinear) at world points, optionally with its gradient (dz/dx, dz/dy)."""
+        ty, tx = self.terrain.shape
+        res = self.terrain_resolution
+        fx = np.clip((np.asarray(x, dtype=np.float64) - self.terrain_origin[0]) / res, 0.0, tx - 1.000001)
+        fy = np.clip((np.asarray(y, dtype=np.float64) - self.terrain_origin[1]) / res, 0.0, ty - 1.000001)
+        ix = fx.astype(np.int64)
+        iy = fy.astype(np.int64)
+        ax = fx - ix
+        ay = fy - iy
+        t = self.terrain
+        h00 = t[iy, ix]
+        h01 = t[iy, ix + 1]
+        h10 = t[iy + 1, ix]
+        h11 = t[iy + 1, ix + 1]
+        lo = h00 + (h01 - h00) * ax
+        hi = h10 + (h11 - h10) * ax
+        h = lo + (hi - lo) * ay
+        if not with_gradient:
+            return h
+        gx = ((h01 - h00) * (1 - ay) + (h11 - h10) * ay) / res
+        gy = (hi - lo) / res
+        return h, gx, gy
+
+    def ground_height(self, x: np.ndarray, y: np.ndarray) -> np.ndarray:
+        """Surface height including the curb step (sidewalks, verges and lots sit above the carriageway)."""
+        return self.terrain_height(x, y) + self._raised_lut[self.class_at(x, y)]
+
+    # ----------------------------------------------------------------------------------------- ray casts
+    def intersect_terrain(self, origin: np.ndarray, dirs: np.ndarray, max_range: float, offset: float = 0.0,
+                          iterations: int = 4) -> np.ndarray:
+        """Ray parameter where each ray meets the smooth terrain (+offset); inf where it does not within range.
+
+        Newton's method on f(t) = o_z + t d_z - h(o + t d) - offset, started from the flat plane through
+        the terrain under the origin. The terrain is gentle, so a few steps converge; a ray that is still
+        off the surface afterwards is treated as a miss rather than guessed.
+        """
+        o = np.asarray(origin, dtype=np.float64)
+        d = np.asarray(dirs, dtype=np.float64).reshape(-1, 3)
+        t = np.full(len(d), np.inf)
+        down = d[:, 2] < -1e-4
+        if not down.any():
+            return t
+        dd = d[down]
+        h0 = float(self.terrain_height(np.array([o[0]]), np.array([o[1]]))[0]) + offset
+        tt = (h0 - o[2]) / dd[:, 2]
+        tt = np.clip(tt, 0.0, 1.5 * max_range)
+        for _ in range(iterations):
+            px = o[0] + tt * dd[:, 0]
+            py = o[1] + tt * dd[:, 1]
+            h, gx, gy = self.terrain_height(px, py, with_gradient=True)
+            f = o[2] + tt * dd[:, 2] - h - offset
+            fp = dd[:, 2] - gx * dd[:, 0] - gy * dd[:, 1]
+            fp = np.minimum(fp, -1e-4)  # the ray must descend relative to the slope to meet it
+            tt = np.clip(tt - f / fp, 0.0, 1.5 * max_range)
+        px = o[0] + tt * dd[:, 0]
+        py = o[1] + tt * dd[:, 1]
+        resid = o[2] + tt * dd[:, 2] - self.terrain_height(px, py) - offset
+        ok = (np.abs(resid) < 0.02 + 0.002 * tt) & (tt > 0) & (tt <= max_range)
+        t[np.flatnonzero(down)[ok]] = tt[ok]
+        return t
+
+    def range_view_classes(self, pose: np.ndarray, sensor: Sensor) -> np.ndarray:
+        """(H, W) uint8: map class where each ray of `sensor` at `pose` meets the ground; 0 where it misses.
+
+        Occlusion is ignored on purpose: this is the map the model conditions on, not what the sensor sees.
+        """
+        pose = np.asarray(pose, dtype=np.float64)
+        if pose.shape != (4, 4):
+            raise ValueError(f"pose must be a 4x4 world_from_sensor matrix, got shape {pose.shape}")
+        dirs = sensor.ray_directions().reshape(-1, 3) @ pose[:3, :3].T
+        t = self.intersect_terrain(pose[:3, 3], dirs, sensor.max_range, iterations=3)
+        hit = np.isfinite(t)
+        out = np.zeros(len(dirs), dtype=np.uint8)
+        th = t[hit]
+        out[hit] = self.class_at(pose[0, 3] + th * dirs[hit, 0], pose[1, 3] + th * dirs[hit, 1])
+        return out.reshape(sensor.shape)
+
+    # ----------------------------------------------------------------------------------------- rasters
+    def bev_raster(self, resolution: float = 0.5, extent: float | None = None,
+                   center: tuple[float, float] | None = None, pose: np.ndarray | None = None) -> np.ndarray:
+        """Class raster resampled to `resolution` (nearest), as an image: row 0 is the far/top edge.
+
+        Without `pose`: world axes, +y up and +x right, covering `extent` metres either side of `center`
+        (the whole map when extent is None). With `pose`: ego-centred, forward (+x) up and left (+y) to
+        the left, the layout BEV models and viewers expect.
+        """
+        if resolution <= 0:
+            raise ValueError(f"bev_raster: resolution must be > 0 m, got {resolution}")
+        if pose is not None:
+            pose = np.asarray(pose, dtype=np.float64)
+            half = 50.0 if extent is None else float(extent)
+            n = max(1, round(2 * half / resolution))
+            c = (np.arange(n) + 0.5) * resolution - half
+            fwd = -c[:, None] * np.ones((1, n))  # row 0 = +half forward
+            left = -c[None, :] * np.ones((n, 1))  # column 0 = +half left
+            yaw = np.arctan2(pose[1, 0], pose[0, 0])
+            cs, sn = np.cos(yaw), np.sin(yaw)
+            wx = pose[0, 3] + cs * fwd - sn * left
+            wy = pose[1, 3] + sn * fwd + cs * left
+            return self.class_at(wx, wy)
+        xmin, ymin, xmax, ymax = self.extent
+        if extent is None:
+            cx, cy = (xmin + xmax) / 2, (ymin + ymax) / 2
+            hx, hy = (xmax - xmin) / 2, (ymax - ymin) / 2
+        else:
+            cx, cy = center if center is not None else ((xmin + xmax) / 2, (ymin + ymax) / 2)
+            hx = hy = float(extent)
+        nx = max(1, round(2 * hx / resolution))
+        ny = max(1, round(2 * hy / resolution))
+        xs = cx - hx + (np.arange(nx) + 0.5) * resolution
+        ys = cy + hy - (np.arange(ny) + 0.5) * resolution
+        return self.class_at(xs[None, :] * np.ones((ny, 1)), ys[:, None] * np.ones((1, nx)))
+
+    @staticmethod
+    def colorize(classes: np.ndarray) -> np.ndarray:
+        """(..., 3) uint8 RGB for a class raster, with MAP_COLORS."""
+        return MAP_COLORS[np.clip(classes, 0, len(MAP_CLASSES) - 1)]
+
+    # ----------------------------------------------------------------------------------------- export
+    def to_geojson(self) -> dict[str, Any]:
+        """A GeoJSON FeatureCollection (local metric coordinates) of every vector layer."""
+        features = []
+        for layer, feats in self.layers.items():
+            for f in feats:
+                features.append({"type": "Feature", "geometry": f["geometry"],
+                                 "properties": {"layer": layer, **f.get("properties", {})}})
+        return {"type": "FeatureCollection", "crs": {"type": "local", "units": "m"}, "features": features}
+
+    def to_dict(self) -> dict[str, Any]:
+        """Everything needed to rebuild the map: arrays stay arrays, the vectors as a JSON string."""
+        return {
+            "map_raster": self.raster,
+            "map_origin": np.asarray(self.origin, dtype=np.float64),
+            "map_resolution": np.float64(self.resolution),
+            "map_terrain": self.terrain.astype(np.float32),
+            "map_terrain_origin": np.asarray(self.terrain_origin, dtype=np.float64),
+            "map_terrain_resolution": np.float64(self.terrain_resolution),
+            "map_vectors": np.array(json.dumps(self.layers)),
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> HDMap:
+        missing = [k for k in ("map_raster", "map_origin", "map_resolution", "map_terrain") if k not in data]
+        if missing:
+            raise ValueError(f"HDMap.from_dict: missing keys {missing}; expected the output of HDMap.to_dict()")
+        return cls(
+            layers=json.loads(str(data["map_vectors"])) if "map_vectors" in data else {},
+            raster=np.asarray(data["map_raster"], dtype=np.uint8),
+            origin=tuple(float(v) for v in data["map_origin"]),
+            resolution=float(data["map_resolution"]),
+            terrain=np.asarray(data["map_terrain"], dtype=np.float32),
+            terrain_origin=tuple(float(v) for v in data["map_terrain_origin"]),
+            terrain_resolution=float(data["map_terrain_resolution"]),
+        )

@@ -1,0 +1,213 @@
+"""The LiDAR sensor model: exact ray casting along the sensor's beams, then intensity, ray drop and noise.
+
+Rays leave along `Sensor.ray_directions()` exactly, so each return lands in its own range-image pixel and
+`project(unproject(image))` gives the image back. What makes a sweep look real happens after the cast:
+- intensity = reflectivity x incidence term x range attenuation (with speckle);
+- ray drop: no hit within range, CARLA-style drop of weak returns, grazing incidence, the ego's own body,
+  plus a small random loss;
+- Gaussian range noise.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+import numpy as np
+
+from lidar.range_image import RangeImage
+from lidar.sensors import Sensor
+from lidar.sim.actors import OBJECT_CLASSES
+from lidar.sim.hdmap import CURB_HEIGHT, MAP_CLASS_INDEX, MAP_CLASSES
+from lidar.sim.primitives import cast
+from lidar.sim.world import World
+
+logger = logging.getLogger(__name__)
+
+#: Point/pixel labels: 0 = no return, ground hits use their MAP_CLASSES index, solids len(MAP_CLASSES) + class.
+POINT_CLASSES: tuple[str, ...] = MAP_CLASSES + OBJECT_CLASSES
+
+#: Diffuse near-infrared reflectivity of each ground layer (asphalt is dark, paint and grass are bright).
+GROUND_REFLECTIVITY = np.zeros(256, dtype=np.float32)
+for _name, _refl in {"road": 0.12, "lane_marking": 0.6, "crosswalk": 0.6, "intersection": 0.12, "parking": 0.13,
+                     "sidewalk": 0.28, "curb": 0.3, "terrain": 0.25, "vegetation": 0.4, "building": 0.3}.items():
+    GROUND_REFLECTIVITY[MAP_CLASS_INDEX[_name]] = _refl
+
+
+@dataclass(frozen=True)
+class SensorModelConfig:
+    """Knobs of the sensor model; defaults are tuned against the real scans (see README, Simulator)."""
+
+    #: Range noise standard deviation (m); Velodyne quotes about 2 cm.
+    range_noise: float = 0.02
+    #: Exponent on cos(incidence) in the intensity (1 = Lambertian).
+    incidence_power: float = 1.0
+    #: Two-way atmospheric attenuation coefficient (1/m): intensity *= exp(-2 * a * r).
+    attenuation: float = 0.002
+    #: Multiplicative intensity speckle (relative standard deviation).
+    intensity_noise: float = 0.1
+    #: CARLA dropoff: random drop rate applied to every return.
+    drop_general: float = 0.02
+    #: CARLA dropoff: returns weaker than this may be dropped ...
+    drop_intensity_limit: float = 0.03
+    #: ... with this probability at zero intensity, falling linearly to 0 at the limit.
+    drop_zero_intensity: float = 0.6
+    #: Rays meeting a surface at cos(incidence) below this are lost (grazing).
+    grazing_cos: float = 0.02
+    #: Ego vehicle in the sensor frame as (x0, x1, half_width, top below the sensor) boxes: the cabin
+    #: under the roof-mounted sensor and the lower body (bonnet and boot), both down to the ground.
+    ego_boxes: tuple[tuple[float, float, float, float], ...] = ((-1.8, 0.6, 0.8, 0.3), (-3.4, 1.3, 0.95, 0.8))
+
+    def __post_init__(self) -> None:
+        for name in ("range_noise", "attenuation", "intensity_noise", "drop_intensity_limit", "grazing_cos"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"SensorModelConfig.{name} must be >= 0, got {getattr(self, name)}")
+        for name in ("drop_general", "drop_zero_intensity"):
+            if not 0.0 <= getattr(self, name) <= 1.0:
+                raise ValueError(f"SensorModelConfig.{name} is a probability, got {getattr(self, name)}")
+
+
+@dataclass
+class SimScan:
+    """One simulated sweep. `points` are the returning pixels of `image` (row-major), in the sensor frame."""
+
+    image: RangeImage
+    points: np.ndarray  # (N, 4) float32 x, y, z, intensity
+    labels: np.ndarray  # (N,) uint8, index into POINT_CLASSES
+    label_image: np.ndarray  # (H, W) uint8, 0 where no return
+    instance_image: np.ndarray  # (H, W) int32 actor id, -1 for scenery / ground / no return
+
+
+def _rotation_yaw_tilt(pose: np.ndarray) -> tuple[float, float]:
+    yaw = float(np.arctan2(pose[1, 0], pose[0, 0]))
+    tilt = float(np.arccos(np.clip(pose[2, 2], -1.0, 1.0)))
+    return yaw, tilt
+
+
+class LidarSimulator:
+    """Simulates `sensor` sweeps in a World. Randomness comes only from `seed` and the scan time."""
+
+    def __init__(self, sensor: Sensor, seed: int = 0, config: SensorModelConfig | None = None) -> None:
+        self.sensor = sensor
+        self.seed = int(seed)
+        self.config = config or SensorModelConfig()
+        self._dirs = sensor.ray_directions().reshape(-1, 3)
+        self._ego_mask = self._ego_body_mask()
+
+    def _ego_body_mask(self) -> np.ndarray:
+        """Rays that hit the car the sensor is mounted on (they never come back as points)."""
+        d = self._dirs
+        inv = 1.0 / np.where(np.abs(d) < 1e-12, 1e-12, d)
+        mask = np.zeros(len(d), dtype=bool)
+        for x0, x1, half_w, below in self.config.ego_boxes:
+            lo = np.array([x0, -half_w, -self.sensor.mount_height])
+            hi = np.array([x1, half_w, -below])
+            t1, t2 = lo * inv, hi * inv
+            t_in = np.minimum(t1, t2).max(axis=1)
+            t_out = np.maximum(t1, t2).min(axis=1)
+            mask |= (t_out >= t_in) & (t_out > 0)
+        return mask.reshape(self.sensor.shape)
+
+    def _rng(self, time_s: float, pose: np.ndarray) -> np.random.Generator:
+        key = [self.seed, round(time_s * 1e6) & 0xFFFFFFFF, *(np.round(pose[:3, 3] * 1000).astype(np.int64) & 0xFFFFFFFF)]
+        return np.random.default_rng(np.random.SeedSequence([int(k) for k in key]))
+
+    def scan(self, world: World, pose: np.ndarray, time_s: float = 0.0) -> SimScan:
+        """Ray-cast one sweep from `pose` (4x4 world_from_sensor) with actors placed at `time_s`."""
+        pose = np.asarray(pose, dtype=np.float64)
+        if pose.shape != (4, 4) or not np.isfinite(pose).all():
+            raise ValueError(f"pose must be a finite 4x4 world_from_sensor matrix, got shape {pose.shape}")
+        cfg = self.config
+        sensor = self.sensor
+        h, w = sensor.shape
+        rng = self._rng(time_s, pose)
+        origin = pose[:3, 3]
+        dirs = self._dirs @ pose[:3, :3].T
+        yaw, tilt = _rotation_yaw_tilt(pose)
+
+        # 1. Solids near the sensor (culling grid + moving actors), skipping any the ego stands inside.
+        shapes = world.at_time(time_s).shapes_near(float(origin[0]), float(origin[1]), sensor.max_range + 5.0)
+        if len(shapes):
+            rel = shapes.center[:, :2] - origin[:2]
+            inside = (np.hypot(rel[:, 0], rel[:, 1]) < 2.5) & (shapes.actor >= 0)
+            if inside.any():
+                shapes = shapes.take(np.flatnonzero(~np.isin(shapes.actor, np.unique(shapes.actor[inside]))))
+        t_obj, cos_obj, idx_obj = cast(shapes, origin, dirs, yaw, tilt + 0.01, sensor.elevations, w,
+                                       sensor.max_range, rng)
+
+        # 2. Ground: carriageway level, then the curb step (raised sidewalks and verges).
+        t_ground, cls_ground, cos_ground = self._ground(world, origin, dirs, sensor.max_range)
+
+        # 3. Nearest surface wins.
+        use_obj = t_obj < t_ground
+        t = np.where(use_obj, t_obj, t_ground)
+        cos = np.where(use_obj, cos_obj, cos_ground)
+        refl = np.where(use_obj, shapes.reflectivity[np.maximum(idx_obj, 0)] if len(shapes) else 0.0,
+                        GROUND_REFLECTIVITY[cls_ground])
+        labels = np.where(use_obj, len(MAP_CLASSES) + (shapes.label[np.maximum(idx_obj, 0)] if len(shapes) else 0),
+                          cls_ground).astype(np.uint8)
+        instance = np.where(use_obj & (idx_obj >= 0), shapes.actor[np.maximum(idx_obj, 0)] if len(shapes) else -1, -1)
+
+        # 4. Intensity, noise and drop.
+        n = len(t)
+        hit = np.isfinite(t)
+        r = np.where(hit, t, 0.0) + rng.normal(0.0, cfg.range_noise, n)
+        inten = refl * np.clip(cos, 0.0, 1.0) ** cfg.incidence_power * np.exp(-2.0 * cfg.attenuation * r)
+        inten = np.clip(inten * (1.0 + cfg.intensity_noise * rng.standard_normal(n)), 0.0, 1.0)
+        p_drop = cfg.drop_general + (1.0 - cfg.drop_general) * cfg.drop_zero_intensity * np.clip(
+            1.0 - inten / max(cfg.drop_intensity_limit, 1e-9), 0.0, 1.0)
+        keep = hit & (rng.random(n) >= p_drop) & (cos >= cfg.grazing_cos) & ~self._ego_mask.ravel()
+        keep &= (r >= sensor.min_range) & (r <= sensor.max_range)
+
+        range_img = np.where(keep, r, 0.0).astype(np.float32).reshape(h, w)
+        inten_img = np.where(keep, inten, 0.0).astype(np.float32).reshape(h, w)
+        label_img = np.where(keep, labels, 0).astype(np.uint8).reshape(h, w)
+        inst_img = np.where(keep, instance, -1).astype(np.int32).reshape(h, w)
+        image = RangeImage(range_img, inten_img)
+        mask = image.mask
+        xyz = self._dirs.reshape(h, w, 3)[mask] * range_img[mask, None].astype(np.float64)
+        points = np.concatenate([xyz, inten_img[mask, None]], axis=1).astype(np.float32)
+        return SimScan(image=image, points=points, labels=label_img[mask], label_image=label_img,
+                       instance_image=inst_img)
+
+    @staticmethod
+    def _ground(world: World, origin: np.ndarray, dirs: np.ndarray, max_range: float):
+        """Ground hit per ray: distance, map class and |cos incidence|; curb faces are found between levels.
+
+        The road surface lies on the terrain and raised classes one CURB_HEIGHT above it. A ray first
+        reaches the raised level at t_hi and the road level at t_lo; sampling the class raster between
+        them finds where it enters a raised cell: on top (at t_hi) or through a curb face.
+        """
+        hdmap = world.hdmap
+        t_lo = hdmap.intersect_terrain(origin, dirs, max_range * 1.05)
+        t_hi = hdmap.intersect_terrain(origin, dirs, max_range * 1.05, offset=CURB_HEIGHT, iterations=2)
+        t_hi = np.where(np.isfinite(t_hi), np.minimum(t_hi, t_lo), t_lo)
+        hit = np.isfinite(t_lo)
+        t = np.full(len(dirs), np.inf)
+        cls = np.zeros(len(dirs), dtype=np.uint8)
+        cos = np.abs(dirs[:, 2]).copy()
+        idx = np.flatnonzero(hit)
+        lo, hi = t_lo[idx], t_hi[idx]
+        d = dirs[idx]
+        raised_lut = hdmap._raised_lut > 0
+        steps = 5
+        found = np.zeros(len(idx), dtype=bool)
+        t_sel = lo.copy()
+        step_sel = np.full(len(idx), steps, dtype=np.int64)
+        for k in range(steps):
+            tk = hi + (lo - hi) * (k / (steps - 1))
+            c = hdmap.class_at(origin[0] + tk * d[:, 0], origin[1] + tk * d[:, 1])
+            new = ~found & raised_lut[c]
+            t_sel[new] = tk[new]
+            step_sel[new] = k
+            found |= new
+        px = origin[0] + t_sel * d[:, 0]
+        py = origin[1] + t_sel * d[:, 1]
+        c = hdmap.class_at(px, py)
+        face = found & (step_sel > 0)
+        c[face] = MAP_CLASS_INDEX["curb"]
+        t[idx] = t_sel
+        cls[idx] = c
+        # A curb face is vertical: its incidence is set by the ray's horizontal component.
+        cos[idx[face]] = np.hypot(d[face, 0], d[face, 1]) * 0.7
+        return t, cls, cos
