@@ -140,6 +140,14 @@ def test_kitti_file_whose_size_also_fits_five_columns_is_still_kitti(tmp_path, c
     assert read_points(path).format == "kitti-bin"
 
 
+def test_shuffled_kitti_file_still_loads_when_only_one_layout_is_plausible(tmp_path, cloud):
+    points, _ = cloud
+    shuffled = points[np.random.default_rng(2).permutation(len(points))]
+    scan = read_points(write_points(tmp_path / "shuffled.bin", shuffled))
+    assert scan.format == "kitti-bin"
+    np.testing.assert_array_equal(scan.points, shuffled)
+
+
 def test_stacked_sweeps_keep_only_the_keyframe(tmp_path, cloud):
     points, _ = cloud
     dt = np.repeat(np.array([0.0, 0.05, 0.1], dtype=np.float32), len(points) // 3 + 1)[: len(points)]

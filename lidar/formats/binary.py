@@ -4,7 +4,8 @@ A raw `.bin` says nothing about its layout, and real files break the naming conv
 dumps with a time column, Ouster dumps with a beam column). So every layout whose row size divides the
 file is decoded and scored on physics: finite values, ranges a LiDAR can measure, non-negative intensity,
 an integral ring or a small time offset, and consecutive points that lie near each other (a scan is
-stored in firing order; a wrong row size scrambles the columns and breaks that continuity).
+stored in firing order; a wrong row size scrambles the columns and breaks that continuity, so continuity
+breaks ties but a shuffled cloud is still accepted when only one layout is plausible).
 """
 
 from __future__ import annotations
@@ -44,7 +45,7 @@ class Layout:
         return f"{self.name} ({self.columns} x {np.dtype(self.dtype).name})"
 
 
-#: Tried in this order; on equal scores the earlier (more common) layout wins.
+#: Tried in this order; on equal evidence the earlier (more common) layout wins.
 LAYOUTS = (
     Layout("kitti-bin", "<f4", 4),
     Layout("nuscenes-bin", "<f4", 5),
@@ -55,8 +56,8 @@ LAYOUTS = (
 )
 
 
-def score_layout(data: np.ndarray) -> tuple[float, str]:
-    """Fraction of plausible rows (0..1) for decoded rows (M, C), and the main reason it falls short."""
+def score_layout(data: np.ndarray) -> tuple[float, bool, str]:
+    """(fraction of plausible rows, whether consecutive rows lie near each other, the main shortfall)."""
     with np.errstate(all="ignore"):
         xyz = data[:, :3].astype(np.float64)
         rng = np.linalg.norm(xyz, axis=1)
@@ -73,15 +74,12 @@ def score_layout(data: np.ndarray) -> tuple[float, str]:
         if data.shape[1] > 4 and extra_column_kind(data[:, 4].astype(np.float64)) == "unknown":
             ok &= False
             reasons["5th column is neither an integral ring nor a small time offset"] = 1.0
-        score = float(ok.mean())
         pair_ok = ok[1:] & ok[:-1]
+        continuous = False
         if pair_ok.sum() > 10:
             step = np.median(np.linalg.norm(np.diff(xyz, axis=0), axis=1)[pair_ok])
-            typical = np.median(rng[ok])
-            if not step < 0.5 * max(typical, 1e-3):
-                score *= 0.5
-                reasons["consecutive points are not near each other"] = 1.0
-    return score, max(reasons, key=reasons.get)
+            continuous = bool(step < 0.5 * max(np.median(rng[ok]), 1e-3))
+    return float(ok.mean()), continuous, max(reasons, key=reasons.get)
 
 
 def _decode(raw: bytes | np.memmap, layout: Layout, rows: int) -> np.ndarray:
@@ -92,7 +90,7 @@ def choose_layout(path: Path, size: int) -> Layout:
     """The plausible layout for a raw file of `size` bytes, or an error listing every layout tried."""
     fitting = [lay for lay in LAYOUTS if size % lay.row_bytes == 0]
     tried = []
-    best: tuple[float, Layout] | None = None
+    plausible: list[tuple[bool, float, Layout]] = []
     raw = np.memmap(path, dtype=np.uint8, mode="r")
     for lay in fitting:
         rows = size // lay.row_bytes
@@ -102,22 +100,25 @@ def choose_layout(path: Path, size: int) -> Layout:
         data = _decode(raw, lay, rows)
         starts = np.linspace(0, max(rows - _BLOCK_ROWS, 0), _SAMPLE_ROWS // _BLOCK_ROWS).astype(np.int64)
         sample = np.concatenate([data[s : s + _BLOCK_ROWS] for s in np.unique(starts)])
-        score, reason = score_layout(sample)
-        tried.append(f"{lay.describe()}: {100 * score:.0f}% plausible rows" + ("" if score >= _MIN_SCORE else f" ({reason})"))
-        if best is None or score > best[0]:
-            best = (score, lay)
+        score, continuous, reason = score_layout(sample)
+        order = "" if continuous else ", consecutive points far apart"
+        tried.append(f"{lay.describe()}: {100 * score:.0f}% plausible rows" + (order if score >= _MIN_SCORE else f" ({reason})"))
+        if score >= _MIN_SCORE:
+            plausible.append((continuous, score, lay))
     unfit = [lay.describe() for lay in LAYOUTS if lay not in fitting]
     if fitting and all(size // lay.row_bytes > MAX_POINTS for lay in fitting):
         check_point_count(path, size // fitting[0].row_bytes)
-    if best is None or best[0] < _MIN_SCORE:
+    if not plausible:
         detail = "; ".join(tried) if tried else "none of them divides the size"
         raise PointCloudError(
             f"{path}: {size:,} bytes is not a LiDAR sweep in any raw layout tried. Layouts whose row size divides "
             f"the file: {detail}. Layouts whose row size does not divide {size:,} bytes: {', '.join(unfit) or 'none'}. "
             "Expected x, y, z, intensity[, ring or time] rows of float32 (KITTI/nuScenes), float16 or float64"
         )
-    logger.debug("%s: layout %s chosen from %s", path, best[1].name, tried)
-    return best[1]
+    # a layout that keeps scan order intact beats one that scrambles it; then the most plausible; then LAYOUTS order
+    best = max(plausible, key=lambda p: (p[0], p[1], -LAYOUTS.index(p[2])))[2]
+    logger.debug("%s: layout %s chosen from %s", path, best.name, tried)
+    return best
 
 
 def read_bin(path: Path, size: int, sensor: Sensor | None) -> Scan:
