@@ -115,8 +115,9 @@ def intersect_cylinders(origin, dirs, center, size) -> tuple[np.ndarray, np.ndar
         t_side = (-b - np.sqrt(disc)) / a
     z_side = oz + t_side * dz
     side_ok = (disc >= 0) & (t_side > 0) & (np.abs(z_side) <= size[:, 2])
+    ts = np.where(side_ok, t_side, 0.0)
+    cos_side = np.abs((ox + ts * dx) * dx + (oy + ts * dy) * dy) / np.maximum(r, _EPS)
     t_side = np.where(side_ok, t_side, np.inf)
-    cos_side = np.abs((ox + t_side * dx) * dx + (oy + t_side * dy) * dy) / np.maximum(r, _EPS)
     with np.errstate(divide="ignore", invalid="ignore"):
         t_cap = (np.sign(oz) * size[:, 2] - oz) / np.where(np.abs(dz) < _EPS, _EPS, dz)
     cx = ox + t_cap * dx
@@ -124,7 +125,7 @@ def intersect_cylinders(origin, dirs, center, size) -> tuple[np.ndarray, np.ndar
     cap_ok = (np.abs(oz) > size[:, 2]) & (t_cap > 0) & (cx * cx + cy * cy <= r * r)
     t_cap = np.where(cap_ok, t_cap, np.inf)
     use_cap = t_cap < t_side
-    return np.where(use_cap, t_cap, t_side), np.where(use_cap, np.abs(dz), np.nan_to_num(cos_side, posinf=0.0))
+    return np.where(use_cap, t_cap, t_side), np.where(use_cap, np.abs(dz), cos_side)
 
 
 def intersect_ellipsoids(origin, dirs, center, radii, yaw) -> tuple[np.ndarray, np.ndarray]:

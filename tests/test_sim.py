@@ -1,0 +1,203 @@
+"""lidar.sim: worlds, drives, the sensor model and the dataset files behave as the issue specifies."""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import replace
+
+import numpy as np
+import pytest
+
+from lidar.range_image import project
+from lidar.sensors import HDL32, Sensor
+from lidar.sim import (
+    MAP_CLASSES,
+    LidarSimulator,
+    SensorModelConfig,
+    make_world,
+    plan_drive,
+    simulate_sequence,
+)
+from lidar.sim.dataset import OnTheFlySimDataset, SimDataset, generate_sequence, sequence_spec
+from lidar.sim.hdmap import MAP_CLASS_INDEX, HDMap
+from lidar.sim.primitives import BOX, Shapes, intersect_cylinders, intersect_ellipsoids
+from lidar.sim.world import World
+
+NOISELESS = SensorModelConfig(range_noise=0.0, intensity_noise=0.0, drop_general=0.0, drop_zero_intensity=0.0)
+
+
+def _heading(pose: np.ndarray) -> float:
+    return float(np.degrees(np.arctan2(pose[1, 0], pose[0, 0])))
+
+
+def _turn(poses: np.ndarray) -> float:
+    return (_heading(poses[-1]) - _heading(poses[0]) + 180.0) % 360.0 - 180.0
+
+
+@pytest.fixture(scope="module")
+def urban():
+    return make_world(7, "urban")
+
+
+def _flat_world(shapes: Shapes) -> World:
+    """A flat, all-road world holding only `shapes`: ranges are known in closed form."""
+    raster = np.full((1000, 1000), MAP_CLASS_INDEX["road"], dtype=np.uint8)
+    hdmap = HDMap(layers={}, raster=raster, origin=(-100.0, -100.0), resolution=0.2,
+                  terrain=np.zeros((30, 30), np.float32), terrain_origin=(-120.0, -120.0), terrain_resolution=8.0)
+    world = make_world(0, "highway")
+    return World(seed=0, style="test", hdmap=hdmap, graph=world.graph, actors=[], scenery=shapes)
+
+
+def test_same_seed_gives_identical_world_and_scans(urban):
+    again = make_world(7, "urban")
+    np.testing.assert_array_equal(urban.hdmap.raster, again.hdmap.raster)
+    np.testing.assert_array_equal(urban.scenery.center, again.scenery.center)
+    poses = plan_drive(urban, "straight", 3, seed=2)
+    np.testing.assert_array_equal(poses, plan_drive(again, "straight", 3, seed=2))
+    sensor = HDL32.with_width(256)
+    a = LidarSimulator(sensor, seed=3).scan(urban, poses[1], 0.1)
+    b = LidarSimulator(sensor, seed=3).scan(again, poses[1], 0.1)
+    np.testing.assert_array_equal(a.image.range, b.image.range)
+    np.testing.assert_array_equal(a.image.intensity, b.image.intensity)
+    other = make_world(8, "urban")
+    assert other.hdmap.raster.shape != urban.hdmap.raster.shape or (other.hdmap.raster != urban.hdmap.raster).any()
+
+
+def test_ray_hits_known_box_at_known_range():
+    # A 4 m wide wall whose near face is 19 m ahead of a sensor 1.8 m above flat ground.
+    box = Shapes.from_rows([(BOX, (20.0, 0.0, 2.0), (1.0, 2.0, 2.0), 0.0, 0.5, 0, -1, 0.0)])
+    sensor = Sensor.from_angles("test", [0.0, -30.0], width=64, max_range=100.0, mount_height=1.8)
+    pose = np.eye(4)
+    pose[2, 3] = 1.8
+    scan = LidarSimulator(sensor, seed=0, config=NOISELESS).scan(_flat_world(box), pose, 0.0)
+    az = sensor.azimuths
+    centre_cols = np.flatnonzero((np.cos(az) > 0) & (np.abs(19.0 * np.tan(az)) < 1.9))
+    assert len(centre_cols) == 2
+    np.testing.assert_allclose(scan.image.range[0, centre_cols], 19.0 / np.cos(az[centre_cols]), atol=1e-4)
+    # The -30 deg beam meets the flat road at h / sin(30 deg).
+    ground = scan.image.range[1][scan.image.range[1] > 0]
+    np.testing.assert_allclose(ground, 1.8 / np.sin(np.deg2rad(30.0)), atol=1e-3)
+    assert (scan.label_image[0, centre_cols] == len(MAP_CLASSES)).all()
+
+
+def test_cylinder_and_ellipsoid_intersections_at_known_range():
+    origin = np.zeros(3)
+    d = np.array([[1.0, 0.0, 0.0]])
+    t, cos = intersect_cylinders(origin, d, np.array([[10.0, 0.0, 0.0]]), np.array([[0.5, 0.5, 2.0]]))
+    assert t[0] == pytest.approx(9.5) and cos[0] == pytest.approx(1.0)
+    t, _ = intersect_ellipsoids(origin, d, np.array([[10.0, 0.0, 0.0]]), np.array([[2.0, 1.0, 1.0]]), np.zeros(1))
+    assert t[0] == pytest.approx(8.0)
+    t, _ = intersect_cylinders(origin, np.array([[0.0, 1.0, 0.0]]), np.array([[10.0, 0.0, 0.0]]),
+                               np.array([[0.5, 0.5, 2.0]]))
+    assert np.isinf(t[0])
+
+
+@pytest.mark.parametrize("style,seed", [("urban", 7), ("suburban", 3)])
+def test_turns_end_at_plus_and_minus_ninety_degrees(style, seed, urban):
+    world = urban if style == "urban" else make_world(seed, style)
+    left = plan_drive(world, "turn_left", 60, seed=1)
+    right = plan_drive(world, "turn_right", 60, seed=1)
+    assert _turn(left) == pytest.approx(90.0, abs=15.0)
+    assert _turn(right) == pytest.approx(-90.0, abs=15.0)
+    for poses in (left, right):
+        step = np.linalg.norm(np.diff(poses[:, :2, 3], axis=0), axis=1)
+        assert 0.4 <= step.mean() <= 1.3  # 4-13 m/s at 10 Hz
+        ground = world.hdmap.ground_height(poses[:, 0, 3], poses[:, 1, 3])
+        np.testing.assert_allclose(poses[:, 2, 3] - ground, 1.84, atol=0.05)
+
+
+def test_no_return_beyond_max_range(urban):
+    sensor = Sensor.from_angles("short", np.linspace(5.0, -20.0, 16), width=256, max_range=25.0, mount_height=1.8)
+    poses = plan_drive(urban, "straight", 2, seed=0, mount_height=1.8)
+    full = LidarSimulator(replace(sensor, max_range=120.0), seed=0).scan(urban, poses[0])
+    scan = LidarSimulator(sensor, seed=0).scan(urban, poses[0])
+    assert (full.image.range > 25.5).any(), "the scene must reach past 25 m for this test to mean anything"
+    assert scan.image.range.max() <= 25.0
+    assert np.linalg.norm(scan.points[:, :3], axis=1).max() <= 25.0 + 1e-3
+    classes = urban.hdmap.range_view_classes(poses[0], sensor)
+    assert classes[0].max() == 0 and (classes[-1] > 0).all(), "ground beyond max range is no ground"
+
+
+def test_scan_points_round_trip_through_the_range_image(urban):
+    sensor = HDL32.with_width(512)
+    pose = plan_drive(urban, "turn_left", 1, seed=4)[0]
+    scan = LidarSimulator(sensor, seed=1).scan(urban, pose, 0.0)
+    assert scan.points.dtype == np.float32 and len(scan.points) > 5000
+    back = project(scan.points, sensor)
+    np.testing.assert_array_equal(back.mask, scan.image.mask)
+    np.testing.assert_allclose(back.range, scan.image.range, atol=1e-3)
+    assert scan.image.intensity.min() >= 0.0 and scan.image.intensity.max() <= 1.0
+
+
+def test_range_view_classes_is_fast_and_matches_the_map(urban):
+    sensor = HDL32.with_width(512)
+    pose = plan_drive(urban, "straight", 1, seed=0)[0]
+    best = np.inf
+    for _ in range(5):
+        t0 = time.perf_counter()
+        classes = urban.hdmap.range_view_classes(pose, sensor)
+        best = min(best, time.perf_counter() - t0)
+    assert best < 0.020
+    assert classes.shape == sensor.shape and classes.dtype == np.uint8
+    up = sensor.elevations > 0
+    assert (classes[up] == 0).all(), "rays above the horizon meet no ground on gentle terrain"
+    assert (classes[-1] == MAP_CLASS_INDEX["road"]).mean() > 0.3 or (classes[-1] > 0).all()
+
+
+def test_moving_actors_move_and_map_exports(urban):
+    b0, b1 = urban.boxes(0.0), urban.boxes(1.0)
+    moved = np.linalg.norm(b1["boxes"][:, :2] - b0["boxes"][:, :2], axis=1)
+    moving = np.array([a.moving for a in urban.actors if a.cls in ("car", "van", "truck", "pedestrian", "cyclist")])
+    assert moving.any() and (moved[moving] > 0.5).mean() > 0.8 and (moved[~moving] == 0).all()
+    geo = urban.hdmap.to_geojson()
+    layers = {f["properties"]["layer"] for f in geo["features"]}
+    assert {"road", "lane_marking", "crosswalk", "sidewalk", "building", "intersection"} <= layers
+    json.dumps(geo)
+    bev = urban.hdmap.bev_raster(resolution=1.0, extent=40.0)
+    assert bev.shape == (80, 80) and bev.max() < len(MAP_CLASSES)
+
+
+def test_bad_inputs_are_named(urban):
+    with pytest.raises(ValueError, match="style"):
+        make_world(0, "rural")
+    with pytest.raises(ValueError, match="action"):
+        plan_drive(urban, "reverse", 10)
+    with pytest.raises(ValueError, match="pose"):
+        LidarSimulator(HDL32).scan(urban, np.eye(3))
+
+
+def test_dataset_written_and_read_back_identical(tmp_path):
+    from lidar.sim.__main__ import main
+
+    sensor = HDL32.with_width(128)
+    assert main(["--sensor", "hdl32", "--width", "128", "--sequences", "2", "--frames", "3", "--seed", "5",
+                 "--out", str(tmp_path), "--points"]) == 0
+    ds = SimDataset(tmp_path, window=2)
+    assert len(ds) == 4 and ds.sensor == sensor
+    fresh = generate_sequence(sequence_spec(5, 1), sensor, 3)
+    arrays = ds.load_sequence(1)
+    np.testing.assert_array_equal(arrays["range"], np.stack([f.image.range for f in fresh.frames]))
+    np.testing.assert_array_equal(arrays["map_classes"], fresh.map_classes)
+    np.testing.assert_array_equal(arrays["poses"], fresh.poses)
+    np.testing.assert_array_equal(arrays["points"][arrays["point_offsets"][2]:arrays["point_offsets"][3]],
+                                  fresh.frames[2].points)
+    item = ds[3]
+    assert item["sequence"] == 1 and item["frame"] == 1 and tuple(item["range"].shape) == (2, 32, 128)
+    np.testing.assert_array_equal(item["range"].numpy(), arrays["range"][1:3])
+    np.testing.assert_array_equal(HDMap.from_dict(arrays).raster, fresh.hdmap.raster)
+    # On-the-fly generation deals sequences to ranks deterministically and equals the written data.
+    stream = OnTheFlySimDataset(sensor, frames=3, seed=5, window=2, rank=1, world_size=2, num_sequences=2)
+    items = list(stream)
+    assert [it["sequence"] for it in items] == [1, 1]
+    np.testing.assert_array_equal(items[1]["range"].numpy(), item["range"].numpy())
+
+
+def test_simulate_sequence_accepts_custom_poses(urban):
+    sensor = HDL32.with_width(128)
+    poses = plan_drive(urban, "straight", 2, seed=3)
+    poses[1, :3, 3] += [0.0, 0.0, 0.5]
+    seq = simulate_sequence(urban, poses, sensor, seed=0)
+    assert len(seq) == 2 and seq.map_classes.shape == (2, 32, 128)
+    with pytest.raises(ValueError, match="poses"):
+        simulate_sequence(urban, np.eye(4), sensor)
