@@ -1,0 +1,509 @@
+"""FSDPCheckpointer: the one manager that saves and resumes a training job, seed API and layout.
+
+A save is: gather full state (collective) -> stage a private copy when asynchronous -> write every
+file atomically (`atomic`) -> record sizes and hashes (`manifest`) -> publish the pointer -> prune.
+A resume is: validate the pointer -> pick the newest valid generation (`generations`) -> restore
+weights, optimizer, scheduler, grad scaler and per-rank RNG (`state`), loading only weights-only
+pickles (`safe_load`).
+"""
+
+from __future__ import annotations
+
+import copy
+import errno
+import logging
+import shutil
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from checkpointing import collectives, layout
+from checkpointing.atomic import atomic_torch_save, atomic_write_text, remove_stale_tmp_files
+from checkpointing.callbacks import CallBackGroup
+from checkpointing.config import CheckpointConfig, JobConfig
+from checkpointing.errors import AsyncSaveError, CheckpointError, CheckpointWriteError
+from checkpointing.generations import delete_generation, list_generations, prune_plan, resolve_latest
+from checkpointing.manifest import FORMAT_VERSION, Manifest
+from checkpointing.safe_load import safe_torch_load
+from checkpointing.state import (
+    FORMAT,
+    GRAD_SCALER,
+    ITERATION,
+    OPTIMIZER,
+    RNG,
+    SCHEDULER,
+    WORLD_SIZE,
+    ema_of,
+    gather_model_states,
+    gather_optimizer_state,
+    module_of,
+    restore_optimizer,
+    rng_state,
+    save_role,
+    set_rng_state,
+)
+from checkpointing.weights import load_weights_into, read_weights
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class _Source:
+    """Where this job's state comes from, decided once per checkpointer and shared by all ranks."""
+
+    marker_path: Path  # a generation's marker, or load_path as configured
+    resume: bool  # restore the training state too, not just the weights
+
+
+@dataclass
+class _SaveJob:
+    """Everything the writer needs for one generation on this rank."""
+
+    iteration: int
+    marker: str
+    pinned: bool
+    primary: bool
+    files: list[tuple[str, Any]]  # (file name, object), the marker last
+
+
+class _StagingBuffers:
+    """Reusable CPU copies of the state, so an async save owns its bytes while training goes on.
+
+    Buffers are kept between saves: allocating (page-faulting) fresh memory costs far more than
+    copying into memory that is already mapped.
+    """
+
+    def __init__(self) -> None:
+        self._buffers: dict[tuple, torch.Tensor] = {}
+
+    def stage(self, obj: Any, path: tuple = ()) -> Any:
+        if isinstance(obj, torch.Tensor):
+            buffer = self._buffers.get(path)
+            if buffer is None or buffer.shape != obj.shape or buffer.dtype != obj.dtype:
+                buffer = torch.empty(obj.shape, dtype=obj.dtype, device="cpu")
+                self._buffers[path] = buffer
+            buffer.copy_(obj.detach())
+            return buffer
+        if isinstance(obj, dict):
+            return {k: self.stage(v, (*path, k)) for k, v in obj.items()}
+        if isinstance(obj, list | tuple):
+            return type(obj)(self.stage(v, (*path, i)) for i, v in enumerate(obj))
+        return copy.deepcopy(obj)
+
+
+def _tensor_bytes(obj: Any) -> int:
+    if isinstance(obj, torch.Tensor):
+        return obj.numel() * obj.element_size()
+    if isinstance(obj, dict):
+        return sum(_tensor_bytes(v) for v in obj.values())
+    if isinstance(obj, list | tuple):
+        return sum(_tensor_bytes(v) for v in obj)
+    return 0
+
+
+class FSDPCheckpointer:
+    """Crash-safe checkpoints of a (possibly FSDP2/FSDP1/DDP-wrapped) model, seed-compatible.
+
+    Every rank constructs it and calls save()/load()/finalize() together: they are collective.
+    """
+
+    def __init__(
+        self,
+        config_checkpoint: CheckpointConfig,
+        config_job: JobConfig,
+        callbacks: CallBackGroup | None = None,
+    ) -> None:
+        self.config = config_checkpoint
+        self.callbacks = callbacks if callbacks is not None else CallBackGroup()
+        self.checkpoint_dir_local = Path(config_job.path_local) / layout.CHECKPOINTS_DIRNAME
+        self.strict_resume = config_checkpoint.strict_resume
+        self.load_path = config_checkpoint.load_path
+        self.load_training_state = config_checkpoint.load_training_state
+        self.save_thread: threading.Thread | None = None
+        self._failure: BaseException | None = None  # the last save's failure (this rank's own exception)
+        self._failure_message = ""  # the same failure as every rank describes it
+        self._group = collectives.new_checkpoint_group(config_checkpoint.replica_timeout_s)
+        self._staging = _StagingBuffers()
+        self._source_decided = False
+        self._source: _Source | None = None
+        self._restored: set[str] = set()  # "reg", "ema", "optim": already loaded from _source
+        if collectives.rank() == 0:
+            remove_stale_tmp_files(self.checkpoint_dir_local)
+
+    # ------------------------------------------------------------------ resume
+
+    def _decide_source(self) -> _Source | None:
+        """Resume priority (seed): latest_checkpoint.txt, then load_path, then from scratch.
+
+        Rank 0 validates and every rank gets its answer (or its error), so all ranks load the same
+        generation and verification hashes the files once.
+        """
+        if self._source_decided:
+            return self._source
+        self._join()
+        outcome: _Source | BaseException | None = None
+        if collectives.rank() == 0:
+            try:
+                resolution = resolve_latest(self.checkpoint_dir_local, self.config.verify)
+                if resolution is not None:
+                    outcome = _Source(resolution.marker_path, True)
+                    logger.info("resuming from %s", resolution.marker_path)
+                elif self.load_path:
+                    outcome = _Source(Path(self.load_path), self.load_training_state)
+                    logger.info(
+                        "starting from load_path %s (training state: %s)",
+                        self.load_path,
+                        self.load_training_state,
+                    )
+                else:
+                    logger.info(
+                        "no checkpoint in %s and no load_path: training from scratch",
+                        self.checkpoint_dir_local,
+                    )
+            except Exception as e:  # handed to every rank below
+                outcome = e
+        outcome = collectives.broadcast_from_rank0(outcome, self._group)
+        if isinstance(outcome, BaseException):
+            raise outcome
+        self._source, self._source_decided = outcome, True
+        return outcome
+
+    def _sibling(self, source: _Source, kind: str, postfix: str = "") -> Path:
+        marker = source.marker_path.name
+        if postfix:
+            marker = layout.replica_marker(marker, int(postfix.removeprefix("_RANK")))
+        return source.marker_path.with_name(layout.sibling_name(marker, kind))
+
+    def _weights_file(self, source: _Source, is_ema: bool, ema_id: int) -> Path:
+        """The file holding the requested weights; a bare release file stands for itself (seed)."""
+        if not source.marker_path.name.endswith(".pt"):
+            return source.marker_path
+        reg = self._sibling(source, layout.REG_MODEL)
+        if not is_ema:
+            path = reg
+        else:
+            path = self._sibling(source, layout.EMA_MODEL)
+            replica = self._sibling(source, layout.EMA_MODEL, f"_RANK{ema_id}") if ema_id > 0 else None
+            if replica is not None and replica.is_file():
+                return replica
+            if replica is not None:
+                logger.warning("EMA replica %s not found; using %s", replica, path)
+            if not path.is_file() and reg.is_file():
+                logger.warning("%s not found; initialising the EMA from the regular weights %s", path, reg)
+                return reg
+        if not path.is_file():
+            logger.warning(
+                "%s not found; loading %s itself as weights (a release checkpoint)", path, source.marker_path
+            )
+            return source.marker_path
+        return path
+
+    def _load_weights(self, module: nn.Module, source: _Source, is_ema: bool, ema_id: int = 0) -> None:
+        path = self._weights_file(source, is_ema, ema_id)
+        start = time.perf_counter()
+        state = read_weights(path, trusted=self.config.trust_legacy_pickle)
+        load_weights_into(module, state, strict=self.strict_resume, source=str(path))
+        self._restored.add("ema" if is_ema else "reg")
+        logger.info(
+            "loaded %s weights from %s in %.2f s",
+            "EMA" if is_ema else "model",
+            path,
+            time.perf_counter() - start,
+        )
+
+    def _load_optim_file(self, source: _Source) -> dict[str, Any]:
+        path = self._sibling(source, layout.OPTIM)
+        if not path.is_file():
+            raise CheckpointError(
+                f"{path} is missing: cannot restore the optimizer/scheduler of {source.marker_path}"
+            )
+        state = safe_torch_load(path, trusted=self.config.trust_legacy_pickle, mmap=True)
+        if not isinstance(state, dict) or OPTIMIZER not in state:
+            raise CheckpointError(f"{path} does not hold an {{'optimizer', 'scheduler'}} dict")
+        return state
+
+    def _restore_optim(self, model: Any, optimizer: Any, scheduler: Any, state: dict[str, Any]) -> None:
+        if optimizer is not None and state.get(OPTIMIZER) is not None:
+            restore_optimizer(model, optimizer, state[OPTIMIZER])
+        if scheduler is not None and state.get(SCHEDULER) is not None:
+            scheduler.load_state_dict(state[SCHEDULER])
+        self._restored.add("optim")
+
+    def load_model_during_init(self, model: Any, is_ema: bool = False, ema_id: int = 0) -> None:
+        """Load regular (or EMA, or EMA replica `ema_id`) weights into a freshly built model."""
+        if ema_id > 0 and not is_ema:
+            raise ValueError(f"ema_id={ema_id} needs is_ema=True")
+        source = self._decide_source()
+        if source is None:
+            logger.info("is_ema=%s: no checkpoint to load weights from", is_ema)
+            return
+        module = model if isinstance(model, nn.Module) else (ema_of(model) if is_ema else module_of(model))
+        if module is None:
+            raise TypeError(f"is_ema=True but {type(model).__name__} has no EMA module")
+        self._load_weights(module, source, is_ema, ema_id)
+
+    def load_optim_scheduler_during_init(self, fsdp_model: Any, optimizer: Any, scheduler: Any) -> None:
+        """Restore optimizer and scheduler when resuming (the seed returned before the scheduler)."""
+        source = self._decide_source()
+        if source is None or not source.resume:
+            return
+        self._restore_optim(fsdp_model, optimizer, scheduler, self._load_optim_file(source))
+
+    def load(
+        self,
+        model: Any,
+        optimizer: torch.optim.Optimizer | None = None,
+        scheduler: Any = None,
+        grad_scaler: Any = None,
+    ) -> int:
+        """Restore everything not restored yet and return the iteration to continue from (0: fresh)."""
+        self.callbacks.on_load_checkpoint_start(model)
+        source = self._decide_source()
+        iteration = 0
+        if source is None:
+            logger.info("training from scratch")
+        else:
+            # 1. the marker: iteration, per-rank RNG and whatever callbacks stored
+            has_marker = source.marker_path.name.endswith(".pt") and source.resume
+            marker_state = (
+                safe_torch_load(source.marker_path, trusted=self.config.trust_legacy_pickle)
+                if has_marker
+                else {}
+            )
+            # 2. weights not already loaded during init
+            if "reg" not in self._restored:
+                self._load_weights(module_of(model), source, is_ema=False)
+            ema_module = ema_of(model)
+            if ema_module is not None and "ema" not in self._restored:
+                self._load_weights(ema_module, source, is_ema=True)
+            # 3. training state
+            if source.resume:
+                iteration = int(marker_state[ITERATION])
+                need_optim = "optim" not in self._restored and (
+                    optimizer is not None or scheduler is not None
+                )
+                if need_optim or grad_scaler is not None:
+                    optim_state = self._load_optim_file(source)
+                    if need_optim:
+                        self._restore_optim(model, optimizer, scheduler, optim_state)
+                    if grad_scaler is not None and optim_state.get(GRAD_SCALER):
+                        grad_scaler.load_state_dict(optim_state[GRAD_SCALER])
+                self._restore_rng(marker_state)
+            self.callbacks.on_load_checkpoint(model, state_dict=marker_state)
+            logger.info("loaded checkpoint %s: continuing from iteration %d", source.marker_path, iteration)
+        self.callbacks.on_load_checkpoint_end(model)
+        return iteration
+
+    def _restore_rng(self, marker_state: dict[str, Any]) -> None:
+        states = marker_state.get(RNG)
+        rank = collectives.rank()
+        if not states:
+            logger.warning(
+                "the checkpoint holds no RNG state (written by the seed?); RNG streams are not restored"
+            )
+        elif rank < len(states):
+            set_rng_state(states[rank])
+        else:
+            logger.warning(
+                "the checkpoint was saved on %d ranks; rank %d keeps its current RNG state", len(states), rank
+            )
+
+    # ------------------------------------------------------------------ save
+
+    def save(
+        self,
+        model: Any,
+        optimizer: torch.optim.Optimizer | None,
+        scheduler: Any,
+        grad_scaler: Any,
+        iteration: int,
+        async_saving: bool = True,
+    ) -> None:
+        """Save a generation. Collective. With async saving, returns once the state is copied; a failure
+        of that write is raised by the next save() or finalize() on every rank."""
+        # 1. finish the previous save and surface its failure everywhere
+        self._finish_inflight()
+        self.callbacks.on_save_checkpoint_start(model, iteration)
+        # 2. gather full state (collective) and decide who writes what
+        role = save_role(model)
+        reg, ema = gather_model_states(model)
+        optim = gather_optimizer_state(model, optimizer)
+        numbered = self.config.is_numbered(iteration)
+        marker = layout.marker_name(iteration, "", numbered)
+        files: list[tuple[str, Any]] = []
+        if role.primary:
+            if collectives.rank() != 0:
+                raise ValueError(
+                    f"rank {collectives.rank()} claims to be the primary checkpoint writer; only rank 0 may"
+                )
+            if reg is not None:
+                files.append((layout.sibling_name(marker, layout.REG_MODEL), reg))
+            if ema is not None:
+                files.append((layout.sibling_name(marker, layout.EMA_MODEL), ema))
+            files.append(
+                (
+                    layout.sibling_name(marker, layout.OPTIM),
+                    {
+                        OPTIMIZER: optim,
+                        SCHEDULER: scheduler.state_dict() if scheduler is not None else None,
+                        GRAD_SCALER: grad_scaler.state_dict() if grad_scaler is not None else None,
+                    },
+                )
+            )
+        elif role.writes_ema and ema is not None:
+            replica = layout.marker_name(iteration, role.postfix, numbered)
+            files.append((layout.sibling_name(replica, layout.EMA_MODEL), ema))
+        # 3. one exchange: every rank's RNG state and any rank's lack of disk space
+        self.checkpoint_dir_local.mkdir(parents=True, exist_ok=True)
+        exchanged = collectives.all_gather(
+            {"rng": rng_state(), "disk": self._disk_shortfall(files, iteration, role.primary)}, self._group
+        )
+        shortfalls = [e["disk"] for e in exchanged if e["disk"]]
+        if shortfalls:
+            raise CheckpointWriteError(errno.ENOSPC, "; ".join(shortfalls))
+        marker_state: dict[str, Any] = {
+            ITERATION: iteration,
+            FORMAT: FORMAT_VERSION,
+            WORLD_SIZE: collectives.world_size(),
+            RNG: [e["rng"] for e in exchanged],
+        }
+        self.callbacks.on_save_checkpoint(model, state_dict=marker_state)
+        if role.primary:
+            files.append((marker, marker_state))
+        job = _SaveJob(iteration, marker, iteration in self.config.save_at_iters, role.primary, files)
+        # 4. write, in the background when allowed
+        if async_saving and self.config.async_saving:
+            start = time.perf_counter()
+            job.files = [(name, self._staging.stage(obj, (i,))) for i, (name, obj) in enumerate(files)]
+            logger.debug(
+                "staged iteration %d for async save in %.3f s", iteration, time.perf_counter() - start
+            )
+            self.save_thread = threading.Thread(
+                target=self._write_generation, args=(job,), name="ckpt-writer"
+            )
+            self.save_thread.start()
+        else:
+            self._write_generation(job)
+            self._finish_inflight(asynchronous=False)
+        self.callbacks.on_save_checkpoint_end(model=None, iteration=iteration)
+
+    def _disk_shortfall(self, files: list[tuple[str, Any]], iteration: int, primary: bool) -> str | None:
+        """A message if this rank's share would not fit; estimated from the state and the previous generation."""
+        estimate = sum(_tensor_bytes(obj) for _, obj in files)
+        basis = "the state being saved"
+        if primary:
+            previous = [g for g in list_generations(self.checkpoint_dir_local) if g.manifest is not None]
+            if previous and previous[-1].total_bytes > estimate:
+                estimate, basis = previous[-1].total_bytes, f"the previous generation {previous[-1].marker}"
+        needed = int(estimate * self.config.disk_headroom)
+        free = shutil.disk_usage(self.checkpoint_dir_local).free
+        if free >= needed:
+            return None
+        return (
+            f"not enough free disk space in {self.checkpoint_dir_local} to save iteration {iteration} on rank "
+            f"{collectives.rank()}: need about {needed / 1e9:.3f} GB ({self.config.disk_headroom}x the size of "
+            f"{basis}), {free / 1e9:.3f} GB free; nothing was written. Free disk space or lower keep_last_checkpoints."
+        )
+
+    def _write_generation(self, job: _SaveJob) -> None:
+        """Write one rank's files and, on rank 0, commit the generation once every rank succeeded.
+
+        Never raises: the outcome (identical on every rank) is kept for _finish_inflight.
+        """
+        rank, directory = collectives.rank(), self.checkpoint_dir_local
+        start = time.perf_counter()
+        failure: BaseException | None = None
+        try:
+            # 1. rank 0 marks the generation incomplete before any of its files is replaced
+            error = None
+            if job.primary:
+                try:
+                    manifest = Manifest(job.iteration, complete=False, world_size=collectives.world_size())
+                    manifest.write(directory / layout.sibling_name(job.marker, layout.MANIFEST))
+                except Exception as e:
+                    failure, error = e, f"rank {rank}: {e}"
+            errors = [e for e in collectives.all_gather(error, self._group) if e]
+            # 2. every writer writes its files, the marker last
+            records, error = [], None
+            if not errors:
+                try:
+                    records = [atomic_torch_save(obj, directory / name) for name, obj in job.files]
+                except Exception as e:
+                    failure, error = e, f"rank {rank}: {e}"
+            gathered = collectives.all_gather((records, error), self._group)
+            errors += [e for _, e in gathered if e]
+            # 3. rank 0 commits: complete manifest (EMA replicas included), then the pointer, then prunes
+            error = None
+            if job.primary and not errors:
+                try:
+                    all_records = [r for rank_records, _ in gathered for r in rank_records]
+                    manifest = Manifest.from_records(
+                        job.iteration, all_records, collectives.world_size(), job.pinned
+                    )
+                    manifest.write(directory / layout.sibling_name(job.marker, layout.MANIFEST))
+                    atomic_write_text(directory / layout.POINTER_NAME, f"{job.marker}\n")
+                except Exception as e:
+                    failure, error = e, f"rank {rank}: {e}"
+                else:
+                    self._prune()
+            published_error = collectives.broadcast_from_rank0(error, self._group)
+            errors += [published_error] if published_error else []
+        except Exception as e:  # a collective failed: a peer died or timed out
+            failure, errors = e, [f"rank {rank}: {e}"]
+        if errors:
+            message = f"checkpoint save of iteration {job.iteration} failed: " + "; ".join(errors)
+            logger.error("%s", message)
+            self._failure = failure if failure is not None else CheckpointError(message)
+            self._failure_message = message
+            return
+        logger.info(
+            "saved checkpoint %s (iteration %d) on rank %d in %.2f s",
+            job.marker,
+            job.iteration,
+            rank,
+            time.perf_counter() - start,
+        )
+        if job.files:
+            self.callbacks.on_save_checkpoint_success(iteration=job.iteration)
+
+    def _prune(self) -> None:
+        """Retention after the pointer moved; a failure here never fails the save."""
+        if self.config.keep_last_checkpoints <= 0:
+            return
+        try:
+            for generation in prune_plan(
+                self.checkpoint_dir_local,
+                self.config.keep_last_checkpoints,
+                self.config.save_at_iters,
+                "size",
+            ):
+                delete_generation(self.checkpoint_dir_local, generation)
+        except Exception as e:
+            logger.warning(
+                "pruning old checkpoints in %s failed (the save itself succeeded): %s",
+                self.checkpoint_dir_local,
+                e,
+            )
+
+    def _join(self) -> None:
+        if self.save_thread is not None:
+            self.save_thread.join()
+            self.save_thread = None
+
+    def _finish_inflight(self, asynchronous: bool = True) -> None:
+        self._join()
+        failure, self._failure = self._failure, None
+        if failure is None:
+            return
+        if not asynchronous:
+            raise failure
+        raise AsyncSaveError(f"an earlier asynchronous save failed: {self._failure_message}") from failure
+
+    def finalize(self) -> None:
+        """Wait for the in-flight save; raise its failure (on every rank)."""
+        self._finish_inflight()
