@@ -1,0 +1,377 @@
+"""Every model source form resolves to the same weights, and every bad source fails with a message that says why.
+
+Models are tiny and randomly initialised, written to tmp dirs as real files: releases with safetensors, job
+dirs through the real `FSDPCheckpointer.save`, and a Hub cache in the standard
+`models--org--name/{blobs,refs,snapshots}` layout used with HF_HUB_OFFLINE=1.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from safetensors.torch import save_file
+
+from checkpointing import CheckpointConfig, FSDPCheckpointer, JobConfig, ModelWithEMA
+from inference.loader import (
+    CONFIG_NAME,
+    MODEL_ENV,
+    WEIGHTS_NAME,
+    ModelSourceError,
+    load_model,
+    resolve_source,
+    select_device,
+)
+from inference.network import WorldModel, WorldModelConfig
+from lidar.sensors import Sensor
+from training.config import TrainConfig
+
+TINY_SENSOR = Sensor.from_angles(
+    "tiny8", np.linspace(10.0, -20.0, 8), width=64, max_range=60.0, mount_height=1.8
+)
+
+
+def tiny_config(**overrides) -> WorldModelConfig:
+    """A network of a few thousand parameters on an 8x64 sensor: loads and samples in milliseconds."""
+    fields = dict(
+        sensor=TINY_SENSOR.to_dict(), base_channels=8, channel_mults=(1, 1, 2, 2), bottleneck_attention=False
+    )
+    return WorldModelConfig(**{**fields, **overrides})
+
+
+def tiny_model(seed: int = 0, **overrides) -> WorldModel:
+    torch.manual_seed(seed)
+    model = WorldModel(tiny_config(**overrides))
+    with torch.no_grad():  # zero-initialised output convs would make every seed look alike
+        for p in model.parameters():
+            p.add_(0.05 * torch.randn_like(p))
+    return model
+
+
+def write_release(folder: Path, model: WorldModel, iteration: int = 123, prefix: str = "") -> Path:
+    """A release as DESIGN.md lays it out: config.json + model.safetensors (EMA, metadata) + README.md."""
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / CONFIG_NAME).write_text(json.dumps(model.config.to_dict(), indent=2))
+    state = {prefix + k: v.contiguous() for k, v in model.state_dict().items()}
+    save_file(state, str(folder / WEIGHTS_NAME), metadata={"iteration": str(iteration), "source": "test"})
+    (folder / "README.md").write_text("# tiny test model\n")
+    return folder
+
+
+def write_hub_cache(
+    cache: Path,
+    repo: str,
+    release: Path,
+    refs: tuple[str, ...] = ("main",),
+    files: tuple[str, ...] = (CONFIG_NAME, WEIGHTS_NAME, "README.md"),
+) -> str:
+    """Lay `release` out as huggingface_hub's cache does after a download; returns the commit hash."""
+    folder = cache / f"models--{repo.replace('/', '--')}"
+    commit = hashlib.sha1(f"{repo}:{sorted(files)}".encode()).hexdigest()
+    snapshot = folder / "snapshots" / commit
+    snapshot.mkdir(parents=True)
+    (folder / "blobs").mkdir(exist_ok=True)
+    for name in files:
+        data = (release / name).read_bytes()
+        blob = hashlib.sha256(data).hexdigest()
+        (folder / "blobs" / blob).write_bytes(data)
+        os.symlink(Path("..") / ".." / "blobs" / blob, snapshot / name)
+    (folder / "refs").mkdir(exist_ok=True)
+    for ref in refs:
+        (folder / "refs" / ref).write_text(commit)
+    return commit
+
+
+def params_equal(a: torch.nn.Module, b: torch.nn.Module) -> bool:
+    sa, sb = a.state_dict(), b.state_dict()
+    return sa.keys() == sb.keys() and all(torch.equal(sa[k].float(), sb[k].float()) for k in sa)
+
+
+@pytest.fixture
+def release(tmp_path: Path) -> tuple[Path, WorldModel]:
+    model = tiny_model(seed=1)
+    return write_release(tmp_path / "release", model), model
+
+
+@pytest.fixture
+def offline_hub(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    cache = tmp_path / "hub"
+    cache.mkdir()
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_HUB_CACHE", str(cache))
+    return cache
+
+
+# --- local forms -------------------------------------------------------------------------------------------
+
+
+def test_release_folder_loads_its_weights_with_provenance(release):
+    folder, model = release
+    loaded, prov = load_model(folder)
+    assert params_equal(loaded, model)
+    assert not loaded.training
+    assert (prov.kind, prov.iteration, prov.weights) == ("release", 123, "ema")
+    assert prov.parameters == model.num_parameters()
+    assert prov.sensor == "tiny8"
+    assert (prov.device, prov.dtype) == ("cpu", "float32")
+    assert prov.resolved_path == str(folder / WEIGHTS_NAME)
+
+
+def test_no_source_uses_the_environment_variable(release, monkeypatch):
+    folder, _ = release
+    monkeypatch.setenv(MODEL_ENV, str(folder))
+    resolved = resolve_source(None)
+    assert resolved.weights_path == folder / WEIGHTS_NAME
+    assert resolved.source == str(folder)
+
+
+def test_single_safetensors_file_takes_config_beside_it_or_passed_in(release, tmp_path):
+    folder, model = release
+    loaded, prov = load_model(folder / WEIGHTS_NAME)
+    assert prov.kind == "file" and params_equal(loaded, model)
+
+    lone = tmp_path / "lone" / "weights.safetensors"
+    lone.parent.mkdir()
+    lone.write_bytes((folder / WEIGHTS_NAME).read_bytes())
+    with pytest.raises(ModelSourceError, match=r"no config\.json beside .*pass config="):
+        load_model(lone)
+    loaded, _ = load_model(lone, config=folder / CONFIG_NAME)
+    assert params_equal(loaded, model)
+    loaded, _ = load_model(lone, config=model.config)
+    assert params_equal(loaded, model)
+
+
+def test_pt_state_dict_with_wrapper_prefixes_loads(release, tmp_path):
+    _, model = release
+    path = tmp_path / "wrapped.pt"
+    torch.save({f"module._orig_mod.{k}": v for k, v in model.state_dict().items()}, path)
+    loaded, prov = load_model(path, config=model.config.to_dict())
+    assert params_equal(loaded, model)
+    assert prov.weights == "unknown"
+
+
+def test_prefixed_safetensors_release_loads(tmp_path):
+    model = tiny_model(seed=2)
+    folder = write_release(tmp_path / "fsdp", model, prefix="_fsdp_wrapped_module.")
+    loaded, _ = load_model(folder)
+    assert params_equal(loaded, model)
+
+
+# --- training job dirs, written by the real FSDPCheckpointer ---------------------------------------------------
+
+
+def write_job(job: Path, generations: dict[int, tuple[WorldModel, WorldModel | None]]) -> Path:
+    """A job dir as training leaves it: config.json (TrainConfig) + checkpoints/ with numbered generations."""
+    job.mkdir(parents=True, exist_ok=True)
+    some_model = next(iter(generations.values()))[0]
+    (job / CONFIG_NAME).write_text(TrainConfig(model=some_model.config.to_dict(), data_root="data").to_json())
+    checkpointer = FSDPCheckpointer(
+        CheckpointConfig(keep_last_checkpoints=5, async_saving=False), JobConfig(path_local=str(job))
+    )
+    for iteration, (model, ema) in sorted(generations.items()):
+        checkpointer.save(ModelWithEMA(model, ema), None, None, None, iteration, async_saving=False)
+    checkpointer.finalize()
+    return job
+
+
+@pytest.fixture
+def job(tmp_path: Path) -> tuple[Path, dict[str, WorldModel]]:
+    models = {name: tiny_model(seed=i) for i, name in enumerate(("reg10", "ema10", "reg20", "ema20"))}
+    path = write_job(
+        tmp_path / "job", {10: (models["reg10"], models["ema10"]), 20: (models["reg20"], models["ema20"])}
+    )
+    return path, models
+
+
+def test_job_dir_follows_the_pointer_and_prefers_ema(job):
+    path, models = job
+    for source in (path, path / "checkpoints", path / "checkpoints" / "iter_000000020.pt"):
+        loaded, prov = load_model(source)
+        assert params_equal(loaded, models["ema20"]), source
+        assert (prov.kind, prov.iteration, prov.weights, prov.notes) == ("job", 20, "ema", ())
+        assert prov.resolved_path.endswith("iter_000000020_ema_model.pt")
+
+
+def test_job_without_ema_falls_back_to_regular_weights_with_a_notice(tmp_path):
+    model = tiny_model(seed=5)
+    path = write_job(tmp_path / "job", {30: (model, None)})
+    loaded, prov = load_model(path)
+    assert params_equal(loaded, model)
+    assert (prov.iteration, prov.weights) == (30, "regular")
+    assert any("no EMA weights" in note for note in prov.notes)
+
+
+def test_corrupt_latest_generation_falls_back_to_the_newest_valid_one(job):
+    path, models = job
+    ema20 = path / "checkpoints" / "iter_000000020_ema_model.pt"
+    ema20.write_bytes(ema20.read_bytes()[: ema20.stat().st_size // 2])  # a torn write
+    loaded, prov = load_model(path)
+    assert params_equal(loaded, models["ema10"])
+    assert (prov.iteration, prov.weights) == (10, "ema")
+    assert any("falling back to iter_000000010.pt" in note for note in prov.notes)
+
+
+def test_a_generation_weights_file_takes_the_job_config(job):
+    path, models = job
+    loaded, prov = load_model(path / "checkpoints" / "iter_000000010_reg_model.pt")
+    assert params_equal(loaded, models["reg10"])
+    assert (prov.kind, prov.iteration, prov.weights) == ("file", 10, "regular")
+
+
+def test_job_that_has_not_saved_yet_says_to_wait(tmp_path):
+    (tmp_path / "job" / "checkpoints").mkdir(parents=True)
+    with pytest.raises(ModelSourceError, match=r"has no loadable checkpoint.*Wait for the job's first save"):
+        resolve_source(tmp_path / "job")
+
+
+# --- Hub ids through a real on-disk cache --------------------------------------------------------------------
+
+
+def test_hub_id_resolves_offline_from_the_standard_cache(release, offline_hub):
+    folder, model = release
+    commit = write_hub_cache(offline_hub, "lidarverse/tiny", folder, refs=("main", "v1"))
+    for source in (
+        "lidarverse/tiny",
+        "lidarverse/tiny@v1",
+        f"hf://lidarverse/tiny@{commit}",
+        "hf://lidarverse/tiny",
+    ):
+        loaded, prov = load_model(source)
+        assert params_equal(loaded, model), source
+        assert (prov.kind, prov.revision, prov.source) == ("hub", commit, source)
+        assert prov.resolved_path.startswith(str(offline_hub))
+
+
+def test_hub_cache_dir_argument_overrides_the_environment(release, tmp_path, monkeypatch):
+    folder, _ = release
+    cache = tmp_path / "elsewhere"
+    commit = write_hub_cache(cache, "lidarverse/tiny", folder)
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "empty"))
+    resolved = resolve_source("lidarverse/tiny", cache_dir=cache, local_files_only=True)
+    assert resolved.revision == commit
+
+
+def test_hub_offline_with_nothing_cached_names_the_fix(offline_hub):
+    with pytest.raises(
+        ModelSourceError, match=r"holds nothing for 'lidarverse/absent'.*HF_HUB_OFFLINE.*hf download"
+    ):
+        resolve_source("lidarverse/absent")
+
+
+def test_hub_offline_unknown_revision_lists_what_is_cached(release, offline_hub):
+    folder, _ = release
+    write_hub_cache(offline_hub, "lidarverse/tiny", folder)
+    with pytest.raises(
+        ModelSourceError, match=r"only at refs \['main'\].*not at revision 'v9'.*--revision v9"
+    ):
+        resolve_source("hf://lidarverse/tiny@v9")
+
+
+def test_hub_snapshot_without_weights_names_the_missing_file(release, offline_hub):
+    folder, _ = release
+    write_hub_cache(offline_hub, "lidarverse/configonly", folder, files=(CONFIG_NAME,))
+    with pytest.raises(
+        ModelSourceError, match=r"snapshot of 'lidarverse/configonly'@main has no model\.safetensors"
+    ):
+        resolve_source("lidarverse/configonly")
+
+
+# --- bad sources -----------------------------------------------------------------------------------------------
+
+
+def test_missing_path_says_what_was_expected(tmp_path):
+    with pytest.raises(ModelSourceError, match=r"does not exist; expected a release folder"):
+        resolve_source(tmp_path / "nope")
+
+
+def test_empty_folder_says_it_is_empty(tmp_path):
+    with pytest.raises(ModelSourceError, match=r"is not a model: it is empty; expected a release folder"):
+        resolve_source(tmp_path)
+
+
+def test_unknown_file_suffix_is_refused(tmp_path):
+    path = tmp_path / "weights.ckpt"
+    path.write_bytes(b"x")
+    with pytest.raises(ModelSourceError, match=r"unsupported suffix '\.ckpt'"):
+        resolve_source(path)
+
+
+def test_wrong_architecture_lists_missing_unexpected_and_shape_mismatches(tmp_path):
+    folder = write_release(tmp_path / "big", tiny_model(base_channels=16))
+    small = tiny_config()
+    with pytest.raises(ModelSourceError) as info:
+        load_model(folder / WEIGHTS_NAME, config=small)
+    message = str(info.value)
+    assert "does not fit WorldModel: shape mismatches (" in message
+    assert "file (32, 32, 3, 3) vs model (16, 16, 3, 3)" in message
+
+
+def test_wrong_architecture_names_missing_and_unexpected_keys(tmp_path):
+    folder = write_release(tmp_path / "attn", tiny_model(bottleneck_attention=True))
+    with pytest.raises(ModelSourceError) as info:
+        load_model(folder / WEIGHTS_NAME, config=tiny_config(bottleneck_attention=False))
+    assert "unexpected" in str(info.value) and "mid_attn" in str(info.value)
+    with pytest.raises(ModelSourceError) as info:
+        load_model(folder / WEIGHTS_NAME, config=tiny_config(blocks=2))
+    assert "missing" in str(info.value)
+
+
+class _Payload:
+    """Pickles to a call of os.system: what a malicious checkpoint looks like."""
+
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self):
+        return (os.system, (f"touch {self.marker}",))
+
+
+def test_pickle_with_code_is_refused_and_its_payload_never_runs(release, tmp_path):
+    _, model = release
+    marker = tmp_path / "pwned"
+    path = tmp_path / "evil.pt"
+    state = dict(model.state_dict())
+    state["__payload__"] = _Payload(marker)
+    torch.save(state, path)
+    with pytest.raises(ModelSourceError, match=r"system|unsafe|global"):
+        load_model(path, config=model.config)
+    assert not marker.exists()
+
+
+def test_bad_config_is_named(release, tmp_path):
+    folder, _ = release
+    (folder / CONFIG_NAME).write_text("{not json")
+    with pytest.raises(ModelSourceError, match=r"config .*config\.json is not valid JSON"):
+        resolve_source(folder)
+    (folder / CONFIG_NAME).write_text(json.dumps({"base_channels": 8, "wings": 2}))
+    with pytest.raises(ModelSourceError, match=r"not a valid WorldModelConfig.*wings"):
+        load_model(folder)
+
+
+def test_torn_safetensors_file_is_refused(release):
+    folder, _ = release
+    weights = folder / WEIGHTS_NAME
+    weights.write_bytes(weights.read_bytes()[:100])
+    with pytest.raises(ModelSourceError, match=r"not a readable \.safetensors"):
+        resolve_source(folder)
+
+
+# --- device and dtype ------------------------------------------------------------------------------------------
+
+
+def test_device_defaults_to_cpu_float32_without_cuda():
+    if torch.cuda.is_available():
+        assert select_device() == (torch.device("cuda"), torch.bfloat16)
+    else:
+        assert select_device() == (torch.device("cpu"), torch.float32)
+    assert select_device("cpu", "bf16") == (torch.device("cpu"), torch.bfloat16)
+    with pytest.raises(ModelSourceError, match=r"unsupported dtype 'int8'"):
+        select_device("cpu", "int8")
+    if not torch.cuda.is_available():
+        with pytest.raises(ModelSourceError, match=r"CUDA is not available; use device='cpu'"):
+            select_device("cuda")
