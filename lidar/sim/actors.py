@@ -27,6 +27,8 @@ OBJECT_CLASSES: tuple[str, ...] = (
 OBJECT_CLASS_INDEX = {name: i for i, name in enumerate(OBJECT_CLASSES)}
 #: Classes that get a 3-D box (the detection targets).
 BOXED_CLASSES = ("car", "van", "truck", "pedestrian", "cyclist")
+#: Share of a facade that is glass: rays pass through windows (and return from inside, or not at all).
+WINDOW_FRACTION = 0.2
 
 
 @dataclass
@@ -215,8 +217,8 @@ def populate(rng: np.random.Generator, layout: Layout, style: str) -> Population
                 if style != "highway":
                     tree_line = offset_line(r.centre, side * (r.half_width + r.sidewalk - 0.7))
                     tcum = arc_lengths(tree_line)
-                    if rng.random() < 0.7:
-                        for s in np.arange(s_lo + rng.uniform(0, 8), s_hi, rng.uniform(9.0, 18.0)):
+                    if rng.random() < 0.85:
+                        for s in np.arange(s_lo + rng.uniform(0, 8), s_hi, rng.uniform(7.0, 14.0)):
                             pos, _ = point_at(tree_line, np.array([s]), tcum)
                             static_rows += _tree(rng, hdmap, float(pos[0, 0]), float(pos[0, 1]))
         # 5. Highway furniture: a median barrier and noise walls, broken at junctions.
@@ -251,7 +253,7 @@ def populate(rng: np.random.Generator, layout: Layout, style: str) -> Population
         base = float(hdmap.ground_height(corners[:, 0], corners[:, 1]).min()) - 0.5
         h = b.height + 0.5
         static_rows.append(_row(BOX, (b.cx, b.cy, base + h / 2), (b.half_length, b.half_width, h / 2), b.yaw,
-                                float(rng.uniform(0.15, 0.45)), "facade", -1))
+                                float(rng.uniform(0.15, 0.45)), "facade", -1, WINDOW_FRACTION))
         if style == "suburban" and rng.random() < 0.5:
             static_rows += _fence_around(rng, hdmap, b)
     for g in layout.green:

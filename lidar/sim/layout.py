@@ -237,7 +237,7 @@ def build_layout(rng: np.random.Generator, graph: RoadGraph, style: str) -> Layo
 
     # 4. Green areas on the remaining free land.
     green: list[Footprint] = []
-    n_green = {"urban": 12, "suburban": 30, "highway": 30}[style]
+    n_green = {"urban": 16, "suburban": 45, "highway": 40}[style]
     xmin, ymin = origin
     xmax, ymax = xmin + shape[1] * RASTER_RESOLUTION, ymin + shape[0] * RASTER_RESOLUTION
     for _ in range(n_green * 3):

@@ -24,6 +24,9 @@ from lidar.sim.world import World
 
 logger = logging.getLogger(__name__)
 
+#: Moving actors within this margin (m) of the sensor position are removed for the scan (see World.shapes_near).
+EGO_CLEARANCE = 2.5
+
 #: Point/pixel labels: 0 = no return, ground hits use their MAP_CLASSES index, solids len(MAP_CLASSES) + class.
 POINT_CLASSES: tuple[str, ...] = MAP_CLASSES + OBJECT_CLASSES
 
@@ -36,35 +39,62 @@ for _name, _refl in {"road": 0.12, "lane_marking": 0.6, "crosswalk": 0.6, "inter
 
 @dataclass(frozen=True)
 class SensorModelConfig:
-    """Knobs of the sensor model; defaults are tuned against the real scans (see README, Simulator)."""
+    """Knobs of the sensor model. `for_sensor` gives the profile tuned against real scans (README, Simulator).
+
+    The return signal is physical: reflectivity x cos(incidence)^incidence_power x exp(-2 a r) x speckle.
+    Devices report it on their own scale (KITTI's HDL-64E reflectance is strongly compressed, nuScenes'
+    HDL-32E nearly linear), so intensity = clip((intensity_gain * signal) ** intensity_gamma, 0, 1).
+    """
 
     #: Range noise standard deviation (m); Velodyne quotes about 2 cm.
     range_noise: float = 0.02
-    #: Exponent on cos(incidence) in the intensity (1 = Lambertian).
+    #: Exponent on cos(incidence) (1 = Lambertian).
     incidence_power: float = 1.0
-    #: Two-way atmospheric attenuation coefficient (1/m): intensity *= exp(-2 * a * r).
+    #: Two-way atmospheric attenuation coefficient (1/m).
     attenuation: float = 0.002
-    #: Multiplicative intensity speckle (relative standard deviation).
-    intensity_noise: float = 0.1
-    #: CARLA dropoff: random drop rate applied to every return.
+    #: Log-normal speckle on the signal (sigma of its log): surface texture, dirt, wetness, paint wear.
+    intensity_noise: float = 0.4
+    #: Device scale: gain and compression exponent from signal to reported intensity.
+    intensity_gain: float = 1.0
+    intensity_gamma: float = 1.0
+    #: CARLA dropoff: random drop rate applied to every return. Fitted per device, it also stands for the
+    #: pixels a real sweep leaves empty when its firings are binned into the range-image grid.
     drop_general: float = 0.02
-    #: CARLA dropoff: returns weaker than this may be dropped ...
-    drop_intensity_limit: float = 0.03
-    #: ... with this probability at zero intensity, falling linearly to 0 at the limit.
+    #: CARLA dropoff: returns whose signal is below this may be dropped ...
+    drop_intensity_limit: float = 0.01
+    #: ... with this probability at zero signal, falling linearly to 0 at the limit.
     drop_zero_intensity: float = 0.6
     #: Rays meeting a surface at cos(incidence) below this are lost (grazing).
     grazing_cos: float = 0.02
-    #: Ego vehicle in the sensor frame as (x0, x1, half_width, top below the sensor) boxes: the cabin
-    #: under the roof-mounted sensor and the lower body (bonnet and boot), both down to the ground.
-    ego_boxes: tuple[tuple[float, float, float, float], ...] = ((-1.8, 0.6, 0.8, 0.3), (-3.4, 1.3, 0.95, 0.8))
+    #: Ego vehicle in the sensor frame as (x0, x1, half_width, top below the sensor) boxes reaching down to
+    #: the ground; the defaults are a car roof under a roof-mounted sensor.
+    ego_boxes: tuple[tuple[float, float, float, float], ...] = ((-1.8, 0.8, 0.8, 0.45),)
 
     def __post_init__(self) -> None:
-        for name in ("range_noise", "attenuation", "intensity_noise", "drop_intensity_limit", "grazing_cos"):
+        for name in ("range_noise", "attenuation", "intensity_noise", "drop_intensity_limit", "grazing_cos",
+                     "intensity_gain", "intensity_gamma"):
             if getattr(self, name) < 0:
                 raise ValueError(f"SensorModelConfig.{name} must be >= 0, got {getattr(self, name)}")
         for name in ("drop_general", "drop_zero_intensity"):
             if not 0.0 <= getattr(self, name) <= 1.0:
                 raise ValueError(f"SensorModelConfig.{name} is a probability, got {getattr(self, name)}")
+
+    @classmethod
+    def for_sensor(cls, sensor: Sensor) -> SensorModelConfig:
+        """The tuned profile for a preset (by name), else the generic defaults."""
+        return SENSOR_PROFILES.get(sensor.name, cls())
+
+
+#: Profiles fitted to the real scans in shared/data/real_scans (see `python -m lidar.sim.realism`).
+SENSOR_PROFILES: dict[str, SensorModelConfig] = {
+    # KITTI reflectance is nearly flat in range and incidence and compressed; the roof rack hides the
+    # lowest beams over part of the sweep.
+    "hdl64": SensorModelConfig(intensity_gain=0.64, intensity_gamma=0.53, incidence_power=0.2, drop_general=0.07,
+                               ego_boxes=((-1.2, 0.4, 0.9, 0.4),)),
+    # nuScenes intensity is close to linear in the return signal; the Zoe's roof shadows the low beams.
+    "hdl32": SensorModelConfig(intensity_gain=0.69, intensity_gamma=1.0, incidence_power=0.5, drop_general=0.15,
+                               ego_boxes=((-2.0, 1.3, 0.75, 0.6),)),
+}
 
 
 @dataclass
@@ -90,7 +120,7 @@ class LidarSimulator:
     def __init__(self, sensor: Sensor, seed: int = 0, config: SensorModelConfig | None = None) -> None:
         self.sensor = sensor
         self.seed = int(seed)
-        self.config = config or SensorModelConfig()
+        self.config = config or SensorModelConfig.for_sensor(sensor)
         self._dirs = sensor.ray_directions().reshape(-1, 3)
         self._ego_mask = self._ego_body_mask()
 
@@ -125,13 +155,9 @@ class LidarSimulator:
         dirs = self._dirs @ pose[:3, :3].T
         yaw, tilt = _rotation_yaw_tilt(pose)
 
-        # 1. Solids near the sensor (culling grid + moving actors), skipping any the ego stands inside.
-        shapes = world.at_time(time_s).shapes_near(float(origin[0]), float(origin[1]), sensor.max_range + 5.0)
-        if len(shapes):
-            rel = shapes.center[:, :2] - origin[:2]
-            inside = (np.hypot(rel[:, 0], rel[:, 1]) < 2.5) & (shapes.actor >= 0)
-            if inside.any():
-                shapes = shapes.take(np.flatnonzero(~np.isin(shapes.actor, np.unique(shapes.actor[inside]))))
+        # 1. Solids near the sensor (culling grid + moving actors), minus traffic the ego would overlap.
+        shapes = world.at_time(time_s).shapes_near(float(origin[0]), float(origin[1]), sensor.max_range + 5.0,
+                                                   clearance=EGO_CLEARANCE)
         t_obj, cos_obj, idx_obj = cast(shapes, origin, dirs, yaw, tilt + 0.01, sensor.elevations, w,
                                        sensor.max_range, rng)
 
@@ -152,10 +178,12 @@ class LidarSimulator:
         n = len(t)
         hit = np.isfinite(t)
         r = np.where(hit, t, 0.0) + rng.normal(0.0, cfg.range_noise, n)
-        inten = refl * np.clip(cos, 0.0, 1.0) ** cfg.incidence_power * np.exp(-2.0 * cfg.attenuation * r)
-        inten = np.clip(inten * (1.0 + cfg.intensity_noise * rng.standard_normal(n)), 0.0, 1.0)
+        signal = refl * np.clip(cos, 0.0, 1.0) ** cfg.incidence_power * np.exp(-2.0 * cfg.attenuation * r)
+        sig = cfg.intensity_noise
+        signal = signal * np.exp(sig * rng.standard_normal(n) - 0.5 * sig * sig)
+        inten = np.clip((cfg.intensity_gain * signal) ** cfg.intensity_gamma, 0.0, 1.0)
         p_drop = cfg.drop_general + (1.0 - cfg.drop_general) * cfg.drop_zero_intensity * np.clip(
-            1.0 - inten / max(cfg.drop_intensity_limit, 1e-9), 0.0, 1.0)
+            1.0 - signal / max(cfg.drop_intensity_limit, 1e-9), 0.0, 1.0)
         keep = hit & (rng.random(n) >= p_drop) & (cos >= cfg.grazing_cos) & ~self._ego_mask.ravel()
         keep &= (r >= sensor.min_range) & (r <= sensor.max_range)
 

@@ -102,16 +102,25 @@ class World:
         """The same world with its moving actors where they are `t_seconds` after the start."""
         return replace(self, time=float(t_seconds))
 
-    def shapes_near(self, x: float, y: float, radius: float) -> Shapes:
-        """Static solids in the culling cells within `radius`, plus moving actors placed at `self.time`."""
+    def shapes_near(self, x: float, y: float, radius: float, clearance: float = 0.0) -> Shapes:
+        """Static solids in the culling cells within `radius`, plus moving actors placed at `self.time`.
+
+        A moving actor whose footprint, grown by `clearance`, covers (x, y) is left out: traffic is not
+        planned around the ego, and a sensor inside a truck would see nothing else.
+        """
         static = self.scenery.take(self.grid.query(x, y, radius))
         moving = []
         for a in self.actors:
             if not a.moving:
                 continue
             ax, ay, az, yaw = a.pose_at(self.time, self.hdmap)
-            if (ax - x) ** 2 + (ay - y) ** 2 <= (radius + 10.0) ** 2:
-                moving.append(a.parts.placed(ax, ay, az, yaw))
+            if (ax - x) ** 2 + (ay - y) ** 2 > (radius + 10.0) ** 2:
+                continue
+            c, s = np.cos(yaw), np.sin(yaw)
+            u, v = c * (x - ax) + s * (y - ay), -s * (x - ax) + c * (y - ay)
+            if clearance > 0 and abs(u) <= a.size[0] / 2 + clearance and abs(v) <= a.size[1] / 2 + clearance:
+                continue
+            moving.append(a.parts.placed(ax, ay, az, yaw))
         return Shapes.concat([static, *moving])
 
     def boxes(self, t_seconds: float | None = None) -> dict[str, np.ndarray]:
