@@ -1,12 +1,16 @@
 """The world rollout loop on a tiny model: determinism per seed, callbacks, cache feedback, forecast/resim."""
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 import torch
 
 from inference.cache import SpatialCache
+from inference.conditioning import build_condition
 from inference.network import WorldModel, WorldModelConfig
 from inference.rollout import Progress, cache_from_scans, rollout
+from lidar.formats import read_points
 from lidar.range_image import unproject
 from lidar.sensors import VLP16
 
@@ -136,3 +140,20 @@ def test_bad_poses_and_scans_are_named(model):
     with pytest.raises(ValueError, match=r"\(N, 3\+\)"):
         cache_from_scans([np.zeros((3, 2))], np.eye(4)[None])
     assert isinstance(cache_from_scans([], np.zeros((0, 4, 4))), SpatialCache)
+
+
+REAL_SCANS = Path(__file__).resolve().parents[2] / "shared/data/real_scans"
+
+
+@pytest.mark.skipif(
+    not (REAL_SCANS / "kitti_patchworkpp_000000.bin").exists(), reason=f"no real scans in {REAL_SCANS}"
+)
+def test_forecast_from_a_real_kitti_scan_produces_frames_conditioned_on_it(model):
+    scan = read_points(REAL_SCANS / "kitti_patchworkpp_000000.bin")
+    poses = straight_poses(3)
+    cache = cache_from_scans([scan.points], poses[:1])
+    cond = build_condition(cache.points(), poses[0], None, SENSOR)
+    assert cond[2].mean() > 0.5  # the scan covers most of the small sensor's view
+    result = rollout(model, poses[1:], cache=cache, seed=0)
+    assert len(result.frames) == 2 and all(len(f.points) > 0 for f in result.frames)
+    assert len(result.cache) > len(scan.points) // 20

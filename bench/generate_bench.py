@@ -1,0 +1,110 @@
+"""World-generation speed: frames/s against sampler steps, end to end (condition, sampling, reprojection, cache).
+
+Two references are printed beside each figure: the product target (2 frames/s at the default steps on the
+2-core CPU) and the bare network, timed in the same run (steps x one forward pass), which shows how much of
+a frame is spent outside the network.
+
+    python bench/generate_bench.py [--frames 8] [--steps 1 2 4 8 16] [--model SRC] [--device cpu]
+
+Without --model it uses the trained release in weights/default when it and the loader exist, else a
+randomly initialised model of the default config (same cost per frame; only the point count differs).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from inference.network import IMAGE_CHANNELS, WorldModel, WorldModelConfig
+from inference.rollout import rollout
+from lidar.sim import make_world, plan_drive
+
+TARGET_FPS = 2.0
+DEFAULT_RELEASE = Path(__file__).resolve().parents[1] / "weights" / "default"
+
+
+def load_model(source: str | None, device: str) -> tuple[WorldModel, str]:
+    """The released model through the loader when there is one, else a random default model."""
+    if source is None and not (DEFAULT_RELEASE / "model.safetensors").exists():
+        torch.manual_seed(0)
+        return WorldModel(WorldModelConfig()).to(device).eval(), "random init (default config)"
+    try:
+        from inference import load_pipeline
+    except ImportError as exc:
+        if source is not None:
+            raise SystemExit(f"--model {source} needs the loader (inference.load_pipeline): {exc}") from exc
+        torch.manual_seed(0)
+        return WorldModel(WorldModelConfig()).to(device).eval(), "random init (loader not available)"
+    pipe = load_pipeline(source, device=device, dtype=torch.float32)
+    return pipe.model, f"{pipe.provenance.source} ({pipe.provenance.weights} weights)"
+
+
+def time_forward(model: WorldModel, repeats: int = 10) -> float:
+    """Median seconds of one batch-1 forward pass: the irreducible cost of a sampler step."""
+    config, param = model.config, next(model.parameters())
+    h, w = config.sensor_obj.shape
+    x = torch.randn(1, IMAGE_CHANNELS, h, w, device=param.device)
+    cond = torch.randn(1, config.cond_channels, h, w, device=param.device)
+    t = torch.full((1,), 0.5, device=param.device)
+    times = []
+    with torch.inference_mode():
+        for _ in range(repeats + 2):
+            start = time.perf_counter()
+            model(x, t, cond)
+            if param.device.type == "cuda":
+                torch.cuda.synchronize()
+            times.append(time.perf_counter() - start)
+    return float(np.median(times[2:]))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--frames", type=int, default=8, help="frames per rollout (after one warm-up frame)")
+    parser.add_argument("--steps", type=int, nargs="+", default=[1, 2, 4, 8, 16])
+    parser.add_argument("--model", default=None, help="a model source for inference.load_pipeline")
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--map-seed", type=int, default=0)
+    args = parser.parse_args()
+
+    model, origin = load_model(args.model, args.device)
+    world = make_world(args.map_seed, "urban")
+    poses = plan_drive(world, "straight", args.frames + 1, seed=0, mount_height=model.sensor.mount_height)
+    rollout(model, poses[:1], map_source=world.hdmap, steps=1, seed=0)  # warm-up: allocator, kernels
+    forward_s = time_forward(model)
+    default_steps = model.config.default_steps
+
+    print(
+        f"model: {origin}; {model.num_parameters() / 1e6:.2f} M params; sensor {model.sensor.name} "
+        f"{model.sensor.shape[0]}x{model.sensor.shape[1]}; device {args.device}; torch threads "
+        f"{torch.get_num_threads()}; load average {os.getloadavg()[0]:.2f}"
+    )
+    print(
+        f"rollout of {args.frames} frames on map seed {args.map_seed} (map ray-cast, condition, sampling, "
+        f"decode, unproject, cache update); one forward pass = {1000 * forward_s:.1f} ms\n"
+    )
+    print(
+        "| steps | s/frame | frames/s | vs 2 fps target | bare network frames/s | end-to-end / bare | points/frame |"
+    )
+    print("|---:|---:|---:|---:|---:|---:|---:|")
+    for steps in args.steps:
+        result = rollout(model, poses[1:], map_source=world.hdmap, steps=steps, seed=0)
+        fps = result.timings["frames_per_second"]
+        bare_fps = 1.0 / (steps * forward_s)
+        points = np.mean([len(f.points) for f in result.frames])
+        mark = " (default)" if steps == default_steps else ""
+        print(
+            f"| {steps}{mark} | {1.0 / fps:.3f} | {fps:.2f} | {fps / TARGET_FPS:.2f}x | {bare_fps:.2f} | "
+            f"{fps / bare_fps:.2f} | {points:.0f} |"
+        )
+
+
+if __name__ == "__main__":
+    main()
