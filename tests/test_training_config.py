@@ -1,0 +1,69 @@
+"""The training config refuses bad values before any process starts, naming the field."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from training.config import TrainConfig
+
+DEFAULT_CONFIG = "training/configs/default.json"
+
+
+def _default() -> dict:
+    from pathlib import Path
+
+    return json.loads((Path(__file__).resolve().parents[1] / DEFAULT_CONFIG).read_text())
+
+
+def test_default_config_loads_and_round_trips() -> None:
+    cfg = TrainConfig.from_dict(_default())
+    again = TrainConfig.from_dict(json.loads(cfg.to_json()))
+    assert again == cfg
+    assert cfg.warmup_iters < cfg.max_iters
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("batch_size", 0),
+        ("lr", -1.0),
+        ("warmup_iters", 10**9),
+        ("ema_decay", 1.0),
+        ("save_iter", 0),
+        ("betas", [0.9]),
+        ("data_root", ""),
+        ("model", {}),
+    ],
+)
+def test_bad_value_names_the_field(field: str, value: object) -> None:
+    data = _default()
+    data[field] = value
+    with pytest.raises(ValueError, match=field):
+        TrainConfig.from_dict(data)
+
+
+def test_bad_augment_value_names_the_nested_field() -> None:
+    data = _default()
+    data["augment"] = {**data.get("augment", {}), "dropout": 1.5}
+    with pytest.raises(ValueError, match=r"augment\.dropout"):
+        TrainConfig.from_dict(data)
+
+
+def test_unknown_field_is_named() -> None:
+    data = {**_default(), "learning_rate": 1e-3}
+    with pytest.raises(ValueError, match="learning_rate"):
+        TrainConfig.from_dict(data)
+
+
+def test_bad_model_config_is_reported_under_model() -> None:
+    data = _default()
+    data["model"] = {**data["model"], "no_such_field": 3}
+    with pytest.raises(ValueError, match="model"):
+        TrainConfig.from_dict(data)
+
+
+def test_missing_config_file_names_the_path(tmp_path) -> None:
+    with pytest.raises(FileNotFoundError, match=r"nope\.json"):
+        TrainConfig.from_json(tmp_path / "nope.json")

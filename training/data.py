@@ -1,0 +1,146 @@
+"""Training samples: (target image, condition) pairs cut from simulated drives, exactly as rollout sees them.
+
+The target is one frame's range image in the network's encoding. The condition is built with the same
+`inference.conditioning.build_condition` that rollout calls, from a cache of the previous ground-truth
+frames: each is unprojected like a generated frame, corrupted like a model's own errors
+(`augment_cache_points`) and merged through a `SpatialCache`. With the model config's probabilities the
+cache is emptied (a rollout's first frame) or the map dropped (free generation, the CFG branch).
+
+Every batch is a pure function of (seed, iteration, rank): a resumed job sees the batches it would have
+seen, and no two ranks or workers share a random stream.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from torch.utils.data import DataLoader, Dataset, Sampler
+
+from inference.cache import SpatialCache, transform_points
+from inference.conditioning import augment_cache_points, build_condition, encode_image
+from inference.network import WorldModelConfig
+from lidar.range_image import RangeImage, unproject
+from lidar.sensors import Sensor
+from lidar.sim.dataset import SimDataset
+from training.config import TrainConfig
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class Drive:
+    """One simulated sequence at the model sensor: what a training sample is cut from."""
+
+    range: np.ndarray  # (T, H, W) float32 metres, 0 = no return
+    intensity: np.ndarray  # (T, H, W) float32 in [0, 1]
+    poses: np.ndarray  # (T, 4, 4) float64 world_from_sensor
+    map_classes: np.ndarray  # (T, H, W) uint8, HDMap.range_view_classes per frame
+
+    def __len__(self) -> int:
+        return len(self.range)
+
+    def image(self, t: int) -> RangeImage:
+        return RangeImage(self.range[t], self.intensity[t])
+
+
+def load_drives(root: str, sensor: Sensor) -> list[Drive]:
+    """Every sequence of a `python -m lidar.sim --out ROOT` dataset, checked against the model sensor."""
+    start = time.perf_counter()
+    dataset = SimDataset(root, cache_size=1)
+    if dataset.sensor.shape != sensor.shape or dataset.sensor.max_range != sensor.max_range:
+        raise ValueError(
+            f"dataset {root} was simulated for sensor {dataset.sensor.name} {dataset.sensor.shape} (max range "
+            f"{dataset.sensor.max_range} m) but the model expects {sensor.name} {sensor.shape} (max range "
+            f"{sensor.max_range} m); regenerate it with `python -m lidar.sim --sensor/--width` matching the model"
+        )
+    drives = []
+    for i in range(len(dataset.manifest["sequences"])):
+        arrays = dataset.load_sequence(i)
+        drives.append(Drive(arrays["range"], arrays["intensity"], arrays["poses"], arrays["map_classes"]))
+    logger.info("loaded %d drives (%d frames) from %s in %.1fs", len(drives), sum(len(d) for d in drives), root,
+                time.perf_counter() - start)
+    return drives
+
+
+class WorldModelSamples(Dataset):
+    """Indexed by (iteration, rank, slot); the key alone decides the frame and every augmentation draw."""
+
+    def __init__(self, drives: list[Drive], cfg: TrainConfig) -> None:
+        if not drives:
+            raise ValueError(f"no drives found in {cfg.data_root}; expected a `python -m lidar.sim --out` dataset")
+        self.drives = drives
+        self.cfg = cfg
+        self.model_cfg = WorldModelConfig.from_dict(cfg.model)
+        self.sensor = self.model_cfg.sensor_obj
+        self.frames = [(d, t) for d in range(len(drives)) for t in range(len(drives[d]))]
+
+    def __len__(self) -> int:
+        return len(self.frames)
+
+    def __getitem__(self, key: tuple[int, int, int]) -> dict[str, torch.Tensor]:
+        rng = np.random.default_rng([self.cfg.seed, *key])
+        drive_idx, t = self.frames[int(rng.integers(len(self.frames)))]
+        drive = self.drives[drive_idx]
+        x = torch.from_numpy(encode_image(drive.image(t), self.sensor))
+        cache = None if rng.random() < self.model_cfg.p_drop_cache else self.cache_before(drive, t, rng)
+        classes = None if rng.random() < self.model_cfg.p_drop_map else drive.map_classes[t]
+        cond = build_condition(cache, drive.poses[t], classes, self.sensor, self.model_cfg.num_map_classes)
+        return {"x": x, "cond": cond}
+
+    def cache_before(self, drive: Drive, t: int, rng: np.random.Generator) -> np.ndarray | None:
+        """World points of 1..cache_frames previous frames, each with its own simulated rollout error.
+
+        Frames go into the `SpatialCache` newest first in one `add`, which keeps the same point per voxel
+        as adding them one by one in time order (the newest wins) at a fraction of the cost.
+        """
+        if t == 0:
+            return None
+        aug = self.cfg.augment
+        first = t - int(rng.integers(1, min(t, self.cfg.cache_frames) + 1))
+        frames = []
+        for j in range(t - 1, first - 1, -1):
+            world = transform_points(unproject(drive.image(j), self.sensor), drive.poses[j])
+            frames.append(augment_cache_points(
+                world, drive.poses[j], rng, dropout=aug.dropout, range_noise=aug.range_noise,
+                jitter_translation=aug.jitter_translation, jitter_rotation_deg=aug.jitter_rotation_deg,
+            ))
+        cache = SpatialCache()
+        cache.add(np.concatenate(frames), drive.poses[t - 1])
+        return cache.points()
+
+
+class StepBatches(Sampler[list[tuple[int, int, int]]]):
+    """Batch keys for iterations start..max_iters-1 of one rank: resuming at N yields exactly N's batch."""
+
+    def __init__(self, start_iter: int, max_iters: int, batch_size: int, rank: int) -> None:
+        self.start_iter, self.max_iters, self.batch_size, self.rank = start_iter, max_iters, batch_size, rank
+
+    def __len__(self) -> int:
+        return max(0, self.max_iters - self.start_iter)
+
+    def __iter__(self) -> Iterator[list[tuple[int, int, int]]]:
+        for it in range(self.start_iter, self.max_iters):
+            yield [(it, self.rank, k) for k in range(self.batch_size)]
+
+
+def make_loader(cfg: TrainConfig, rank: int, start_iter: int) -> DataLoader:
+    """The rank's batches from `start_iter` on; workers are torch threads-limited so ranks share CPUs fairly."""
+    sensor = WorldModelConfig.from_dict(cfg.model).sensor_obj
+    samples = WorldModelSamples(load_drives(cfg.data_root, sensor), cfg)
+    return DataLoader(
+        samples,
+        batch_sampler=StepBatches(start_iter, cfg.max_iters, cfg.batch_size, rank),
+        num_workers=cfg.num_workers,
+        worker_init_fn=_one_thread if cfg.num_workers else None,
+        persistent_workers=False,
+        prefetch_factor=2 if cfg.num_workers else None,
+    )
+
+
+def _one_thread(_worker_id: int) -> None:
+    torch.set_num_threads(1)
