@@ -240,7 +240,7 @@ class WorldModel(nn.Module):
                 f"WorldModel expects x_t (B, {expected[0]}, {expected[1]}, {expected[2]}) and cond "
                 f"(B, {self.config.cond_channels}, H, W); got x_t {tuple(x_t.shape)}, cond {tuple(cond.shape)}"
             )
-        temb = self.time_mlp(timestep_embedding(t.expand(b), self.config.base_channels))
+        temb = self.time_mlp(timestep_embedding(t.expand(b), self.config.base_channels).to(x_t.dtype))
         hx = self.stem(torch.cat([x_t, cond.to(x_t.dtype)], dim=1))
         skips = []
         for level, blocks in enumerate(self.enc):

@@ -36,6 +36,15 @@ def test_forward_maps_noisy_image_and_condition_to_a_velocity_of_the_image_shape
     assert torch.isfinite(out).all()
 
 
+def test_a_bfloat16_model_runs_without_autocast_as_the_gpu_pipeline_loads_it():
+    config = tiny_config()
+    model = WorldModel(config).to(torch.bfloat16)
+    h, w = config.sensor_obj.shape
+    x = torch.randn(2, IMAGE_CHANNELS, h, w, dtype=torch.bfloat16)
+    out = model(x, torch.rand(2), torch.randn(2, config.cond_channels, h, w))
+    assert out.dtype == torch.bfloat16 and out.shape == x.shape
+
+
 def test_forward_rejects_a_condition_with_the_wrong_channel_count():
     config = tiny_config()
     h, w = config.sensor_obj.shape
