@@ -1,0 +1,433 @@
+"""`LidarVersePipeline`: a loaded world model plus the four ways to use it, each one call with checked inputs.
+
+The pipeline owns no generation loop: every call turns user-level inputs (a map seed and an action, real
+scans from any sensor, target poses) into what `inference.rollout.rollout` takes, and returns its
+`RolloutResult` (frames with points, range image and pose; the accumulated world; timings). Inputs are
+checked here, before any compute, so a UI can show the message as it is.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+import torch
+
+from inference.cache import SpatialCache
+from inference.loader import Provenance, load_model
+from inference.network import WorldModel, WorldModelConfig
+from inference.rollout import MapSource, Progress, RolloutResult, cache_from_scans, rollout
+from lidar.formats import Scan
+from lidar.range_image import RangeImage, project, unproject
+from lidar.sensors import Sensor
+from lidar.sim import ACTIONS, World, make_world, plan_drive
+from lidar.sim.drive import FRAME_RATE_HZ
+
+logger = logging.getLogger(__name__)
+
+#: Longest rollout one call may ask for (a UI must not be able to queue minutes of GPU time).
+MAX_FRAMES = 32
+#: Most sampler steps per frame; the model is trained for few-step sampling (4 by default).
+MAX_STEPS = 50
+#: Largest classifier-free guidance scale accepted (beyond it samples saturate).
+MAX_GUIDANCE = 20.0
+#: Dead-reckoned ego motion for forecasts from real scans, which come without a map to plan on.
+FORECAST_SPEED = 6.0  # m/s
+FORECAST_TURN_RADIUS = 12.0  # m
+#: A prefix scan must leave at least this many returns on the model's beams to be worth conditioning on.
+MIN_PREFIX_RETURNS = 100
+
+ScanLike = Scan | np.ndarray | RangeImage
+Callback = Callable[[Progress], None]
+
+
+class LidarVersePipeline:
+    """A world model ready for inference: `generate_world`, `forecast`, `resimulate`, `sample_sweep`."""
+
+    def __init__(self, model: WorldModel, provenance: Provenance) -> None:
+        self.model = model
+        self.provenance = provenance
+
+    @classmethod
+    def from_pretrained(
+        cls,
+        source: str | os.PathLike[str] | None = None,
+        device: str | torch.device | None = None,
+        dtype: str | torch.dtype | None = None,
+        *,
+        config: WorldModelConfig | dict[str, Any] | str | os.PathLike[str] | None = None,
+        cache_dir: str | os.PathLike[str] | None = None,
+        local_files_only: bool | None = None,
+        compile: bool = False,
+    ) -> LidarVersePipeline:
+        """Load any source `inference.loader` resolves; `compile=True` runs torch.compile on CUDA only."""
+        model, provenance = load_model(
+            source,
+            config=config,
+            device=device,
+            dtype=dtype,
+            cache_dir=cache_dir,
+            local_files_only=local_files_only,
+        )
+        if compile and next(model.parameters()).device.type == "cuda":
+            model = torch.compile(model)  # type: ignore[assignment]  # attributes proxy to the module
+        return cls(model, provenance)
+
+    @property
+    def sensor(self) -> Sensor:
+        return self.model.config.sensor_obj
+
+    @property
+    def config(self) -> WorldModelConfig:
+        return self.model.config
+
+    def __call__(self, *args: Any, **kwargs: Any) -> RolloutResult:
+        return self.generate_world(*args, **kwargs)
+
+    def __repr__(self) -> str:
+        p = self.provenance
+        return f"LidarVersePipeline(source={p.source!r}, iteration={p.iteration}, sensor={p.sensor}, device={p.device})"
+
+    # ------------------------------------------------------------------------------------------------------
+
+    def generate_world(
+        self,
+        map: int | World | None = None,
+        *,
+        style: str = "urban",
+        action: str | None = "straight",
+        poses: np.ndarray | None = None,
+        frames: int = 8,
+        steps: int | None = None,
+        seed: int = 0,
+        guidance: float | None = None,
+        sensor: Sensor | None = None,
+        callback: Callback | None = None,
+    ) -> RolloutResult:
+        """Roll out a drive through a procedural world: `map` is a `make_world` seed (default: `seed`) or a World.
+
+        The ego either follows `action` along the map's lanes (`plan_drive`) or the given `poses`.
+        """
+        start = time.perf_counter()
+        # 1. check everything before any compute
+        steps, guidance = self._check_sampling(steps, guidance, seed, callback)
+        self._check_sensor(sensor)
+        if poses is not None:
+            poses = _check_poses(poses, "poses")
+            _check_frames(len(poses), "len(poses)")
+        else:
+            _check_frames(frames)
+            _check_action(action)
+        world = _world(map, style, seed)
+        # 2. plan the drive on the map's lanes, with the sensor at the model's mount height
+        if poses is None:
+            poses = plan_drive(world, action, frames, seed=seed, mount_height=self.sensor.mount_height)
+        # 3. roll out
+        return self._rollout(
+            poses, start, map_source=world.hdmap, steps=steps, seed=seed, guidance=guidance, callback=callback
+        )
+
+    def forecast(
+        self,
+        prefix_scans: Sequence[ScanLike],
+        *,
+        prefix_poses: np.ndarray | None = None,
+        action: str | None = "straight",
+        poses: np.ndarray | None = None,
+        frames: int = 8,
+        steps: int | None = None,
+        seed: int = 0,
+        guidance: float | None = None,
+        map: World | MapSource | None = None,
+        callback: Callback | None = None,
+    ) -> RolloutResult:
+        """Continue from observed sweeps (real ones included) for `frames` more, following `action` or `poses`.
+
+        Scans from any sensor are resampled onto the model's beams (projected with `lidar.range_image.project`,
+        then unprojected), so the cache holds what the model would have seen. Without `prefix_poses` the
+        scans are taken to be from one place (identity poses); future `poses` share their world frame.
+        """
+        start = time.perf_counter()
+        steps, guidance = self._check_sampling(steps, guidance, seed, callback)
+        points = self._resample_scans(prefix_scans, "prefix_scans")
+        prefix_poses = self._scan_poses(prefix_poses, len(points), "prefix_poses")
+        if poses is not None:
+            poses = _check_poses(poses, "poses")
+            _check_frames(len(poses), "len(poses)")
+        else:
+            _check_frames(frames)
+            _check_action(action)
+            poses = action_poses(prefix_poses[-1], action, frames)
+        cache = cache_from_scans(points, prefix_poses)
+        return self._rollout(
+            poses,
+            start,
+            map_source=_map_source(map),
+            cache=cache,
+            steps=steps,
+            seed=seed,
+            guidance=guidance,
+            callback=callback,
+        )
+
+    def resimulate(
+        self,
+        scans: Sequence[ScanLike],
+        poses: np.ndarray,
+        target_poses: np.ndarray,
+        *,
+        steps: int | None = None,
+        seed: int = 0,
+        guidance: float | None = None,
+        map: World | MapSource | None = None,
+        callback: Callback | None = None,
+    ) -> RolloutResult:
+        """Render observed sweeps (at `poses`) from new `target_poses`; generated frames do not feed back."""
+        start = time.perf_counter()
+        steps, guidance = self._check_sampling(steps, guidance, seed, callback)
+        points = self._resample_scans(scans, "scans")
+        poses = self._scan_poses(poses, len(points), "poses")
+        target_poses = _check_poses(target_poses, "target_poses")
+        _check_frames(len(target_poses), "len(target_poses)")
+        cache = cache_from_scans(points, poses)
+        return self._rollout(
+            target_poses,
+            start,
+            map_source=_map_source(map),
+            cache=cache,
+            steps=steps,
+            seed=seed,
+            guidance=guidance,
+            callback=callback,
+            update_cache=False,
+        )
+
+    def sample_sweep(
+        self,
+        pose: np.ndarray | None = None,
+        *,
+        map: int | World | MapSource | None = None,
+        cache_points: np.ndarray | None = None,
+        steps: int | None = None,
+        seed: int = 0,
+        guidance: float | None = None,
+        callback: Callback | None = None,
+    ) -> RolloutResult:
+        """One sweep at `pose` (default: the sensor at its mount height over the origin).
+
+        `map` is a `make_world` seed, a World or any map source, or None for free generation; `cache_points`
+        (N, 4) world-frame points condition it like a rollout's cache.
+        """
+        start = time.perf_counter()
+        steps, guidance = self._check_sampling(steps, guidance, seed, callback)
+        if pose is None:
+            pose = np.eye(4)
+            pose[2, 3] = self.sensor.mount_height
+        poses = _check_poses(np.asarray(pose, dtype=np.float64)[None], "pose")
+        if isinstance(map, int | np.integer):
+            map = make_world(int(map))
+        cache = None
+        if cache_points is not None:
+            pts = np.asarray(cache_points, dtype=np.float32)
+            if pts.ndim != 2 or pts.shape[1] != 4 or not np.isfinite(pts).all():
+                raise ValueError(
+                    f"cache_points must be finite (N, 4) world-frame points, got shape {pts.shape}"
+                )
+            cache = SpatialCache()
+            cache.add(pts, poses[0])
+        return self._rollout(
+            poses,
+            start,
+            map_source=_map_source(map),
+            cache=cache,
+            steps=steps,
+            seed=seed,
+            guidance=guidance,
+            callback=callback,
+        )
+
+    # ------------------------------------------------------------------------------------------------------
+
+    def _rollout(self, poses: np.ndarray, start: float, **kwargs: Any) -> RolloutResult:
+        prepare = time.perf_counter() - start
+        result = rollout(self.model, poses, **kwargs)
+        result.timings["prepare"] = prepare
+        return result
+
+    def _check_sampling(
+        self, steps: int | None, guidance: float | None, seed: Any, callback: Callback | None
+    ) -> tuple[int, float]:
+        steps = self.config.default_steps if steps is None else steps
+        if isinstance(steps, bool) or not isinstance(steps, int | np.integer) or not 1 <= steps <= MAX_STEPS:
+            raise ValueError(f"steps must be an integer in [1, {MAX_STEPS}], got {steps!r}")
+        guidance = self.config.default_guidance if guidance is None else guidance
+        if (
+            not isinstance(guidance, int | float)
+            or not math.isfinite(guidance)
+            or not 0.0 <= guidance <= MAX_GUIDANCE
+        ):
+            raise ValueError(
+                f"guidance must be a number in [0, {MAX_GUIDANCE}] (1 = no guidance), got {guidance!r}"
+            )
+        if isinstance(seed, bool) or not isinstance(seed, int | np.integer) or seed < 0:
+            raise ValueError(f"seed must be an integer >= 0, got {seed!r}")
+        if callback is not None and not callable(callback):
+            raise ValueError(
+                f"callback must be callable (it receives a Progress), got {type(callback).__name__}"
+            )
+        return int(steps), float(guidance)
+
+    def _check_sensor(self, sensor: Sensor | None) -> None:
+        """A caller that names a sensor must name the model's: the network only knows its own beam layout."""
+        model = self.sensor
+        if sensor is not None and (
+            sensor.elevations_deg != model.elevations_deg or sensor.width != model.width
+        ):
+            raise ValueError(
+                f"this model generates {model.name} sweeps ({model.height}x{model.width}); got sensor {sensor.name} "
+                f"({sensor.height}x{sensor.width}). Load a model trained for {sensor.name}, or omit the sensor"
+            )
+
+    def _resample_scans(self, scans: Sequence[ScanLike], name: str) -> list[np.ndarray]:
+        """Each scan as sensor-frame points on the model's beams and columns."""
+        if isinstance(scans, np.ndarray | Scan | RangeImage) or not isinstance(scans, Sequence) or not scans:
+            raise ValueError(
+                f"{name} must be a non-empty list of lidar.formats.Scan, (N, 3+) arrays or RangeImages"
+            )
+        return [self._resample(scan, f"{name}[{i}]") for i, scan in enumerate(scans)]
+
+    def _resample(self, scan: ScanLike, name: str) -> np.ndarray:
+        sensor = self.sensor
+        if isinstance(scan, RangeImage):
+            if scan.shape != sensor.shape:
+                raise ValueError(
+                    f"{name} is a {scan.shape[0]}x{scan.shape[1]} range image but the model sensor {sensor.name} is "
+                    f"{sensor.height}x{sensor.width}; pass points instead and they are resampled"
+                )
+            image = scan
+        else:
+            if isinstance(scan, Scan):
+                if not scan.sensor_frame:
+                    raise ValueError(
+                        f"{name} ({scan.path}) is not in the sensor frame (its origin is not at the LiDAR, as in "
+                        "PandaSet's ego frame); forecasting needs sweeps in the sensor frame"
+                    )
+                name, points = f"{name} ({scan.path})", scan.points
+            else:
+                points = np.asarray(scan)
+            if points.ndim != 2 or points.shape[1] < 3 or not np.issubdtype(points.dtype, np.number):
+                raise ValueError(
+                    f"{name} must be (N, 3+) points x, y, z[, intensity], got shape {points.shape}"
+                )
+            image = project(points[np.isfinite(points[:, :3]).all(axis=1)], sensor)
+        returns = int(image.mask.sum())
+        if returns < MIN_PREFIX_RETURNS:
+            raise ValueError(
+                f"{name} has only {returns} returns within the model sensor's beams ({sensor.name}: "
+                f"{sensor.elevations_deg[0]:+.1f} to {sensor.elevations_deg[-1]:+.1f} deg, "
+                f"{sensor.min_range}-{sensor.max_range} m); expected a LiDAR sweep in its sensor frame"
+            )
+        return unproject(image, sensor)
+
+    @staticmethod
+    def _scan_poses(poses: np.ndarray | None, count: int, name: str) -> np.ndarray:
+        if poses is None:
+            return np.tile(np.eye(4), (count, 1, 1))
+        poses = _check_poses(poses, name)
+        if len(poses) != count:
+            raise ValueError(f"{name} has {len(poses)} poses for {count} scans; expected one pose per scan")
+        return poses
+
+
+def load_pipeline(
+    source: str | os.PathLike[str] | None = None,
+    device: str | torch.device | None = None,
+    dtype: str | torch.dtype | None = None,
+    **kwargs: Any,
+) -> LidarVersePipeline:
+    """`LidarVersePipeline.from_pretrained`: None -> $LIDARVERSE_MODEL, else weights/default."""
+    return LidarVersePipeline.from_pretrained(source, device, dtype, **kwargs)
+
+
+def action_poses(
+    start: np.ndarray,
+    action: str,
+    frames: int,
+    speed: float = FORECAST_SPEED,
+    turn_radius: float = FORECAST_TURN_RADIUS,
+) -> np.ndarray:
+    """(frames, 4, 4) poses continuing from `start` at 10 Hz on a flat arc: straight or a constant-radius turn.
+
+    `plan_drive` follows a map's lanes; a forecast from real scans has no map, so the ego is dead-reckoned.
+    """
+    _check_action(action)
+    yaw_rate = {"straight": 0.0, "turn_left": speed / turn_radius, "turn_right": -speed / turn_radius}[action]
+    dt = 1.0 / FRAME_RATE_HZ
+    out = np.empty((frames, 4, 4))
+    local = np.eye(4)
+    for i in range(frames):
+        yaw = yaw_rate * (i + 1) * dt
+        if yaw_rate == 0.0:
+            x, y = speed * (i + 1) * dt, 0.0
+        else:
+            x, y = math.sin(yaw) * speed / yaw_rate, (1.0 - math.cos(yaw)) * speed / yaw_rate
+        local[:2, :2] = [[math.cos(yaw), -math.sin(yaw)], [math.sin(yaw), math.cos(yaw)]]
+        local[:2, 3] = (x, y)
+        out[i] = start @ local
+    return out
+
+
+def _check_frames(frames: Any, name: str = "frames") -> None:
+    if isinstance(frames, bool) or not isinstance(frames, int | np.integer) or not 1 <= frames <= MAX_FRAMES:
+        raise ValueError(f"{name} must be an integer in [1, {MAX_FRAMES}], got {frames!r}")
+
+
+def _check_action(action: Any) -> None:
+    if action not in ACTIONS:
+        raise ValueError(f"unknown action {action!r}; expected one of {', '.join(ACTIONS)} (or pass poses=)")
+
+
+def _check_poses(poses: Any, name: str) -> np.ndarray:
+    """(T, 4, 4) finite rigid world_from_sensor transforms (DESIGN.md), as float64."""
+    arr = np.asarray(poses, dtype=np.float64)
+    if arr.ndim != 3 or arr.shape[1:] != (4, 4) or len(arr) < 1:
+        raise ValueError(f"{name} must be (T, 4, 4) world_from_sensor poses, got shape {arr.shape}")
+    if not np.isfinite(arr).all():
+        raise ValueError(f"{name} holds NaN or inf")
+    rot = arr[:, :3, :3]
+    rigid = np.abs(rot @ rot.transpose(0, 2, 1) - np.eye(3)).max(axis=(1, 2)) < 1e-4
+    rigid &= np.abs(np.linalg.det(rot) - 1.0) < 1e-4
+    rigid &= np.abs(arr[:, 3] - [0.0, 0.0, 0.0, 1.0]).max(axis=1) < 1e-9
+    if not rigid.all():
+        raise ValueError(
+            f"{name}[{int(np.flatnonzero(~rigid)[0])}] is not a rigid transform (rotation with det 1, last row "
+            "0 0 0 1); expected world_from_sensor poses"
+        )
+    return arr
+
+
+def _world(map: int | World | None, style: str, seed: int) -> World:
+    if isinstance(map, World):
+        return map
+    if map is None:
+        return make_world(int(seed), style)
+    if isinstance(map, bool) or not isinstance(map, int | np.integer) or map < 0:
+        raise ValueError(f"map must be a world seed (integer >= 0) or a lidar.sim World, got {map!r}")
+    return make_world(int(map), style)
+
+
+def _map_source(map: Any) -> MapSource | None:
+    if map is None:
+        return None
+    if isinstance(map, World):
+        return map.hdmap
+    if hasattr(map, "range_view_classes") or callable(map):
+        return map
+    raise ValueError(
+        f"map must be a lidar.sim World, an HDMap or a callable(pose, sensor), got {type(map).__name__}"
+    )

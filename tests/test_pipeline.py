@@ -1,0 +1,168 @@
+"""The pipeline turns user inputs into rollouts: deterministic per seed, real scans forecast, bad inputs named.
+
+A tiny random model stands in for the trained one: these tests check plumbing (poses, caches, callbacks,
+validation), not sample quality.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from inference import MAX_FRAMES, MAX_STEPS, LidarVersePipeline, load_pipeline
+from inference.pipeline import FORECAST_SPEED, action_poses
+from lidar.formats import read_points
+from lidar.range_image import RangeImage
+from lidar.sensors import HDL64
+from lidar.sim import make_world, plan_drive
+from tests.test_loader import tiny_model, write_release
+
+REAL_SCANS = Path(__file__).resolve().parents[2] / "shared/data/real_scans"
+
+
+@pytest.fixture(scope="module")
+def pipe(tmp_path_factory: pytest.TempPathFactory) -> LidarVersePipeline:
+    folder = write_release(tmp_path_factory.mktemp("release"), tiny_model(seed=3))
+    return load_pipeline(folder)
+
+
+@pytest.fixture(scope="module")
+def world():
+    return make_world(3, "urban")
+
+
+def real_scan(name: str):
+    path = REAL_SCANS / name
+    if not path.is_file():
+        pytest.skip(f"shared real scan {path} is absent")
+    return read_points(path)
+
+
+def test_generate_world_follows_the_planned_drive_and_reports_progress(pipe, world):
+    events = []
+    out = pipe.generate_world(
+        map=world, action="turn_left", frames=2, steps=2, seed=0, callback=events.append
+    )
+    sensor = pipe.sensor
+    expected = plan_drive(world, "turn_left", 2, seed=0, mount_height=sensor.mount_height)
+    assert len(out.frames) == 2
+    for frame, pose in zip(out.frames, expected, strict=True):
+        np.testing.assert_array_equal(frame.pose, pose)
+        assert frame.range_image.shape == sensor.shape
+        assert frame.points.dtype == np.float32 and frame.points.shape[1] == 4
+        assert len(frame.points) == int(frame.range_image.mask.sum()) > 0
+        assert frame.points[:, 3].min() >= 0.0 and frame.points[:, 3].max() <= 1.0
+    assert out.world.shape[1] == 4 and len(out.world) > 0
+    assert set(out.timings) >= {"per_frame", "total", "frames_per_second", "prepare"}
+    # one event per sampler step and one more per finished frame, in order, ending at 100 %
+    assert [(e.frame, e.step) for e in events] == [(0, 1), (0, 2), (0, 2), (1, 1), (1, 2), (1, 2)]
+    assert [e.frame_result is not None for e in events] == [False, False, True, False, False, True]
+    assert events[-1].fraction == 1.0
+
+
+def test_generation_is_deterministic_per_seed(pipe, world):
+    a = pipe.generate_world(map=world, action="straight", frames=2, steps=2, seed=7)
+    b = pipe.generate_world(map=world, action="straight", frames=2, steps=2, seed=7)
+    c = pipe.generate_world(map=world, action="straight", frames=1, steps=2, seed=8)
+    for fa, fb in zip(a.frames, b.frames, strict=True):
+        np.testing.assert_array_equal(fa.points, fb.points)
+        np.testing.assert_array_equal(fa.range_image.range, fb.range_image.range)
+    np.testing.assert_array_equal(a.world, b.world)
+    assert not np.array_equal(a.frames[0].range_image.range, c.frames[0].range_image.range)
+
+
+def test_explicit_poses_replace_the_action(pipe, world):
+    poses = np.tile(np.eye(4), (3, 1, 1))
+    poses[:, 0, 3] = [0.0, 1.0, 2.0]
+    poses[:, 2, 3] = pipe.sensor.mount_height
+    out = pipe.generate_world(map=world, poses=poses, steps=1, seed=0)
+    np.testing.assert_array_equal(np.stack([f.pose for f in out.frames]), poses)
+
+
+def test_forecast_continues_from_a_real_kitti_scan(pipe):
+    scan = real_scan("kitti_patchworkpp_000000.bin")
+    out = pipe.forecast([scan], action="straight", frames=2, steps=2, seed=0)
+    assert len(out.frames) == 2
+    # the ego moves on from the scan's pose (identity) at the forecast speed, 10 Hz
+    np.testing.assert_allclose(out.frames[0].pose[:3, 3], [FORECAST_SPEED / 10.0, 0.0, 0.0], atol=1e-9)
+    # the scan, resampled onto the model's beams, is in the cache the frames were conditioned on
+    assert len(out.cache) > sum(len(f.points) for f in out.frames)
+    other = pipe.forecast([scan.points[::7]], action="straight", frames=2, steps=2, seed=0)
+    assert not np.array_equal(out.frames[0].range_image.range, other.frames[0].range_image.range)
+
+
+def test_forecast_refuses_scans_not_in_the_sensor_frame(pipe):
+    scan = real_scan("pandaset_bynow76_000000.bin")
+    assert not scan.sensor_frame
+    with pytest.raises(ValueError, match=r"prefix_scans\[0\].*not in the sensor frame"):
+        pipe.forecast([scan], frames=1, steps=1)
+
+
+def test_forecast_input_errors_are_named(pipe):
+    far = np.zeros((500, 4), np.float32)
+    far[:, 0] = 1000.0  # beyond max range: nothing lands on the model's beams
+    with pytest.raises(ValueError, match=r"prefix_scans\[0\] has only 0 returns"):
+        pipe.forecast([far], frames=1, steps=1)
+    with pytest.raises(ValueError, match=r"must be \(N, 3\+\) points"):
+        pipe.forecast([np.zeros((10, 2))], frames=1, steps=1)
+    with pytest.raises(ValueError, match=r"non-empty list"):
+        pipe.forecast([], frames=1, steps=1)
+    h, w = pipe.sensor.shape
+    with pytest.raises(ValueError, match=rf"{h + 1}x{w} range image but the model sensor"):
+        pipe.forecast([RangeImage(np.ones((h + 1, w), np.float32), np.zeros((h + 1, w), np.float32))])
+    pts = real_scan("kitti_patchworkpp_000002.bin").points
+    with pytest.raises(ValueError, match=r"prefix_poses has 2 poses for 1 scans"):
+        pipe.forecast([pts], prefix_poses=np.tile(np.eye(4), (2, 1, 1)), frames=1, steps=1)
+
+
+def test_resimulate_renders_target_poses_without_feeding_frames_back(pipe):
+    scan = real_scan("kitti_patchworkpp_000002.bin")
+    targets = action_poses(np.eye(4), "turn_right", 2)
+    out = pipe.resimulate([scan.points], np.eye(4)[None], targets, steps=1, seed=0)
+    seeded = pipe.resimulate([scan.points], np.eye(4)[None], targets[:1], steps=1, seed=0)
+    np.testing.assert_array_equal(np.stack([f.pose for f in out.frames]), targets)
+    assert len(out.cache) == len(seeded.cache)  # only the observed sweep, however many frames
+
+
+def test_sample_sweep_draws_one_frame(pipe, world):
+    out = pipe.sample_sweep(map=world, steps=1, seed=1)
+    assert len(out.frames) == 1
+    assert out.frames[0].pose[2, 3] == pytest.approx(pipe.sensor.mount_height)
+
+
+def test_action_poses_dead_reckon_straight_and_turns():
+    start = np.eye(4)
+    start[:3, 3] = (10.0, 5.0, 1.8)
+    straight = action_poses(start, "straight", 3)
+    np.testing.assert_allclose(straight[:, 0, 3] - 10.0, FORECAST_SPEED * np.array([0.1, 0.2, 0.3]))
+    left, right = action_poses(start, "turn_left", 20), action_poses(start, "turn_right", 20)
+    assert left[-1, 1, 3] > 5.0 > right[-1, 1, 3]
+    assert np.arctan2(left[-1, 1, 0], left[-1, 0, 0]) > 0.5  # heading turned left
+    np.testing.assert_allclose(
+        np.linalg.norm(np.diff(left[:, :3, 3], axis=0), axis=1), FORECAST_SPEED / 10, rtol=1e-3
+    )
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"frames": 0}, rf"frames must be an integer in \[1, {MAX_FRAMES}\], got 0"),
+        ({"frames": MAX_FRAMES + 1}, rf"frames must be an integer in \[1, {MAX_FRAMES}\]"),
+        ({"steps": 0}, rf"steps must be an integer in \[1, {MAX_STEPS}\], got 0"),
+        ({"steps": MAX_STEPS + 1}, r"steps must be an integer"),
+        ({"steps": 2.5}, r"steps must be an integer"),
+        ({"action": "fly"}, r"unknown action 'fly'; expected one of straight, turn_left, turn_right"),
+        ({"guidance": -1.0}, r"guidance must be a number in \[0, 20"),
+        ({"seed": -3}, r"seed must be an integer >= 0, got -3"),
+        ({"map": "city"}, r"map must be a world seed \(integer >= 0\) or a lidar.sim World, got 'city'"),
+        ({"poses": np.zeros((2, 4, 4))}, r"poses\[0\] is not a rigid transform"),
+        ({"poses": np.eye(4)}, r"poses must be \(T, 4, 4\)"),
+        ({"sensor": HDL64}, r"this model generates tiny8 sweeps \(8x64\); got sensor hdl64 \(64x1024\)"),
+        ({"callback": 3}, r"callback must be callable"),
+    ],
+)
+def test_bad_generate_inputs_fail_before_any_compute(pipe, world, kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        pipe.generate_world(**{"map": world, "frames": 1, "steps": 1, **kwargs})
