@@ -64,6 +64,89 @@ class Actor:
         return x, y, z, yaw
 
 
+class ActorTable:
+    """All actors as arrays, so poses and solids at any time come out of a few vectorised operations.
+
+    Moving actors' paths are concatenated into one polyline with a gap between paths; each actor's arc
+    length is offset into it, so one searchsorted places every actor at once.
+    """
+
+    def __init__(self, actors: list[Actor], hdmap: HDMap) -> None:
+        self.hdmap = hdmap
+        self.ids = np.array([a.id for a in actors], np.int32)
+        self.cls = np.array([OBJECT_CLASS_INDEX[a.cls] for a in actors], np.int16)
+        self.size = np.array([a.size for a in actors], np.float64).reshape(-1, 3)
+        self.moving = np.array([a.moving for a in actors], bool)
+        self.x = np.array([a.x for a in actors], np.float64)
+        self.y = np.array([a.y for a in actors], np.float64)
+        self.yaw = np.array([a.yaw for a in actors], np.float64)
+        self.z = hdmap.ground_height(self.x, self.y) if len(actors) else np.zeros(0)
+        movers = [a for a in actors if a.moving]
+        self.mov_index = np.flatnonzero(self.moving)
+        self.s0 = np.array([a.s0 for a in movers], np.float64)
+        self.speed = np.array([a.speed for a in movers], np.float64)
+        self.s_stop = np.array([a.s_stop for a in movers], np.float64)
+        lines, cums, base, start, end = [], [], [], [], []
+        offset, count = 0.0, 0
+        for a in movers:
+            assert a.path is not None
+            cum = arc_lengths(a.path)
+            lines.append(a.path)
+            cums.append(cum + offset)
+            base.append(offset)
+            start.append(count)
+            end.append(count + len(cum) - 1)
+            offset += cum[-1] + 10.0
+            count += len(cum)
+        self.path_pts = np.concatenate(lines) if lines else np.zeros((0, 2))
+        self.path_cum = np.concatenate(cums) if cums else np.zeros(0)
+        self.base = np.array(base, np.float64)
+        self.seg_lo = np.array(start, np.int64)
+        self.seg_hi = np.array(end, np.int64) - 1
+        self.length = np.array([c[-1] - b for c, b in zip(cums, base, strict=True)], np.float64)
+        parts = [a.parts for a in movers]
+        self.parts = Shapes.concat(parts)
+        self.part_owner = np.repeat(np.arange(len(movers)), [len(p) for p in parts]).astype(np.int64)
+
+    def moving_poses(self, t: float) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """(x, y, ground z, yaw) of every moving actor at time t."""
+        if not len(self.s0):
+            z = np.zeros(0)
+            return z, z, z, z
+        s = np.clip(np.minimum(self.s0 + self.speed * t, self.s_stop), 0.0, self.length)
+        g = s + self.base
+        i = np.clip(np.searchsorted(self.path_cum, g, side="right") - 1, self.seg_lo, self.seg_hi)
+        p0, p1 = self.path_pts[i], self.path_pts[i + 1]
+        seg = np.maximum(self.path_cum[i + 1] - self.path_cum[i], 1e-9)
+        a = ((g - self.path_cum[i]) / seg)[:, None]
+        pos = p0 + (p1 - p0) * a
+        d = p1 - p0
+        z = self.hdmap.ground_height(pos[:, 0], pos[:, 1])
+        return pos[:, 0], pos[:, 1], z, np.arctan2(d[:, 1], d[:, 0])
+
+    def poses(self, t: float) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """(x, y, ground z, yaw) of every actor at time t (static ones never move)."""
+        x, y, z, yaw = self.x.copy(), self.y.copy(), self.z.copy(), self.yaw.copy()
+        mx, my, mz, myaw = self.moving_poses(t)
+        x[self.mov_index], y[self.mov_index], z[self.mov_index], yaw[self.mov_index] = mx, my, mz, myaw
+        return x, y, z, yaw
+
+    def moving_shapes(self, t: float, keep: np.ndarray | None = None) -> Shapes:
+        """Solids of the moving actors at time t; `keep` (per moving actor) selects which."""
+        x, y, z, yaw = self.moving_poses(t)
+        sel = np.arange(len(self.part_owner)) if keep is None else np.flatnonzero(keep[self.part_owner])
+        own = self.part_owner[sel]
+        p = self.parts.take(sel)
+        c, s = np.cos(yaw[own]), np.sin(yaw[own])
+        cen = p.center.copy()
+        cen[:, 0] = x[own] + c * p.center[:, 0] - s * p.center[:, 1]
+        cen[:, 1] = y[own] + s * p.center[:, 0] + c * p.center[:, 1]
+        cen[:, 2] = z[own] + p.center[:, 2]
+        p.center = cen
+        p.yaw = p.yaw + yaw[own]
+        return p
+
+
 def _row(kind, center, size, yaw, refl, cls, actor, porosity=0.0) -> tuple:
     return (kind, center, size, yaw, refl, OBJECT_CLASS_INDEX[cls], actor, porosity)
 

@@ -151,15 +151,20 @@ def angular_windows(shapes: Shapes, origin: np.ndarray, yaw0: float, tilt: float
                     width: int, max_range: float) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """Beam-row and column window (r0, nr, u0, nu) each solid can cover, seen from `origin`.
 
-    Bounds are conservative: a disc around the footprint gives the azimuth span, the nearest and farthest
-    horizontal distances give the elevation span, and `tilt` (sensor pitch/roll) widens both.
+    Bounds are conservative. The footprint is the yawed rectangle of half extents size[:2] (it contains
+    the disc of a cylinder or the ellipse of an ellipsoid): its corners give the azimuth span, its
+    nearest and farthest points the elevation span, and `tilt` (sensor pitch/roll) widens both.
     """
-    rad = shapes.footprint_radius()
+    c, s = np.cos(shapes.yaw), np.sin(shapes.yaw)
     dx = shapes.center[:, 0] - origin[0]
     dy = shapes.center[:, 1] - origin[1]
-    dxy = np.hypot(dx, dy)
-    dmin = np.maximum(dxy - rad, 0.0)
-    dmax = dxy + rad
+    hx, hy = shapes.size[:, 0], shapes.size[:, 1]
+    # Sensor in the footprint frame: nearest and farthest horizontal distances to the rectangle.
+    u = -(c * dx + s * dy)
+    v = -(-s * dx + c * dy)
+    dmin = np.hypot(np.maximum(np.abs(u) - hx, 0.0), np.maximum(np.abs(v) - hy, 0.0))
+    dmax = np.hypot(np.abs(u) + hx, np.abs(v) + hy)
+    inside = (np.abs(u) <= hx + 0.05) & (np.abs(v) <= hy + 0.05)
     zlo = shapes.center[:, 2] - shapes.size[:, 2] - origin[2]
     zhi = shapes.center[:, 2] + shapes.size[:, 2] - origin[2]
     near = np.maximum(dmin, 1e-3)
@@ -168,17 +173,20 @@ def angular_windows(shapes: Shapes, origin: np.ndarray, yaw0: float, tilt: float
     # Rows: elevations are strictly decreasing; keep beams with el_lo <= el <= el_hi.
     asc = elevations[::-1]
     h = len(elevations)
-    n_above_hi = h - np.searchsorted(asc, el_hi, side="right")
-    n_below_lo = np.searchsorted(asc, el_lo, side="left")
-    r0 = n_above_hi
-    nr = np.maximum(h - n_below_lo - r0, 0)
-    # Columns: azimuth of the centre in the sensor frame, half-span from the footprint disc.
-    az = np.arctan2(dy, dx) - yaw0
-    inside = dxy <= rad + 0.5
-    half = np.where(inside, np.pi, np.arcsin(np.clip(rad / np.maximum(dxy, _EPS), 0.0, 1.0))) + tilt
-    half += np.pi / width  # one column of slack for the column-centre sampling
-    u_lo = np.ceil(0.5 * (1.0 - (az + half) / np.pi) * width - 0.5).astype(np.int64)
-    u_hi = np.floor(0.5 * (1.0 - (az - half) / np.pi) * width - 0.5).astype(np.int64)
+    r0 = h - np.searchsorted(asc, el_hi, side="right")
+    nr = np.maximum(h - np.searchsorted(asc, el_lo, side="left") - r0, 0)
+    # Columns: azimuths of the four corners relative to the centre direction (the span is < pi outside).
+    az_c = np.arctan2(dy, dx)
+    sx = np.array([1.0, -1.0, -1.0, 1.0])
+    sy = np.array([1.0, 1.0, -1.0, -1.0])
+    cx = dx[:, None] + c[:, None] * hx[:, None] * sx - s[:, None] * hy[:, None] * sy
+    cy = dy[:, None] + s[:, None] * hx[:, None] * sx + c[:, None] * hy[:, None] * sy
+    rel = np.mod(np.arctan2(cy, cx) - az_c[:, None] + np.pi, 2 * np.pi) - np.pi
+    slack = tilt + np.pi / width  # one column of slack for the column-centre sampling
+    a_hi = np.where(inside, np.pi, rel.max(axis=1) + slack) + az_c - yaw0
+    a_lo = np.where(inside, -np.pi, rel.min(axis=1) - slack) + az_c - yaw0
+    u_lo = np.ceil(0.5 * (1.0 - a_hi / np.pi) * width - 0.5).astype(np.int64)
+    u_hi = np.floor(0.5 * (1.0 - a_lo / np.pi) * width - 0.5).astype(np.int64)
     nu = np.clip(u_hi - u_lo + 1, 0, width)
     nr = np.where(dmin > max_range, 0, nr)
     return r0.astype(np.int64), nr.astype(np.int64), np.mod(u_lo, width), nu.astype(np.int64)

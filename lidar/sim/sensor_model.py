@@ -207,28 +207,33 @@ class LidarSimulator:
         them finds where it enters a raised cell: on top (at t_hi) or through a curb face.
         """
         hdmap = world.hdmap
-        t_lo = hdmap.intersect_terrain(origin, dirs, max_range * 1.05)
-        t_hi = hdmap.intersect_terrain(origin, dirs, max_range * 1.05, offset=CURB_HEIGHT, iterations=2)
-        t_hi = np.where(np.isfinite(t_hi), np.minimum(t_hi, t_lo), t_lo)
+        t_lo = hdmap.intersect_terrain(origin, dirs, max_range * 1.05, iterations=3)
         hit = np.isfinite(t_lo)
         t = np.full(len(dirs), np.inf)
         cls = np.zeros(len(dirs), dtype=np.uint8)
         cos = np.abs(dirs[:, 2]).copy()
         idx = np.flatnonzero(hit)
-        lo, hi = t_lo[idx], t_hi[idx]
+        lo = t_lo[idx]
         d = dirs[idx]
+        # The raised level is CURB_HEIGHT higher: first order from the ray's descent rate over the terrain.
+        _, gx, gy = hdmap.terrain_height(origin[0] + lo * d[:, 0], origin[1] + lo * d[:, 1], with_gradient=True)
+        descent = np.minimum(d[:, 2] - gx * d[:, 0] - gy * d[:, 1], -1e-4)
+        hi = np.maximum(lo + CURB_HEIGHT / descent, 0.0)
         raised_lut = hdmap._raised_lut > 0
         steps = 5
-        found = np.zeros(len(idx), dtype=bool)
         t_sel = lo.copy()
         step_sel = np.full(len(idx), steps, dtype=np.int64)
+        todo = np.arange(len(idx))
         for k in range(steps):
-            tk = hi + (lo - hi) * (k / (steps - 1))
-            c = hdmap.class_at(origin[0] + tk * d[:, 0], origin[1] + tk * d[:, 1])
-            new = ~found & raised_lut[c]
-            t_sel[new] = tk[new]
-            step_sel[new] = k
-            found |= new
+            tk = hi[todo] + (lo[todo] - hi[todo]) * (k / (steps - 1))
+            c = hdmap.class_at(origin[0] + tk * d[todo, 0], origin[1] + tk * d[todo, 1])
+            new = raised_lut[c]
+            t_sel[todo[new]] = tk[new]
+            step_sel[todo[new]] = k
+            todo = todo[~new]
+            if not len(todo):
+                break
+        found = step_sel < steps
         px = origin[0] + t_sel * d[:, 0]
         py = origin[1] + t_sel * d[:, 1]
         c = hdmap.class_at(px, py)

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from lidar.sim.actors import BOXED_CLASSES, OBJECT_CLASS_INDEX, Actor, populate
+from lidar.sim.actors import BOXED_CLASSES, OBJECT_CLASS_INDEX, Actor, ActorTable, populate
 from lidar.sim.hdmap import HDMap
 from lidar.sim.layout import build_layout
 from lidar.sim.primitives import Shapes
@@ -94,9 +94,13 @@ class World:
     time: float = 0.0
     grid: CullingGrid = field(default=None, repr=False)  # type: ignore[assignment]
 
+    table: ActorTable = field(default=None, repr=False)  # type: ignore[assignment]
+
     def __post_init__(self) -> None:
         if self.grid is None:
             self.grid = CullingGrid.build(self.scenery)
+        if self.table is None:
+            self.table = ActorTable(self.actors, self.hdmap)
 
     def at_time(self, t_seconds: float) -> World:
         """The same world with its moving actors where they are `t_seconds` after the start."""
@@ -109,19 +113,16 @@ class World:
         planned around the ego, and a sensor inside a truck would see nothing else.
         """
         static = self.scenery.take(self.grid.query(x, y, radius))
-        moving = []
-        for a in self.actors:
-            if not a.moving:
-                continue
-            ax, ay, az, yaw = a.pose_at(self.time, self.hdmap)
-            if (ax - x) ** 2 + (ay - y) ** 2 > (radius + 10.0) ** 2:
-                continue
-            c, s = np.cos(yaw), np.sin(yaw)
-            u, v = c * (x - ax) + s * (y - ay), -s * (x - ax) + c * (y - ay)
-            if clearance > 0 and abs(u) <= a.size[0] / 2 + clearance and abs(v) <= a.size[1] / 2 + clearance:
-                continue
-            moving.append(a.parts.placed(ax, ay, az, yaw))
-        return Shapes.concat([static, *moving])
+        tab = self.table
+        mx, my, _, myaw = tab.moving_poses(self.time)
+        keep = (mx - x) ** 2 + (my - y) ** 2 <= (radius + 10.0) ** 2
+        if clearance > 0 and len(mx):
+            c, s = np.cos(myaw), np.sin(myaw)
+            u = c * (x - mx) + s * (y - my)
+            v = -s * (x - mx) + c * (y - my)
+            size = tab.size[tab.mov_index]
+            keep &= ~((np.abs(u) <= size[:, 0] / 2 + clearance) & (np.abs(v) <= size[:, 1] / 2 + clearance))
+        return Shapes.concat([static, tab.moving_shapes(self.time, keep)])
 
     def boxes(self, t_seconds: float | None = None) -> dict[str, np.ndarray]:
         """3-D boxes of vehicles, pedestrians and cyclists in world coordinates at time t.
@@ -129,16 +130,13 @@ class World:
         `boxes` rows are (cx, cy, cz, length, width, height, yaw); `box_class` indexes OBJECT_CLASSES.
         """
         t = self.time if t_seconds is None else float(t_seconds)
-        rows, cls, ids = [], [], []
-        for a in self.actors:
-            if a.cls not in BOXED_CLASSES:
-                continue
-            x, y, z, yaw = a.pose_at(t, self.hdmap)
-            rows.append((x, y, z + a.size[2] / 2, *a.size, yaw))
-            cls.append(OBJECT_CLASS_INDEX[a.cls])
-            ids.append(a.id)
-        return {"boxes": np.array(rows, np.float32).reshape(-1, 7), "box_class": np.array(cls, np.int16),
-                "box_id": np.array(ids, np.int32)}
+        tab = self.table
+        boxed = np.isin(tab.cls, [OBJECT_CLASS_INDEX[c] for c in BOXED_CLASSES])
+        x, y, z, yaw = tab.poses(t)
+        size = tab.size[boxed]
+        rows = np.column_stack([x[boxed], y[boxed], z[boxed] + size[:, 2] / 2, size, yaw[boxed]])
+        return {"boxes": rows.astype(np.float32).reshape(-1, 7), "box_class": tab.cls[boxed].astype(np.int16),
+                "box_id": tab.ids[boxed].astype(np.int32)}
 
 
 def make_world(seed: int, style: str = "urban") -> World:
