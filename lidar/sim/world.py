@@ -31,11 +31,12 @@ class CullingGrid:
     shape: tuple[int, int]
     offsets: np.ndarray  # (cells + 1,)
     items: np.ndarray  # solid indices, grouped by cell
+    cell: float = GRID_CELL
 
     @classmethod
     def build(cls, shapes: Shapes, cell: float = GRID_CELL) -> CullingGrid:
         if len(shapes) == 0:
-            return cls(np.zeros(2), (1, 1), np.zeros(2, np.int64), np.zeros(0, np.int64))
+            return cls(np.zeros(2), (1, 1), np.zeros(2, np.int64), np.zeros(0, np.int64), cell)
         rad = shapes.footprint_radius()
         lo = (shapes.center[:, :2] - rad[:, None]).min(axis=0) - cell
         ix0 = np.floor((shapes.center[:, 0] - rad - lo[0]) / cell).astype(np.int64)
@@ -55,12 +56,12 @@ class CullingGrid:
         order = np.argsort(cells_a, kind="stable")
         counts = np.bincount(cells_a, minlength=nx * ny)
         offsets = np.concatenate([[0], np.cumsum(counts)])
-        return cls(lo, (ny, nx), offsets, items_a[order])
+        return cls(lo, (ny, nx), offsets, items_a[order], cell)
 
     def query(self, x: float, y: float, radius: float) -> np.ndarray:
         """Indices of solids in cells overlapping the disc (sorted, unique)."""
         ny, nx = self.shape
-        cell = GRID_CELL
+        cell = self.cell
         ix0 = max(int(np.floor((x - radius - self.origin[0]) / cell)), 0)
         ix1 = min(int(np.floor((x + radius - self.origin[0]) / cell)), nx - 1)
         iy0 = max(int(np.floor((y - radius - self.origin[1]) / cell)), 0)
