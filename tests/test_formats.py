@@ -216,6 +216,36 @@ def test_header_announcing_too_many_points_is_refused_without_reading_the_body(t
         read_points(path)
 
 
+@pytest.mark.parametrize("name", ["a.bin", "a.pcd.bin", "a.pcd", "a.ply", "a.npy", "a.npz", "a.las", "a.laz"])
+def test_truncated_or_corrupted_files_raise_only_point_cloud_errors(tmp_path, cloud, name):
+    points, ring = cloud
+    blob = write_points(tmp_path / name, points, ring=ring).read_bytes()
+    rng = np.random.default_rng(9)
+    target = tmp_path / f"broken_{name}"
+    for trial in range(16):
+        if trial < 8:
+            data = blob[: int(rng.integers(1, len(blob)))]
+        else:
+            corrupt = bytearray(blob)
+            for i in rng.integers(0, min(len(blob), 400), size=5):
+                corrupt[i] = int(rng.integers(0, 256))
+            data = bytes(corrupt)
+        target.write_bytes(data)
+        try:
+            read_points(target)
+        except PointCloudError as err:
+            assert str(target) in str(err)
+
+
+def test_las_header_with_an_absurd_vlr_count_is_refused_quickly(tmp_path, cloud):
+    points, _ = cloud
+    blob = bytearray(write_points(tmp_path / "a.las", points).read_bytes())
+    blob[103] = 0xFF  # top byte of the VLR count: ~4 billion records, which laspy would try to walk
+    (tmp_path / "b.las").write_bytes(bytes(blob))
+    with pytest.raises(PointCloudError, match=r"b\.las.*VLRs cannot fit"):
+        read_points(tmp_path / "b.las")
+
+
 def test_nan_and_inf_points_are_dropped_and_counted(tmp_path, cloud):
     points, _ = cloud
     bad = points.copy()

@@ -125,7 +125,8 @@ def read_bin(path: Path, size: int, sensor: Sensor | None) -> Scan:
     """Decode a headerless sweep with the most plausible layout (see module docstring)."""
     layout = choose_layout(path, size)
     rows = size // layout.row_bytes
-    data = np.fromfile(path, dtype=layout.dtype).reshape(rows, layout.columns).astype(np.float64)
+    with np.errstate(invalid="ignore"):  # NaN payloads in a corrupt file are dropped later, not warned about
+        data = np.fromfile(path, dtype=layout.dtype).reshape(rows, layout.columns).astype(np.float64)
     notes: list[str] = []
     if layout.dtype != "<f4":
         notes.append(f"stored as {np.dtype(layout.dtype).name}, not the usual float32")

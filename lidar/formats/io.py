@@ -79,10 +79,12 @@ def read_points(path: str | Path, sensor: Sensor | None = None) -> Scan:
     readers = {"npy": read_npy, "npz": read_npz, "las": read_las, "ply": read_ply, "pcd": read_pcd}
     try:
         scan = readers[kind](path, sensor) if kind is not None else read_bin(path, size, sensor)
-    except (OSError, UnicodeError, ValueError, IndexError) as err:
-        if isinstance(err, PointCloudError):
-            raise
-        raise PointCloudError(f"{path}: cannot read as {kind or 'a raw sweep'}: {err}") from err
+    except PointCloudError:
+        raise
+    except Exception as err:
+        # A corrupt file can fail deep inside numpy, zipfile, zlib or laspy with any exception type; the caller
+        # (CLI, app, training) must still get one clear PointCloudError naming the file, never a traceback.
+        raise PointCloudError(f"{path}: cannot read as {kind or 'a raw sweep'} ({type(err).__name__}: {err})") from err
     scan.notes[:0] = notes
     logger.info("read %s (%s, %d points) in %.3f s", path, scan.format, scan.num_points, time.perf_counter() - started)
     return scan

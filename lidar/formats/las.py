@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import struct
 from pathlib import Path
 
 import laspy
@@ -15,14 +16,42 @@ from lidar.sensors import Sensor
 _SCALE = 1e-4
 
 
+#: Bytes of one variable-length-record header; a header may not promise more records than fit before the points.
+_VLR_HEADER_BYTES = 54
+
+
+def _check_header(path: Path, size: int) -> None:
+    """Sanity-check the public header block before laspy walks it (a corrupt VLR count makes it loop for ages)."""
+    with path.open("rb") as f:
+        head = f.read(375)
+    if len(head) < 227:
+        raise PointCloudError(f"{path}: LAS header is truncated ({len(head)} bytes); expected at least 227")
+    header_size, point_offset, n_vlrs = struct.unpack_from("<HII", head, 94)
+    if not (227 <= header_size <= point_offset <= size):
+        raise PointCloudError(
+            f"{path}: corrupt LAS header (header size {header_size}, point data at byte {point_offset}, file {size} bytes)"
+        )
+    if n_vlrs * _VLR_HEADER_BYTES > point_offset - header_size:
+        raise PointCloudError(f"{path}: corrupt LAS header: {n_vlrs:,} VLRs cannot fit before the point data")
+    point_format, record_length, legacy_count = struct.unpack_from("<BHI", head, 104)
+    count = legacy_count
+    if header_size >= 375 and len(head) >= 255:  # LAS 1.4 keeps a 64-bit count as well
+        count = max(count, struct.unpack_from("<Q", head, 247)[0])
+    check_point_count(path, count)
+    compressed = point_format & 0xC0  # LAZ sets the top bits of the point format id
+    if not compressed and count * record_length > size - point_offset:
+        raise PointCloudError(
+            f"{path}: LAS header promises {count:,} points of {record_length} bytes but only "
+            f"{size - point_offset:,} bytes of point data follow (truncated file?)"
+        )
+
+
 def read_las(path: Path, sensor: Sensor | None) -> Scan:
+    _check_header(path, path.stat().st_size)
     try:
         with laspy.open(path) as reader:
-            check_point_count(path, int(reader.header.point_count))
             las = reader.read()
     except (laspy.LaspyException, ValueError, OSError) as err:
-        if isinstance(err, PointCloudError):
-            raise
         raise PointCloudError(f"{path}: not a readable LAS/LAZ file ({err}); expected ASPRS LAS 1.0-1.4 or LAZ") from err
     fields = {"x": np.asarray(las.x), "y": np.asarray(las.y), "z": np.asarray(las.z), "intensity": np.asarray(las.intensity)}
     for name in las.point_format.extra_dimension_names:

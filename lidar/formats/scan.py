@@ -206,7 +206,10 @@ def build_scan(
         if note:
             notes.append(note)
     # 3. NaN/inf
-    finite = np.isfinite(xyz).all(axis=1) & np.isfinite(inten)
+    with np.errstate(invalid="ignore"):
+        # values beyond float32's range would become inf in the float32 points, so they count as non-finite
+        limit = np.finfo(np.float32).max
+        finite = (np.abs(xyz) < limit).all(axis=1) & (np.abs(inten) < limit)
     if ring is not None:
         ring_f = np.asarray(ring, dtype=np.float64).ravel()
         finite &= np.isfinite(ring_f)
