@@ -246,7 +246,7 @@ def populate(rng: np.random.Generator, layout: Layout, style: str) -> Population
                 s_start = radius[from_node] + 2.0
                 s_end = cum[-1] - radius[r.b if from_node == r.a else r.a] - 2.0
                 speed = float(rng.uniform(6.0, 13.0) if r.kind == "street" else rng.uniform(20.0, 30.0))
-                n = rng.poisson(density * (s_end - s_start) / 45.0)
+                n = rng.poisson(density * (s_end - s_start) / 35.0)
                 starts = np.sort(rng.uniform(s_start, s_end, size=n))[::-1]
                 last = np.inf
                 queued = 0
@@ -304,6 +304,15 @@ def populate(rng: np.random.Generator, layout: Layout, style: str) -> Population
                         for s in np.arange(s_lo + rng.uniform(0, 8), s_hi, rng.uniform(7.0, 14.0)):
                             pos, _ = point_at(tree_line, np.array([s]), tcum)
                             static_rows += _tree(rng, hdmap, float(pos[0, 0]), float(pos[0, 1]))
+                    # Hedges behind the sidewalk, in pieces: the low clutter that lines real streets.
+                    if rng.random() < (0.6 if style == "suburban" else 0.25):
+                        back = offset_line(r.centre, side * (r.half_width + r.sidewalk + 0.6))
+                        a = s_lo + rng.uniform(0, 10)
+                        while a < s_hi - 4:
+                            b = min(a + rng.uniform(4, 20), s_hi)
+                            static_rows += _wall_along(hdmap, sub_line(back, a, b), float(rng.uniform(0.7, 1.6)),
+                                                       float(rng.uniform(0.6, 1.0)), "bush", 0.4, 0.3, segment=6.0)
+                            a = b + rng.uniform(2, 12)
         # 5. Highway furniture: a median barrier and noise walls, broken at junctions.
         if r.kind == "highway":
             for off, hgt, thick in ((0.0, 0.9, 0.5), (r.half_width + 1.0, float(rng.uniform(2.5, 4.0)), 0.3),
