@@ -102,6 +102,12 @@ def _print_info(info: dict[str, Any]) -> None:
     print("\n".join(lines))
 
 
+def _print_notes(scan: Scan) -> None:
+    """Quirks that change what gets written or drawn (e.g. a dropped multi-sweep stack) go to stderr."""
+    for note in scan.notes:
+        print(f"lidar: note: {note}", file=sys.stderr)
+
+
 def cmd_info(args: argparse.Namespace) -> int:
     sensor = _sensor_arg(args.sensor)
     info = summarize(read_points(args.file, sensor=sensor), sensor)
@@ -128,6 +134,7 @@ def cmd_convert(args: argparse.Namespace) -> int:
         if (rows < 0).any():
             print(f"lidar: dropped {(rows < 0).sum():,} points outside the beams of {sensor.name}", file=sys.stderr)
         points, ring = points[rows >= 0], rows[rows >= 0]
+    _print_notes(scan)
     out = write_points(args.output, points, ring=ring)
     print(f"wrote {out} ({len(points):,} points{'' if ring is None else ', with ring'}) from {scan.format}")
     return 0
@@ -138,6 +145,7 @@ def cmd_render(args: argparse.Namespace) -> int:
 
     sensor = _sensor_arg(args.sensor)
     scan = read_points(args.file, sensor=sensor)
+    _print_notes(scan)
     if args.view == "bev":
         image = bev_image(scan.points, extent=args.extent, color_by=args.color_by)
     else:

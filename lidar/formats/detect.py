@@ -26,6 +26,8 @@ _TIE_DEG = 1.0
 _MAX_OUTSIDE = 0.08
 #: Standard range-image widths; a scan gets the narrowest that holds one column per return of a beam.
 _WIDTHS = (512, 1024, 2048, 4096)
+#: The most beams any spinning LiDAR has (Ouster and Hesai top out at 128; leave room for 256-channel designs).
+_MAX_BEAMS = 256
 #: Returns nearer than this are skipped: the sensor's blind zone and, for some drivers, offsets from its origin.
 _MIN_RANGE = 2.0
 
@@ -48,9 +50,12 @@ def _from_rings(scan: Scan, far: np.ndarray, elev: np.ndarray) -> Sensor | None:
     ring = scan.ring
     assert ring is not None
     height = int(ring.max()) + 1
+    if not 2 <= height <= _MAX_BEAMS:
+        logger.info("%s: ring index reaches %d; not a beam count this detector knows", scan.path, height - 1)
+        return None
     counts = np.bincount(ring[ring >= 0], minlength=height)
     per_ring = [elev[far & (ring == k)] for k in range(height)]
-    if height < 2 or any(len(e) < 5 for e in per_ring):
+    if any(len(e) < 5 for e in per_ring):
         logger.info("%s: %d rings, some with almost no returns; sensor not detected", scan.path, height)
         return None
     measured = np.array([np.median(e) for e in per_ring])

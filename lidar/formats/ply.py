@@ -59,32 +59,34 @@ def read_ply(path: Path, sensor: Sensor | None) -> Scan:
         raise PointCloudError(f"{path}: PLY has no 'vertex' element (elements: {names}); expected one point per vertex")
     endian = _FORMATS[fmt]
     body = blob[offset:]
-    lines = body.decode("ascii", errors="replace").splitlines() if endian is None else []
+    # 1. skip the elements before the vertices (rows in ASCII, bytes in binary); their sizes must be known
     pos = 0
-    for name, count, props in elements:
+    for name, count, props in elements[: names.index("vertex") + 1]:
         if props is None:
             raise PointCloudError(
                 f"{path}: PLY element {name!r} has list properties before or in the vertex element; "
                 "expected a point cloud (vertex element first or scalar-only elements before it)"
             )
-        dtype = np.dtype([(p, (endian or "<") + _TYPES[t]) for p, t in props])
         if name != "vertex":
-            pos += count * (1 if endian is None else dtype.itemsize)
-            continue
-        check_point_count(path, count)
-        if endian is None:
-            rows = [line.split()[: len(props)] for line in lines[pos : pos + count]]
-            if len(rows) < count or any(len(r) < len(props) for r in rows):
-                raise PointCloudError(f"{path}: PLY ASCII body has fewer than {count} vertex rows of {len(props)} values")
-            table = np.array(rows, dtype=np.float64)
-            fields = {p: table[:, j] for j, (p, _) in enumerate(props)}
-        else:
-            if len(body) < pos + count * dtype.itemsize:
-                raise PointCloudError(f"{path}: PLY body is truncated; expected {count} vertices of {dtype.itemsize} bytes")
-            data = np.frombuffer(body, dtype=dtype, count=count, offset=pos)
-            fields = {p: data[p] for p, _ in props}
-        return build_scan(path, f"ply-{'ascii' if endian is None else 'binary'}", **split_fields(path, fields), sensor=sensor)
-    raise AssertionError("unreachable: vertex element checked above")
+            pos += count * (1 if endian is None else np.dtype([(p, "<" + _TYPES[t]) for p, t in props]).itemsize)
+    # 2. read the vertices
+    _, count, props = elements[names.index("vertex")]
+    assert props is not None
+    check_point_count(path, count)
+    if endian is None:
+        lines = body.decode("ascii", errors="replace").splitlines()[pos : pos + count]
+        rows = [line.split()[: len(props)] for line in lines]
+        if len(rows) < count or any(len(r) < len(props) for r in rows):
+            raise PointCloudError(f"{path}: PLY ASCII body has fewer than {count} vertex rows of {len(props)} values")
+        table = np.array(rows, dtype=np.float64)
+        fields = {p: table[:, j] for j, (p, _) in enumerate(props)}
+    else:
+        dtype = np.dtype([(p, endian + _TYPES[t]) for p, t in props])
+        if len(body) < pos + count * dtype.itemsize:
+            raise PointCloudError(f"{path}: PLY body is truncated; expected {count} vertices of {dtype.itemsize} bytes")
+        data = np.frombuffer(body, dtype=dtype, count=count, offset=pos)
+        fields = {p: data[p] for p, _ in props}
+    return build_scan(path, f"ply-{'ascii' if endian is None else 'binary'}", **split_fields(path, fields), sensor=sensor)
 
 
 def write_ply(path: Path, points: np.ndarray, ring: np.ndarray | None, binary: bool = True) -> None:
