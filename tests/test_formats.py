@@ -402,6 +402,13 @@ def test_npz_with_named_columns_and_npy_without_intensity(tmp_path, cloud):
     assert (scan.points[:, 3] == 0).all() and any("no intensity" in n for n in scan.notes)
 
 
+def test_npz_ring_of_the_wrong_length_is_refused(tmp_path, cloud):
+    points, ring = cloud
+    np.savez(tmp_path / "short.npz", points=points, ring=ring[:-3])
+    with pytest.raises(PointCloudError, match=r"short\.npz.*ring column has .* expected one per point"):
+        read_points(tmp_path / "short.npz")
+
+
 def test_npz_without_points_is_refused(tmp_path):
     np.savez(tmp_path / "other.npz", a=np.zeros(3), b=np.ones(3))
     with pytest.raises(PointCloudError, match=r"other\.npz.*expected 'points'"):

@@ -212,6 +212,8 @@ def build_scan(
         finite = (np.abs(xyz) < limit).all(axis=1) & (np.abs(inten) < limit)
     if ring is not None:
         ring_f = np.asarray(ring, dtype=np.float64).ravel()
+        if len(ring_f) != n:
+            raise PointCloudError(f"{path}: the ring column has {len(ring_f):,} values for {n:,} points; expected one per point")
         finite &= np.isfinite(ring_f)
     dropped = int((keep & ~finite).sum())
     keep &= finite
