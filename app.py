@@ -19,6 +19,7 @@ except ImportError:
 
 import argparse
 import contextlib
+import functools
 import io
 import json
 import logging
@@ -35,15 +36,17 @@ from typing import Any
 
 import gradio as gr
 import numpy as np
-from PIL import Image
+from PIL import Image, ImageDraw
 
 from inference import MAX_FRAMES as PIPELINE_MAX_FRAMES
 from inference import MAX_STEPS as PIPELINE_MAX_STEPS
 from inference import ModelSourceError, load_pipeline
+from inference.cache import transform_points
 from lidar import render
 from lidar.formats import PointCloudError, detect_sensor, read_points, write_points
+from lidar.range_image import beam_rows
 from lidar.sensors import PRESETS, get_sensor
-from lidar.sim import make_world
+from lidar.sim import HDMap, World, make_world, plan_drive
 
 logger = logging.getLogger(__name__)
 
@@ -63,9 +66,12 @@ ACTIONS = {"Straight": "straight", "Turn left": "turn_left", "Turn right": "turn
 STYLES = ("urban", "suburban", "highway")
 SCAN_SUFFIXES = (".bin", ".pcd", ".ply", ".npy", ".npz", ".las", ".laz")
 AUTO_SENSOR = "auto-detect"
+#: A chosen sensor is refused when fewer of the scan's returns (beyond 2 m) than this lie on its beam fan.
+MIN_SENSOR_FIT = 0.9
 BEV_EXTENT_M = 50.0
 ANIMATION_FPS = 5.0
 VIEWER_MAX_POINTS = 400_000
+PATH_COLOUR = (0, 220, 255)
 # The shared real scans sit beside the repository (…/shared/data/real_scans); absent in a bare clone.
 REAL_SCANS_DIR = Path(__file__).resolve().parents[1] / "shared" / "data" / "real_scans"
 
@@ -132,6 +138,20 @@ def _upload_path(upload: Any) -> Path:
     if path.suffix.lower() not in SCAN_SUFFIXES:
         raise gr.Error(f"{path.name!r} has an unsupported extension; expected one of {', '.join(SCAN_SUFFIXES)}.")
     return path
+
+
+def _check_sensor_fits(scan: Any, sensor: Any, name: str) -> None:
+    """A sensor the user picked must be able to have seen the scan: most returns on its beam fan."""
+    far = scan.points[np.linalg.norm(scan.points[:, :3], axis=1) > 2.0]
+    inside = float((beam_rows(far, sensor) >= 0).mean()) if len(far) else 0.0
+    if inside < MIN_SENSOR_FIT:
+        guess = detect_sensor(scan)
+        hint = f" (auto-detect suggests {guess.name})" if guess is not None else ""
+        raise gr.Error(
+            f"Only {inside:.0%} of the returns in {name!r} fall on the beams of {sensor.name} "
+            f"({sensor.elevations_deg[0]:+.1f} to {sensor.elevations_deg[-1]:+.1f} deg); it was recorded by another "
+            f"sensor{hint}. Choose the sensor that recorded it, or auto-detect."
+        )
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -237,19 +257,48 @@ def _poses_document(poses: list[dict[str, Any]], sensor: Any) -> dict[str, Any]:
     }
 
 
-def _timing_stats(seconds: float, frames: int, points: int) -> dict[str, Any]:
-    return {"seconds": round(seconds, 3), "frames/s": round(frames / seconds, 3) if seconds > 0 else None, "points": points}
+def _rollout_stats(result: Any, seconds: float) -> dict[str, Any]:
+    """Points, time and frames/s as a visitor reads them (wall time includes map building and checks)."""
+    timings = result.timings
+    return {
+        "seconds": round(seconds, 3),
+        "frames/s": round(float(timings["frames_per_second"]), 3),
+        "seconds per frame": round(float(np.mean(timings["per_frame"])), 3),
+        "device": str(_pipeline().provenance.device),
+    }
 
 
 # ----------------------------------------------------------------------------------------------------------
 # Callbacks.
 
 
-def preview_map(map_seed: Any, style: Any) -> Image.Image:
-    """BEV picture of the HD map that `map_seed` and `style` select."""
-    seed = _whole_number(map_seed, "Map seed", 0, MAX_SEED)
-    style = _choice(style, "Style", STYLES)
-    return make_world(seed, style).hdmap.preview()
+@functools.lru_cache(maxsize=8)
+def _world(map_seed: int, style: str) -> World:
+    """Worlds are rebuilt on every preview tweak (action, frames, seed); building one takes ~0.5 s."""
+    return make_world(map_seed, style)
+
+
+def preview_map(map_seed: Any, style: Any, action: Any, frames: Any, seed: Any) -> Image.Image:
+    """The HD map around the start of the drive (forward up, as the BEV previews) with the planned path.
+
+    The path is the one `generate_world` will drive: `plan_drive` with the same world, action, frames and
+    seed, the sensor at the model's mount height.
+    """
+    world = _world(_whole_number(map_seed, "Map seed", 0, MAX_SEED), _choice(style, "Style", STYLES))
+    frames = _whole_number(frames, "Frames", 1, MAX_FRAMES)
+    poses = plan_drive(world, _choice(action, "Action", ACTIONS), frames, seed=_whole_number(seed, "Seed", 0, MAX_SEED),
+                       mount_height=_pipeline().sensor.mount_height)
+    path = transform_points(poses[:, :3, 3], np.linalg.inv(poses[0]))[:, :2]  # start's frame: x forward, y left
+    extent = float(np.clip(np.abs(path).max() + 25.0, 40.0, 120.0))
+    size = 400
+    image = Image.fromarray(HDMap.colorize(world.hdmap.bev_raster(resolution=2 * extent / size, extent=extent, pose=poses[0])))
+    px = (size / 2 - path[:, 1] * size / (2 * extent), size / 2 - path[:, 0] * size / (2 * extent))  # col, row
+    draw = ImageDraw.Draw(image)
+    if len(path) > 1:
+        draw.line(list(zip(*px, strict=True)), fill=PATH_COLOUR, width=4)
+    for (col, row), colour in (((px[0][0], px[1][0]), (255, 255, 255)), ((px[0][-1], px[1][-1]), PATH_COLOUR)):
+        draw.ellipse((col - 6, row - 6, col + 6, row + 6), fill=colour, outline=(0, 0, 0))
+    return image
 
 
 def generate_world(
@@ -276,14 +325,14 @@ def generate_world(
     start = time.perf_counter()
     try:
         result = pipe.generate_world(
-            map=map_seed, style=style, action=action, frames=frames, steps=steps, seed=seed, guidance=guidance,
+            map=_world(map_seed, style), action=action, frames=frames, steps=steps, seed=seed, guidance=guidance,
             callback=_progress_callback(progress, "Generating"),
         )
     except ValueError as err:
         raise gr.Error(f"Cannot generate this world: {err}") from None
     seconds = time.perf_counter() - start
     with _request_dir() as out:
-        presented = _present(result, out, pipe.sensor, _timing_stats(seconds, frames, len(result.world)))
+        presented = _present(result, out, pipe.sensor, _rollout_stats(result, seconds))
         yield presented.outputs()
 
 
@@ -309,14 +358,15 @@ def forecast_from_scan(
     sensor = None if sensor_name == AUTO_SENSOR else get_sensor(sensor_name)
     try:
         scan = read_points(path, sensor)
-    except PointCloudError as err:
-        raise gr.Error(str(err)) from None
-    if len(scan.points) == 0:
-        raise gr.Error(f"{path.name!r} holds no finite points ({scan.dropped_nonfinite} NaN/inf dropped); expected a LiDAR scan.")
+    except PointCloudError as err:  # the message names the file by its server path; the user knows its name
+        raise gr.Error(str(err).replace(str(path), path.name)) from None
     if sensor is None:
         sensor = detect_sensor(scan)
         if sensor is None:
-            raise gr.Error(f"Could not tell which sensor recorded {path.name!r}; choose it under 'Sensor'.")
+            why = "".join(f" ({note})" for note in scan.notes if "sensor frame" in note)
+            raise gr.Error(f"Could not tell which sensor recorded {path.name!r}{why}; choose it under 'Sensor'.")
+    else:
+        _check_sensor_fits(scan, sensor, path.name)
 
     progress(0.0, desc="Forecasting")
     start = time.perf_counter()
@@ -326,12 +376,10 @@ def forecast_from_scan(
             callback=_progress_callback(progress, "Forecasting"),
         )
     except ValueError as err:
-        raise gr.Error(f"Cannot forecast from {path.name!r}: {err}") from None
+        raise gr.Error(f"Cannot forecast from {path.name!r}: {str(err).replace(str(path), path.name)}") from None
     seconds = time.perf_counter() - start
-    notes = [*scan.notes, f"sensor: {sensor.name}"]
-    if scan.dropped_nonfinite:
-        notes.append(f"dropped {scan.dropped_nonfinite} NaN/inf points")
-    stats = {**_timing_stats(seconds, frames, len(result.world)), "input": path.name, "input points": len(scan.points), "notes": notes}
+    stats = {**_rollout_stats(result, seconds), "input": path.name, "input points": len(scan.points),
+             "input sensor": sensor.name, "input notes": scan.notes}
     with _request_dir() as out:
         presented = _present(result, out, pipe.sensor, stats, observed=scan.points)
         yield presented.outputs()
@@ -433,7 +481,7 @@ class RolloutView:
                     frame_bev = gr.Image(label="Frame BEV", height=260)
                     frame_range = gr.Image(label="Frame range image")
             with gr.Column(scale=2):
-                stats = gr.JSON(label="Stats")
+                stats = gr.JSON(label="Stats", elem_id=f"{prefix}-stats")
                 downloads = gr.File(
                     label="Downloads: frames (KITTI .bin + poses.json), world .ply / .pcd / .las", file_count="multiple",
                 )
@@ -517,8 +565,8 @@ def build_demo() -> gr.Blocks:
             status = gr.Markdown()
         gr.Markdown(HOW_IT_WORKS)
 
-        gr.on([demo.load, map_seed.change, style.change], preview_map, [map_seed, style], map_preview,
-              api_visibility="private")
+        gr.on([demo.load, map_seed.change, style.change, action.change, frames.release, seed.change], preview_map,
+              [map_seed, style, action, frames, seed], map_preview, api_visibility="private")
         dice.click(random_seed, None, seed, api_visibility="private")
         world_view.wire(generate.click(
             _on_gpu(generate_world), [map_seed, style, action, frames, steps, seed, guidance], world_view.outputs,

@@ -1,0 +1,305 @@
+"""The app's callbacks, called in-process as Gradio calls them, on a tiny randomly initialised release.
+
+What a visitor gets (viewer PLY, animations, per-frame viewer, stats, downloads that read back), and what
+a visitor who sends nonsense gets: a `gr.Error` naming the field and what was expected, never a traceback.
+The launched server, the browser and the load test live in test_app_server.py and test_app_browser.py.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import re
+import zipfile
+from pathlib import Path
+
+import gradio as gr
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+from safetensors.torch import save_file
+
+import app
+from inference.loader import CONFIG_NAME, WEIGHTS_NAME
+from inference.network import WorldModel, WorldModelConfig
+from lidar.formats import read_points, write_points
+from lidar.sensors import Sensor
+
+REAL_SCANS = Path(__file__).resolve().parents[2] / "shared" / "data" / "real_scans"
+KITTI_SCAN = REAL_SCANS / "kitti_patchworkpp_000000.bin"
+needs_real_scans = pytest.mark.skipif(not KITTI_SCAN.is_file(), reason=f"shared real scans not found at {REAL_SCANS}")
+
+TINY_SENSOR = Sensor.from_angles("tiny16", np.linspace(10.0, -25.0, 16), width=128, max_range=80.0, mount_height=1.8)
+
+
+def write_tiny_release(folder: Path, seed: int = 0) -> Path:
+    """A release folder (config.json + model.safetensors + README.md) holding a randomly initialised
+    network of a few thousand parameters on a 16x128 sensor: it loads and rolls out in well under a second,
+    so the app's tests exercise the real pipeline without depending on the trained weights."""
+    config = WorldModelConfig(
+        sensor=TINY_SENSOR.to_dict(), base_channels=8, channel_mults=(1, 1, 2, 2), bottleneck_attention=False
+    )
+    torch.manual_seed(seed)
+    model = WorldModel(config)
+    with torch.no_grad():  # zero-initialised output convs would give an empty world
+        for p in model.parameters():
+            p.add_(0.05 * torch.randn_like(p))
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / CONFIG_NAME).write_text(json.dumps(config.to_dict(), indent=2))
+    state = {k: v.contiguous() for k, v in model.state_dict().items()}
+    save_file(state, str(folder / WEIGHTS_NAME), metadata={"iteration": "7", "source": "test_app"})
+    (folder / "README.md").write_text("# tiny random model for the app tests\n")
+    return folder
+
+
+@pytest.fixture(scope="module")
+def tiny_release(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return write_tiny_release(tmp_path_factory.mktemp("release") / "tiny")
+
+
+@pytest.fixture(scope="module", autouse=True)
+def loaded(tiny_release: Path):
+    previous = app.STATE
+    state = app.load_model(str(tiny_release))
+    yield state
+    app.STATE = previous
+
+
+def first_yield(gen):
+    """Run a generation callback up to its outputs; the caller closes it (which removes the scratch dir)."""
+    return next(gen)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# World generation
+
+
+@pytest.fixture(scope="module")
+def world_outputs():
+    gen = app.generate_world(3, "urban", "Turn left", 3, 2, 0, 1.0)
+    out = first_yield(gen)
+    files = {name: Path(p).read_bytes() for name, p in zip(("ply", "bev", "range"), out[:3], strict=True)}
+    files.update({Path(p).name: Path(p).read_bytes() for p in out[4]})
+    scratch = Path(out[0]).parent
+    gen.close()
+    return out, files, scratch
+
+
+def test_generate_world_returns_a_viewer_ply_animations_stats_and_downloads(world_outputs):
+    (*_, stats, downloads, frame_pngs), files, _ = world_outputs
+    header = files["ply"].split(b"end_header\n")[0].decode()
+    assert header.startswith("ply\nformat binary_little_endian 1.0\n")
+    assert "property uchar red" in header and "element face" not in header
+    n_vertices = int(header.split("element vertex ")[1].split("\n")[0])
+    assert n_vertices == stats["world points"] > 0
+    for key in ("bev", "range"):
+        gif = Image.open(io.BytesIO(files[key]))
+        assert gif.format == "GIF" and gif.n_frames == 3
+    assert stats["frames"] == 3 and stats["device"] == "cpu"
+    assert stats["seconds per frame"] > 0 and 3 * stats["seconds per frame"] <= stats["seconds"] * 1.01
+    assert stats["frames/s"] > 0 and stats["points per frame"] > 0
+    assert sorted(Path(p).name for p in downloads) == ["frames_kitti.zip", "world.las", "world.pcd", "world.ply"]
+    assert len(frame_pngs) == 3
+
+
+def test_downloads_read_back_as_the_generated_world(world_outputs, tmp_path):
+    (_, _, _, stats, _, _), files, _ = world_outputs
+    with zipfile.ZipFile(io.BytesIO(files["frames_kitti.zip"])) as zf:
+        names = sorted(zf.namelist())
+        assert names == ["poses.json", "velodyne/000000.bin", "velodyne/000001.bin", "velodyne/000002.bin"]
+        poses = json.loads(zf.read("poses.json"))
+        frame_points = [np.frombuffer(zf.read(n), np.float32).reshape(-1, 4) for n in names[1:]]
+    assert [f["file"] for f in poses["frames"]] == names[1:]
+    mats = np.array([f["world_from_sensor"] for f in poses["frames"]])
+    assert mats.shape == (3, 4, 4) and np.allclose(mats[:, 3], [0, 0, 0, 1])
+    assert np.linalg.norm(mats[-1, :3, 3] - mats[0, :3, 3]) > 0.1, "the car should have moved"
+    assert Sensor.from_dict(poses["sensor"]) == TINY_SENSOR
+    for pts in frame_points:
+        assert len(pts) > 0 and np.isfinite(pts).all() and (pts[:, 3] >= 0).all() and (pts[:, 3] <= 1).all()
+    for ext in (".ply", ".pcd", ".las"):
+        path = tmp_path / f"world{ext}"
+        path.write_bytes(files[f"world{ext}"])
+        assert read_points(path).points.shape == (stats["world points"], 4)
+
+
+def test_the_scratch_dir_is_removed_once_the_outputs_are_handed_over(world_outputs):
+    _, _, scratch = world_outputs
+    assert scratch.name.startswith("lidarverse-request-")
+    assert not scratch.exists()
+
+
+def test_frame_viewer_spans_the_frames_and_shows_each_one(world_outputs):
+    (*_, frame_pngs), _, _ = world_outputs
+    slider, bev0, rng0 = app.reset_frame_viewer(frame_pngs)
+    assert slider.maximum == 2 and slider.value == 0
+    bev2, rng2 = app.show_frame(2, frame_pngs)
+    assert bev0.size == bev2.size and rng0.size == rng2.size
+    assert rng0.size[0] == TINY_SENSOR.width
+    assert not np.array_equal(np.asarray(rng0), np.asarray(rng2)), "frames 0 and 2 should differ"
+    assert app.show_frame(99, frame_pngs)[1].tobytes() == rng2.tobytes(), "out-of-range index clamps"
+    assert app.show_frame(0, None) == (None, None)
+
+
+def test_the_same_seed_gives_the_same_world():
+    def world_bytes(seed: int) -> bytes:
+        gen = app.generate_world(5, "suburban", "Straight", 1, 1, seed, 1.0)
+        out = first_yield(gen)
+        data = next(Path(p) for p in out[4] if p.endswith("world.ply")).read_bytes()
+        gen.close()
+        return data
+
+    assert world_bytes(1) == world_bytes(1)
+    assert world_bytes(1) != world_bytes(2)
+
+
+def test_map_preview_shows_the_map_and_the_planned_path():
+    straight = np.asarray(app.preview_map(3, "urban", "Straight", 20, 0))
+    left = np.asarray(app.preview_map(3, "urban", "Turn left", 20, 0))
+    other_map = np.asarray(app.preview_map(4, "highway", "Straight", 20, 0))
+    assert straight.shape == (400, 400, 3) and straight.std() > 0
+    path_pixels = (np.abs(straight.astype(int) - app.PATH_COLOUR).sum(axis=-1) == 0).sum()
+    assert path_pixels > 100, "the planned drive should be drawn"
+    assert not np.array_equal(straight, left) and not np.array_equal(straight, other_map)
+
+
+@pytest.mark.parametrize(
+    ("args", "expected"),
+    [
+        ({"frames": 33}, "Frames must be a whole number from 1 to 32"),
+        ({"frames": 0}, "Frames must be a whole number from 1 to 32"),
+        ({"frames": 2.5}, "Frames must be a whole number"),
+        ({"frames": float("nan")}, "Frames must be a whole number"),
+        ({"frames": "many"}, "Frames must be a whole number"),
+        ({"steps": 51}, "Sampling steps must be a whole number from 1 to 50"),
+        ({"seed": -1}, "Seed must be a whole number"),
+        ({"map_seed": None}, "Map seed must be a whole number"),
+        ({"guidance": float("inf")}, "Guidance must be a number from 0.0 to 10.0"),
+        ({"action": "fly"}, "Action must be one of 'Straight', 'Turn left', 'Turn right'; got 'fly'"),
+        ({"style": "moon"}, "Style must be one of 'urban', 'suburban', 'highway'; got 'moon'"),
+    ],
+)
+def test_out_of_range_inputs_are_refused_with_a_clear_message(args, expected):
+    call = {"map_seed": 3, "style": "urban", "action": "Straight", "frames": 2, "steps": 2, "seed": 0, "guidance": 1.0}
+    call.update(args)
+    with pytest.raises(gr.Error, match=re.escape(expected)):
+        first_yield(app.generate_world(**call))
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Forecast from a scan
+
+
+@needs_real_scans
+def test_forecast_continues_a_real_kitti_scan():
+    gen = app.forecast_from_scan(str(KITTI_SCAN), app.AUTO_SENSOR, "Straight", 2, 2, 0)
+    viewer, bev, _, stats, _, frame_pngs = first_yield(gen)
+    header = Path(viewer).read_bytes().split(b"end_header\n")[0].decode()
+    n_vertices = int(header.split("element vertex ")[1].split("\n")[0])
+    assert stats["input"] == KITTI_SCAN.name and stats["input points"] == 124_668
+    # the viewer shows the observed scan (grey) plus the continued world
+    assert n_vertices == min(stats["input points"] + stats["world points"], app.VIEWER_MAX_POINTS)
+    assert stats["frames"] == 2 and len(frame_pngs) == 2 and Image.open(bev).n_frames == 2
+    assert stats["input sensor"] == "hdl64"
+    gen.close()
+
+
+def _forecast(path: Path | str | None, sensor: str = app.AUTO_SENSOR):
+    return first_yield(app.forecast_from_scan(None if path is None else str(path), sensor, "Straight", 2, 2, 0))
+
+
+def test_a_missing_upload_says_what_to_upload():
+    with pytest.raises(gr.Error, match="No scan uploaded"):
+        _forecast(None)
+
+
+def test_an_empty_file_is_refused(tmp_path):
+    path = tmp_path / "empty.bin"
+    path.write_bytes(b"")
+    with pytest.raises(gr.Error, match=r"'empty.bin' is empty \(0 bytes\)"):
+        _forecast(path)
+
+
+def test_a_garbage_file_is_refused_with_the_reader_message(tmp_path):
+    path = tmp_path / "garbage.pcd"
+    path.write_bytes(b"this is not a point cloud\n" * 10)
+    with pytest.raises(gr.Error, match=r"garbage\.pcd"):
+        _forecast(path)
+
+
+def test_nan_points_are_refused(tmp_path):
+    path = tmp_path / "nan.npy"
+    np.save(path, np.full((500, 4), np.nan, dtype=np.float32))
+    with pytest.raises(gr.Error, match="no finite points"):
+        _forecast(path)
+
+
+def test_an_unsupported_extension_is_refused(tmp_path):
+    path = tmp_path / "scan.txt"
+    path.write_text("1 2 3 4\n")
+    with pytest.raises(gr.Error, match=r"unsupported extension; expected one of \.bin, \.pcd"):
+        _forecast(path)
+
+
+def test_an_upload_over_the_size_limit_is_refused_before_reading(tmp_path):
+    path = tmp_path / "huge.bin"
+    with path.open("wb") as f:
+        f.truncate(app.MAX_UPLOAD_MB * 1024 * 1024 + 16)
+    with pytest.raises(gr.Error, match="uploads are limited to 50 MB"):
+        _forecast(path)
+
+
+def test_an_unknown_sensor_name_is_refused(tmp_path):
+    path = tmp_path / "scan.bin"
+    write_points(path, np.zeros((10, 4), np.float32) + 5)
+    with pytest.raises(gr.Error, match="Sensor must be one of 'auto-detect'"):
+        _forecast(path, sensor="hdl-1000")
+
+
+def test_an_undetectable_sensor_asks_the_user_to_choose_one(tmp_path):
+    # a 20-beam sensor (+5 to -15 deg) that no preset describes, seen from inside a 15 m cylinder
+    odd = Sensor.from_angles("odd20", np.linspace(5.0, -15.0, 20), width=360)
+    dirs = odd.ray_directions().reshape(-1, 3)
+    ranges = 15.0 / np.hypot(dirs[:, 0], dirs[:, 1])
+    pts = np.concatenate([dirs * ranges[:, None], np.full((len(dirs), 1), 0.5)], axis=1).astype(np.float32)
+    path = tmp_path / "odd20.npy"
+    np.save(path, pts)
+    with pytest.raises(gr.Error, match="Could not tell which sensor recorded 'odd20.npy'; choose it under 'Sensor'"):
+        _forecast(path)
+    *_, stats, _, _ = _forecast(path, sensor="vlp16")
+    assert stats["input sensor"] == "vlp16" and stats["frames"] == 2
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Model tab
+
+
+def test_model_info_reports_the_loaded_release(tiny_release):
+    info = app.model_info()
+    assert info["iteration"] == 7 and info["weights"] == "ema"
+    assert Path(info["resolved_path"]).resolve().is_relative_to(tiny_release.resolve())
+    assert info["parameters"] == sum(p.numel() for p in app.STATE.pipeline.model.parameters())
+    assert info["device"] == "cpu"
+    assert json.dumps(info)  # what /model_info returns must be plain JSON
+
+
+def test_reload_switches_the_model_and_a_bad_source_keeps_the_old_one(tmp_path, tiny_release):
+    other = write_tiny_release(tmp_path / "other", seed=1)
+    info, status = app.reload_model(str(other))
+    assert Path(info["resolved_path"]).resolve().is_relative_to(other.resolve()) and "Loaded" in status
+    with pytest.raises(gr.Error, match=r"Could not load '.*does-not-exist'"):
+        app.reload_model(str(tmp_path / "does-not-exist"))
+    assert Path(app.model_info()["resolved_path"]).resolve().is_relative_to(other.resolve())
+    app.reload_model(str(tiny_release))
+
+
+@needs_real_scans
+def test_the_shared_real_scans_are_offered_as_examples():
+    assert KITTI_SCAN in app.example_scans()
+
+
+@needs_real_scans
+def test_a_sensor_that_cannot_have_recorded_the_scan_is_refused():
+    # KITTI's HDL-64E looks down to -24.9 deg; a VLP-16 sees only +-15 deg
+    with pytest.raises(gr.Error, match=r"fall on the beams of vlp16 .*auto-detect suggests hdl64"):
+        _forecast(KITTI_SCAN, sensor="vlp16")

@@ -1,0 +1,178 @@
+"""The app launched for real (`python app.py --model … --port …` in a subprocess) and driven over HTTP by
+gradio_client, as an API user would: the named endpoints, a bad upload followed by a good request, and a
+load test of 8 concurrent requests with the server's memory watched through psutil.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import socket
+import subprocess
+import sys
+import threading
+import time
+import zipfile
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import psutil
+import pytest
+from gradio_client import Client, handle_file
+from gradio_client.exceptions import AppError
+
+from tests.test_app import KITTI_SCAN, needs_real_scans, write_tiny_release
+
+REPO = Path(__file__).resolve().parents[1]
+pytestmark = pytest.mark.multiprocess
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@dataclass
+class Server:
+    url: str
+    process: subprocess.Popen
+    tmp: Path  # the server's $TMPDIR: per-request scratch dirs live here
+    log: Path
+
+    def rss_bytes(self) -> int:
+        proc = psutil.Process(self.process.pid)
+        return proc.memory_info().rss + sum(c.memory_info().rss for c in proc.children(recursive=True))
+
+    def scratch_dirs(self) -> list[Path]:
+        return sorted(self.tmp.glob("lidarverse-request-*"))
+
+
+@contextlib.contextmanager
+def launch_app(model: Path, workdir: Path, timeout: float = 120.0) -> Iterator[Server]:
+    """Start `python app.py` on a free port with its own temp and Gradio cache dirs; stop it afterwards."""
+    port = free_port()
+    tmp = workdir / "tmp"
+    tmp.mkdir(parents=True, exist_ok=True)
+    env = {**os.environ, "TMPDIR": str(tmp), "GRADIO_TEMP_DIR": str(workdir / "gradio"),
+           "GRADIO_ANALYTICS_ENABLED": "False", "HF_HUB_OFFLINE": "1", "PYTHONUNBUFFERED": "1"}
+    log = workdir / "server.log"
+    with log.open("wb") as out:
+        proc = subprocess.Popen(
+            [sys.executable, str(REPO / "app.py"), "--model", str(model), "--host", "127.0.0.1", "--port", str(port)],
+            cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT,
+        )
+    url = f"http://127.0.0.1:{port}/"
+    try:
+        deadline = time.monotonic() + timeout
+        while True:
+            if proc.poll() is not None:
+                raise RuntimeError(f"app.py exited with {proc.returncode}:\n{log.read_text()[-4000:]}")
+            with contextlib.suppress(httpx.HTTPError):
+                if httpx.get(url, timeout=2).status_code == 200:
+                    break
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"app.py did not serve {url} within {timeout} s:\n{log.read_text()[-4000:]}")
+            time.sleep(0.5)
+        yield Server(url, proc, tmp, log)
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    root = tmp_path_factory.mktemp("app_server")
+    with launch_app(write_tiny_release(root / "release"), root) as srv:
+        yield srv
+
+
+@pytest.fixture(scope="module")
+def client(server: Server) -> Client:
+    return Client(server.url, verbose=False)
+
+
+WORLD_ARGS = (3, "urban", "Turn left", 3, 2, 0, 1.0)
+
+
+def test_the_three_named_endpoints_are_served(client):
+    endpoints = client.view_api(return_format="dict", print_info=False)["named_endpoints"]
+    assert {"/generate_world", "/forecast_from_scan", "/model_info"} <= set(endpoints)
+    info = client.predict(api_name="/model_info")
+    assert info["iteration"] == 7 and info["device"] == "cpu"
+
+
+def test_generate_world_over_http_downloads_readable_files(client, server):
+    viewer, *_, stats, downloads = client.predict(*WORLD_ARGS, api_name="/generate_world")
+    assert Path(viewer).read_bytes().startswith(b"ply\nformat binary_little_endian 1.0\n")
+    assert stats["frames"] == 3 and stats["world points"] > 0
+    frames_zip = next(Path(p) for p in downloads if p.endswith("frames_kitti.zip"))
+    with zipfile.ZipFile(frames_zip) as zf:
+        assert len([n for n in zf.namelist() if n.endswith(".bin")]) == 3 and "poses.json" in zf.namelist()
+    assert server.scratch_dirs() == [], "per-request scratch dirs must be removed after the request"
+
+
+@needs_real_scans
+def test_a_bad_upload_gets_a_clear_error_and_the_next_good_request_works(client, tmp_path):
+    garbage = tmp_path / "garbage.bin"
+    garbage.write_bytes(b"\x00\x01garbage" * 3)
+    with pytest.raises(AppError, match=r"garbage\.bin"):
+        client.predict(handle_file(str(garbage)), "auto-detect", "Straight", 2, 2, 0, api_name="/forecast_from_scan")
+    empty = tmp_path / "empty.pcd"
+    empty.write_bytes(b"")
+    with pytest.raises(AppError, match="is empty"):
+        client.predict(handle_file(str(empty)), "auto-detect", "Straight", 2, 2, 0, api_name="/forecast_from_scan")
+    with pytest.raises(AppError, match=r"greater than maximum value 32|Frames must be"):
+        client.predict(3, "urban", "Straight", 99, 2, 0, 1.0, api_name="/generate_world")
+
+    *_, stats, downloads = client.predict(
+        handle_file(str(KITTI_SCAN)), "auto-detect", "Straight", 2, 2, 0, api_name="/forecast_from_scan"
+    )
+    assert stats["input points"] == 124_668 and stats["frames"] == 2
+    assert sorted(Path(p).suffix for p in downloads) == [".las", ".pcd", ".ply", ".zip"]
+
+
+def test_eight_concurrent_requests_all_complete_with_bounded_memory(server):
+    """8 clients at once (queue max size 16, one generation at a time): every request completes, and the
+    server's RSS after a second wave is within a small margin of the first (no per-request leak)."""
+    peak = [server.rss_bytes()]
+    baseline = peak[0]
+    done = threading.Event()
+
+    def watch() -> None:
+        while not done.wait(0.1):
+            with contextlib.suppress(psutil.Error):
+                peak[0] = max(peak[0], server.rss_bytes())
+
+    def one_request(seed: int) -> dict:
+        client = Client(server.url, verbose=False)
+        return client.predict(3, "urban", "Straight", 4, 2, seed, 1.0, api_name="/generate_world")[3]
+
+    watcher = threading.Thread(target=watch, daemon=True)
+    watcher.start()
+    waves = []
+    try:
+        for _ in range(2):
+            start = time.perf_counter()
+            with ThreadPoolExecutor(8) as pool:
+                stats = list(pool.map(one_request, range(8)))
+            waves.append((time.perf_counter() - start, server.rss_bytes()))
+            assert [s["frames"] for s in stats] == [4] * 8
+            assert len({s["world points"] for s in stats}) > 1, "different seeds should give different worlds"
+    finally:
+        done.set()
+        watcher.join()
+    print(f"\nload test: baseline RSS {baseline / 2**20:.0f} MiB, peak {peak[0] / 2**20:.0f} MiB, "
+          f"after wave 1 {waves[0][1] / 2**20:.0f} MiB ({waves[0][0]:.1f} s), "
+          f"after wave 2 {waves[1][1] / 2**20:.0f} MiB ({waves[1][0]:.1f} s)")
+    assert peak[0] - baseline < 1024 * 2**20, "8 small requests should not need a GiB"
+    assert waves[1][1] - waves[0][1] < 100 * 2**20, "memory grew between identical waves: a per-request leak"
+    assert server.scratch_dirs() == []
+    assert server.process.poll() is None
