@@ -12,6 +12,7 @@ from __future__ import annotations
 import copy
 import errno
 import logging
+import os
 import shutil
 import threading
 import time
@@ -23,11 +24,17 @@ import torch
 from torch import nn
 
 from checkpointing import collectives, layout
-from checkpointing.atomic import atomic_torch_save, atomic_write_text, remove_stale_tmp_files
+from checkpointing.atomic import atomic_torch_save, atomic_write_text, fsync_dir, remove_stale_tmp_files
 from checkpointing.callbacks import CallBackGroup
 from checkpointing.config import CheckpointConfig, JobConfig
 from checkpointing.errors import AsyncSaveError, CheckpointError, CheckpointWriteError
-from checkpointing.generations import delete_generation, list_generations, prune_plan, resolve_latest
+from checkpointing.generations import (
+    delete_generation,
+    generation_problems,
+    list_generations,
+    prune_plan,
+    resolve_latest,
+)
 from checkpointing.manifest import FORMAT_VERSION, Manifest
 from checkpointing.safe_load import safe_torch_load
 from checkpointing.state import (
@@ -423,6 +430,8 @@ class FSDPCheckpointer:
             error = None
             if job.primary:
                 try:
+                    if layout.parse_marker(job.marker) is None:
+                        self._link_backup(job.marker)
                     manifest = Manifest(job.iteration, complete=False, world_size=collectives.world_size())
                     manifest.write(directory / layout.sibling_name(job.marker, layout.MANIFEST))
                 except Exception as e:
@@ -471,11 +480,39 @@ class FSDPCheckpointer:
         if job.files:
             self.callbacks.on_save_checkpoint_success(iteration=job.iteration)
 
-    def _prune(self) -> None:
-        """Retention after the pointer moved; a failure here never fails the save."""
-        if self.config.keep_last_checkpoints <= 0:
+    def _link_backup(self, marker: str) -> None:
+        """Before `ckpt_.pt` is overwritten in place, hard-link its committed files as `iter_<its iteration>`.
+
+        Files cannot all be replaced in one atomic step, so a crash mid-overwrite leaves `ckpt_.pt`
+        torn; the links give the resume a whole generation to fall back to, at no disk cost. They are
+        removed once the new `ckpt_.pt` is committed.
+        """
+        directory = self.checkpoint_dir_local
+        current = next((g for g in list_generations(directory) if g.marker == marker), None)
+        if current is None or current.manifest is None or generation_problems(directory, current, "size"):
             return
+        backup = layout.marker_name(current.manifest.iteration, "", numbered=True)
+        if (directory / backup).exists():
+            return
+        old_stem, new_stem = layout.stem_of(marker), layout.stem_of(backup)
+        files = {new_stem + name[len(old_stem) :]: entry for name, entry in current.manifest.files.items()}
+        for name in sorted(current.manifest.files, key=lambda n: n == marker):  # the marker link last
+            target = directory / (new_stem + name[len(old_stem) :])
+            target.unlink(missing_ok=True)
+            os.link(directory / name, target)
+        fsync_dir(directory)
+        Manifest(
+            current.manifest.iteration, True, current.manifest.world_size, files=files, backup=True
+        ).write(directory / layout.sibling_name(backup, layout.MANIFEST))
+
+    def _prune(self) -> None:
+        """Retention after the pointer moved (backups of ckpt_.pt go first); a failure never fails the save."""
         try:
+            for generation in list_generations(self.checkpoint_dir_local):
+                if generation.manifest is not None and generation.manifest.backup:
+                    delete_generation(self.checkpoint_dir_local, generation)
+            if self.config.keep_last_checkpoints <= 0:
+                return
             for generation in prune_plan(
                 self.checkpoint_dir_local,
                 self.config.keep_last_checkpoints,

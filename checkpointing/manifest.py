@@ -29,6 +29,7 @@ class Manifest:
     complete: bool
     world_size: int = 1
     pinned: bool = False  # in save_at_iters when written: retention never deletes it
+    backup: bool = False  # hard-linked copy of ckpt_.pt kept only while ckpt_.pt is being overwritten
     files: dict[str, dict[str, int | str]] = field(default_factory=dict)  # name -> {"size", "sha256"}
     format: int = FORMAT_VERSION
 

@@ -1,0 +1,318 @@
+"""One rank of a real multi-process checkpointing run (gloo on CPU), launched by tests/test_checkpointing_dist.py.
+
+Scenarios:
+  train    FSDP2 model: train, save asynchronously at --save-at, keep training (the uninterrupted
+           reference), finalize, then SIGKILL itself.
+  resume   FSDP2 model on any world size: load, report the restored state, keep training.
+  replica  seed-protocol model with an EMA replica on rank 1: replica success callbacks, replica files
+           gating the pointer, and an injected write failure surfacing on every rank.
+  crash    one process resuming and saving in a loop until it is SIGKILLed at a random moment.
+Each rank writes what it observed to <out>/rank<k>.pt. Run as a server (see serve()).
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import io
+import json
+import os
+import random
+import signal
+import sys
+import time
+import traceback
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_model_state_dict,
+    get_optimizer_state_dict,
+)
+from torch.distributed.fsdp import fully_shard
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from checkpointing import (
+    AsyncSaveError,
+    CallBackGroup,
+    CheckpointConfig,
+    FSDPCheckpointer,
+    JobConfig,
+)
+from checkpointing.state import rng_state
+
+FULL = StateDictOptions(full_state_dict=True, cpu_offload=True)
+
+
+def build_fsdp_model() -> nn.Module:
+    torch.manual_seed(0)  # identical initial weights on every rank and every run
+    model = nn.Sequential(nn.Linear(8, 30), nn.Tanh(), nn.Linear(30, 30), nn.Tanh(), nn.Linear(30, 3))
+    for layer in (model[0], model[2], model[4]):
+        fully_shard(layer)
+    fully_shard(model)
+    return model
+
+
+def build_optim(model: nn.Module) -> tuple[torch.optim.Optimizer, torch.optim.lr_scheduler.LRScheduler]:
+    optimizer = torch.optim.AdamW(model.parameters(), lr=0.02, weight_decay=0.01)
+    scheduler = torch.optim.lr_scheduler.OneCycleLR(optimizer, max_lr=0.05, total_steps=40)
+    return optimizer, scheduler
+
+
+def seed_rank_streams(rank: int) -> None:
+    random.seed(1000 + rank)
+    np.random.seed(2000 + rank)
+    torch.manual_seed(3000 + rank)
+
+
+def train_step(model: nn.Module, optimizer: torch.optim.Optimizer, scheduler) -> float:
+    """Data and noise come from the global python/numpy/torch RNGs, so a resume is exact only if they are restored."""
+    x = torch.randn(6, 8)
+    target = torch.randn(6, 3) * (0.5 + random.random()) + float(np.random.rand())
+    loss = nn.functional.mse_loss(model(x), target)
+    loss.backward()
+    optimizer.step()
+    optimizer.zero_grad()
+    scheduler.step()
+    return loss.item()
+
+
+def full_state(model: nn.Module, optimizer: torch.optim.Optimizer) -> dict:
+    """A private copy: on one rank the gathered tensors alias the live parameters."""
+    state = {
+        "model": get_model_state_dict(model, options=FULL),
+        "optim": get_optimizer_state_dict(model, optimizer, options=FULL),
+    }
+    return copy.deepcopy(state)
+
+
+def run_train(args: argparse.Namespace, rank: int, out: dict) -> None:
+    model = build_fsdp_model()
+    optimizer, scheduler = build_optim(model)
+    seed_rank_streams(rank)
+    ckpt = FSDPCheckpointer(CheckpointConfig(keep_last_checkpoints=2), JobConfig(path_local=args.job))
+    assert ckpt.load(model, optimizer, scheduler) == 0
+    out["losses"] = {}
+    for step in range(1, args.steps + 1):
+        out["losses"][step] = train_step(model, optimizer, scheduler)
+        if step == args.save_at:
+            ckpt.save(model, optimizer, scheduler, None, step, async_saving=True)
+            # what a resume must restore, captured before training mutates anything again
+            out["at_save"] = {
+                **full_state(model, optimizer),
+                "scheduler": scheduler.state_dict(),
+                "rng": rng_state(),
+            }
+    out["final"] = full_state(model, optimizer)
+    ckpt.finalize()
+
+
+def run_resume(args: argparse.Namespace, rank: int, out: dict) -> None:
+    model = build_fsdp_model()
+    optimizer, scheduler = build_optim(model)
+    seed_rank_streams(rank + 77)  # deliberately different: the checkpoint must override them
+    ckpt = FSDPCheckpointer(CheckpointConfig(keep_last_checkpoints=2), JobConfig(path_local=args.job))
+    start = ckpt.load(model, optimizer, scheduler)
+    out["start"] = start
+    out["at_load"] = {**full_state(model, optimizer), "scheduler": scheduler.state_dict(), "rng": rng_state()}
+    out["losses"] = {
+        step: train_step(model, optimizer, scheduler) for step in range(start + 1, args.steps + 1)
+    }
+    out["final"] = full_state(model, optimizer)
+    ckpt.finalize()
+
+
+class SeedStyleModel:
+    """The seed's model protocol; rank 1 holds an EMA replica with its own decay."""
+
+    def __init__(self, rank: int, world_size: int) -> None:
+        torch.manual_seed(0)
+        self.model = nn.Linear(4, 4)
+        self.ema = nn.Linear(4, 4)
+        with torch.no_grad():
+            self.ema.weight.fill_(float(rank + 1))
+        self.rank, self.world_size = rank, world_size
+
+    def state_dict_model(self) -> dict:
+        return {"model": get_model_state_dict(self.model, options=FULL), "ema": self.ema.state_dict()}
+
+    def get_ckpt_postfix(self) -> tuple[str, int, int, int]:
+        if self.rank == 0:
+            return "", 0, 0, self.world_size
+        return f"_RANK{self.rank}", self.rank, 0, self.world_size
+
+
+class Recorder(CallBackGroup):
+    def __init__(self) -> None:
+        super().__init__()
+        self.successes: list[int] = []
+
+    def on_save_checkpoint_success(self, iteration: int) -> None:
+        self.successes.append(iteration)
+
+
+def run_replica(args: argparse.Namespace, rank: int, out: dict) -> None:
+    world_size = dist.get_world_size()
+    model = SeedStyleModel(rank, world_size)
+    optimizer = torch.optim.SGD(model.model.parameters(), lr=0.1)
+    recorder = Recorder()
+    ckpt = FSDPCheckpointer(
+        CheckpointConfig(keep_last_checkpoints=5), JobConfig(path_local=args.job), recorder
+    )
+    checkpoints = Path(args.job) / "checkpoints"
+    # 1. a clean save: every rank reports success for iteration 1 (the seed logged a failure on replicas)
+    ckpt.save(model, optimizer, None, None, 1, async_saving=True)
+    ckpt.finalize()
+    out["successes_after_1"] = list(recorder.successes)
+    out["files_after_1"] = sorted(os.listdir(checkpoints))
+    # 2. rank 1's replica file cannot be renamed into place (a directory occupies its name)
+    if rank == 1:
+        (checkpoints / "iter_000000002_RANK1_ema_model.pt").mkdir()
+    dist.barrier()
+    ckpt.save(model, optimizer, None, None, 2, async_saving=True)
+    try:
+        ckpt.save(model, optimizer, None, None, 3, async_saving=True)
+        out["next_save_error"] = None
+    except AsyncSaveError as e:
+        out["next_save_error"] = str(e)
+    out["pointer_after_failure"] = (checkpoints / "latest_checkpoint.txt").read_text()
+    # 3. the same failure surfaces from finalize() too
+    if rank == 1:
+        (checkpoints / "iter_000000004_RANK1_ema_model.pt").mkdir()
+    dist.barrier()
+    ckpt.save(model, optimizer, None, None, 4, async_saving=True)
+    try:
+        ckpt.finalize()
+        out["finalize_error"] = None
+    except AsyncSaveError as e:
+        out["finalize_error"] = str(e)
+    out["successes"] = list(recorder.successes)
+    # 4. a fresh model loads this rank's EMA replica during init
+    fresh = SeedStyleModel(rank + 10, world_size)
+    loader = FSDPCheckpointer(CheckpointConfig(), JobConfig(path_local=args.job))
+    loader.load_model_during_init(fresh.ema, is_ema=True, ema_id=rank)
+    out["loaded_ema_weight"] = fresh.ema.weight.detach().clone()
+
+
+def run_crash(args: argparse.Namespace, rank: int, out: dict) -> None:
+    """Resume, check the generation is whole, then save in a loop until SIGKILLed by the server.
+
+    Weights are filled with the iteration number before each save, so a torn generation (marker of
+    one save, weights of another) shows up as a mismatch. Progress goes to a line log (O_APPEND).
+    """
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(256, 512), nn.Linear(512, 512))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    config = CheckpointConfig(keep_last_checkpoints=args.keep, save_at_iters=(5,))
+    log = open(Path(args.out) / "progress.log", "a", buffering=1)  # noqa: SIM115 (lives until the kill)
+
+    class Published(CallBackGroup):
+        def on_save_checkpoint_success(self, iteration: int) -> None:
+            log.write(f"published {iteration}\n")
+
+    ckpt = FSDPCheckpointer(config, JobConfig(path_local=args.job), Published())
+    start = ckpt.load(model, optimizer)
+    whole = all(bool((p == float(start)).all()) for p in model.parameters()) if start else True
+    log.write(f"resumed {start} {'whole' if whole else 'TORN'}\n")
+    os.write(args.ready_fd, b"r")
+    iteration = start
+    while True:
+        iteration += 1
+        with torch.no_grad():
+            for p in model.parameters():
+                p.fill_(float(iteration))
+        ckpt.save(model, optimizer, None, None, iteration, async_saving=iteration % 2 == 0)
+
+
+SCENARIOS = {"train": run_train, "resume": run_resume, "replica": run_replica, "crash": run_crash}
+
+
+def run_rank(argv: list[str], rank: int, world_size: int, ready_fd: int) -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("scenario", choices=tuple(SCENARIOS))
+    parser.add_argument("--job", required=True)
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--steps", type=int, default=8)
+    parser.add_argument("--save-at", type=int, default=4)
+    parser.add_argument("--keep", type=int, default=2)
+    args = parser.parse_args(argv)
+    args.ready_fd = ready_fd
+    torch.set_num_threads(1)
+    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world_size))
+    if world_size > 1 or args.scenario != "crash":
+        store = Path(args.out) / "store"
+        dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world_size)
+    out: dict = {"world_size": world_size}
+    SCENARIOS[args.scenario](args, rank, out)
+    torch.save(out, Path(args.out) / f"rank{rank}.pt")
+    if args.scenario == "train":
+        os.kill(os.getpid(), signal.SIGKILL)  # die like a preempted job: no cleanup, no destroy_process_group
+    dist.destroy_process_group()
+
+
+def warm_up() -> None:
+    """Pay torch's one-time lazy initialisation (seconds on a busy machine) once, before forking.
+
+    Single-threaded, so no OpenMP pool exists that a forked child could inherit half-initialised.
+    """
+    torch.set_num_threads(1)
+    model = nn.Linear(4, 4)
+    optimizer = torch.optim.AdamW(model.parameters())
+    model(torch.randn(2, 4)).sum().backward()
+    optimizer.step()
+    buffer = io.BytesIO()
+    torch.save({"model": model.state_dict(), "optim": optimizer.state_dict()}, buffer)
+    buffer.seek(0)
+    torch.load(buffer, weights_only=True)
+
+
+def serve() -> None:
+    """Fork rank processes on request, so torch is imported once per test session, not once per rank.
+
+    Requests are JSON lines on stdin: {"argv": [...], "world_size": N, "kill_after": seconds | null}.
+    The reply is a JSON line with each rank's exit status (negative: killed by that signal). With
+    kill_after, the single rank is SIGKILLed that long after it signals it has resumed.
+    """
+    warm_up()
+    for line in sys.stdin:
+        request = json.loads(line)
+        ready_r, ready_w = os.pipe()
+        pids = []
+        for rank in range(request["world_size"]):
+            pid = os.fork()
+            if pid == 0:  # the rank: never returns into the server loop
+                os.close(ready_r)
+                os.dup2(2, 1)  # keep stdout for the protocol
+                code = 0
+                try:
+                    run_rank(request["argv"], rank, request["world_size"], ready_w)
+                except BaseException:
+                    traceback.print_exc()
+                    code = 1
+                finally:
+                    sys.stderr.flush()
+                    os._exit(code)
+            pids.append(pid)
+        os.close(ready_w)
+        if request.get("kill_after") is not None:
+            ready = os.read(ready_r, 1) == b"r"
+            time.sleep(request["kill_after"])
+            os.kill(pids[0], signal.SIGKILL)
+        os.close(ready_r)
+        codes = []
+        for pid in pids:
+            _, status = os.waitpid(pid, 0)
+            codes.append(os.waitstatus_to_exitcode(status))
+        reply = {"codes": codes}
+        if request.get("kill_after") is not None:
+            reply["ready"] = ready
+        print(json.dumps(reply), flush=True)
+
+
+if __name__ == "__main__":
+    serve()
