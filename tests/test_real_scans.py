@@ -107,3 +107,24 @@ def test_ouster_beam_column_is_read_as_the_ring():
     scan = read_points(REAL_SCANS / "ouster_oustersdk_OS-1-128_v2.3.0_1024x10_lb_n3.bin")
     assert scan.format == "nuscenes-bin"
     assert scan.ring is not None and np.unique(scan.ring).size == 128
+
+
+def test_check_sensor_refuses_a_sensor_whose_beams_miss_the_scan() -> None:
+    from lidar.formats import PointCloudError, check_sensor
+    from lidar.sensors import HDL64, OS1_128, VLP16, get_sensor
+
+    path = REAL_SCANS / "kitti_patchworkpp_000000.bin"
+    if not path.exists():
+        pytest.skip(f"shared real scans not found at {REAL_SCANS}")
+    scan = read_points(path)
+    check_sensor(scan, HDL64)
+    with pytest.raises(PointCloudError, match="outside the beams of sensor 'vlp16'"):
+        check_sensor(scan, VLP16)
+    nuscenes = read_points(REAL_SCANS / "nuscenes_lidaraisolution_ff9eff4389a740848f9a56ad749a4ae8.bin")
+    check_sensor(nuscenes, get_sensor("hdl32"))
+    with pytest.raises(PointCloudError, match="choose a sensor whose beams cover the scan"):
+        check_sensor(nuscenes, HDL64)
+    ouster = read_points(REAL_SCANS / "ouster_oustersdk_OS-1-128_v2.3.0_1024x10_lb_n3.bin")
+    with pytest.raises(PointCloudError, match="ring index reaches 127"):
+        check_sensor(ouster, HDL64)
+    check_sensor(ouster, OS1_128)

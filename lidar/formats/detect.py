@@ -12,7 +12,7 @@ import logging
 
 import numpy as np
 
-from lidar.formats.scan import Scan
+from lidar.formats.scan import PointCloudError, Scan
 from lidar.range_image import beam_rows
 from lidar.sensors import PRESETS, Sensor
 
@@ -100,3 +100,34 @@ def detect_sensor(scan: Scan) -> Sensor | None:
     returns = pts[np.abs(pts[:, :3]).sum(axis=1) > 0]
     per_beam = len(returns) / sensor.height * 360.0 / max(azimuth_coverage_deg(returns), 1)
     return sensor.with_width(_width(per_beam))
+
+
+#: A chosen sensor is refused when more than this fraction of far returns lies outside its beam fan
+#: (measured on the shared real scans: 0-2% for the right preset, 17-38% for a wrong one).
+_MAX_OUTSIDE_CHOSEN = 0.15
+
+
+def check_sensor(scan: Scan, sensor: Sensor) -> None:
+    """Refuse a user-chosen sensor that cannot have produced the scan, before it is projected.
+
+    Projecting with the wrong beam table silently throws most points away (they fall outside the fan),
+    so a forecast from it would start from an almost empty sweep; better to say so and name the fit.
+    """
+    if scan.ring is not None and scan.ring.size and int(scan.ring.max()) >= sensor.height:
+        raise PointCloudError(
+            f"{scan.path}: ring index reaches {int(scan.ring.max())}, but sensor {sensor.name!r} has only "
+            f"{sensor.height} beams; expected a sensor with at least {int(scan.ring.max()) + 1} beams"
+        )
+    pts = scan.points
+    far = pts[np.linalg.norm(pts[:, :3], axis=1) > _MIN_RANGE]
+    if len(far) == 0:
+        raise PointCloudError(f"{scan.path}: no returns beyond {_MIN_RANGE} m; expected a LiDAR sweep")
+    outside = float((beam_rows(far, sensor) < 0).mean())
+    if outside > _MAX_OUTSIDE_CHOSEN:
+        elev = elevations_deg(far)
+        raise PointCloudError(
+            f"{scan.path}: {outside:.0%} of returns lie outside the beams of sensor {sensor.name!r} "
+            f"({sensor.elevations_deg[-1]:+.1f} to {sensor.elevations_deg[0]:+.1f} deg; the scan spans "
+            f"{np.percentile(elev, 1):+.1f} to {np.percentile(elev, 99):+.1f} deg); expected at most "
+            f"{_MAX_OUTSIDE_CHOSEN:.0%} — choose a sensor whose beams cover the scan"
+        )
