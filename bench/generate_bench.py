@@ -4,7 +4,7 @@ Two references are printed beside each figure: the product target (2 frames/s at
 2-core CPU) and the bare network, timed in the same run (steps x one forward pass), which shows how much of
 a frame is spent outside the network.
 
-    python bench/generate_bench.py [--frames 8] [--steps 1 2 4 8 16] [--model SRC] [--device cpu]
+    python bench/generate_bench.py [--frames 8] [--steps 1 2 4 8 16] [--model SRC] [--device cpu] [--threads N]
 
 Without --model it uses the trained release in weights/default when it and the loader exist, else a
 randomly initialised model of the default config (same cost per frame; only the point count differs).
@@ -72,7 +72,10 @@ def main() -> None:
     parser.add_argument("--model", default=None, help="a model source for inference.load_pipeline")
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--map-seed", type=int, default=0)
+    parser.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's)")
     args = parser.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
 
     model, origin = load_model(args.model, args.device)
     world = make_world(args.map_seed, "urban")
