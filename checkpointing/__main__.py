@@ -95,6 +95,9 @@ def main(argv: list[str] | None = None) -> int:
     p_prune.add_argument("dir", type=Path)
     p_prune.add_argument("--keep", type=int, required=True, help="numbered generations to keep (>= 1)")
     p_prune.add_argument("--yes", action="store_true", help="really delete")
+    p_prune.add_argument(
+        "--verify", choices=VERIFY_MODES, default="sha256", help="what counts as a valid generation"
+    )
     args = parser.parse_args(argv)
 
     if not args.dir.is_dir():
@@ -134,7 +137,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.keep < 1:
         print(f"error: --keep must be >= 1, got {args.keep}", file=sys.stderr)
         return 2
-    plan = prune_plan(directory, args.keep)
+    plan = prune_plan(directory, args.keep, verify=args.verify)
     for generation in plan:
         if args.yes:
             delete_generation(directory, generation)

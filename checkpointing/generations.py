@@ -168,13 +168,14 @@ def resolve_latest(directory: Path, verify: str) -> Resolution | None:
 
 
 def prune_plan(
-    directory: Path, keep_last: int, save_at_iters: tuple[int, ...] = (), verify: str = "size"
+    directory: Path, keep_last: int, save_at_iters: tuple[int, ...] = (), verify: str = "sha256"
 ) -> list[Generation]:
     """Generations retention may delete: numbered ones older than the pointer's, beyond the newest
     `keep_last` valid ones, neither pinned nor in save_at_iters.
 
     The pointer's generation and the newest valid one (the resume fallback) are always kept, and
-    nothing newer than the pointer is touched (it may be a save in flight).
+    nothing newer than the pointer is touched (it may be a save in flight). `verify` decides what
+    counts as valid; "size" is enough right after a save, whose files were just hashed as written.
     """
     pointer = read_pointer(directory)
     generations = list_generations(directory)
