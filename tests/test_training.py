@@ -1,0 +1,155 @@
+"""Training: a tiny model trains on 2 gloo ranks, is SIGKILLed, resumes by itself and continues.
+
+Everything is real: torchrun, gloo, FSDP2, the checkpointer's files and a simulated dataset (at a narrow
+32 x 64 sensor so it takes seconds).
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import psutil
+import pytest
+import torch
+
+from inference.network import WorldModelConfig
+from lidar.sensors import HDL32
+from lidar.sim.dataset import write_dataset
+from training.config import TrainConfig
+from training.data import StepBatches, WorldModelSamples, load_drives
+from training.train import lr_lambda
+
+REPO = Path(__file__).resolve().parents[1]
+TINY_SENSOR = HDL32.with_width(64)
+MAX_ITERS = 30
+
+
+def tiny_config(data_root: Path, **overrides) -> dict:
+    model = WorldModelConfig(
+        sensor=TINY_SENSOR.to_dict(), base_channels=8, channel_mults=(1, 2), strides=((1, 2),), norm_groups=4,
+        bottleneck_attention=False,
+    ).to_dict()
+    cfg = {"model": model, "data_root": str(data_root), "batch_size": 2, "warmup_iters": 5, "max_iters": MAX_ITERS,
+           "save_iter": 5, "keep_last_checkpoints": 2, "log_iter": 1, "num_workers": 0, "torch_threads": 1,
+           "ema_start_iter": 3, "cache_frames": 2}
+    return {**cfg, **overrides}
+
+
+@pytest.fixture(scope="module")
+def tiny_data(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("sim") / "data"
+    write_dataset(root, TINY_SENSOR, sequences=2, frames=4, seed=7)
+    return root
+
+
+def _launch(config: Path, job: Path, log: Path) -> subprocess.Popen:
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+           "-m", "training.train", "--config", str(config), "--job-dir", str(job)]
+    return subprocess.Popen(cmd, cwd=REPO, env=env, stdout=log.open("w"), stderr=subprocess.STDOUT,
+                            start_new_session=True)
+
+
+def _pointer_iteration(job: Path) -> int | None:
+    pointer = job / "checkpoints" / "latest_checkpoint.txt"
+    if not pointer.is_file():
+        return None
+    return int(pointer.read_text().strip().removeprefix("iter_").removesuffix(".pt"))
+
+
+@pytest.fixture(scope="module")
+def killed_and_resumed(tiny_data: Path, tmp_path_factory) -> dict:
+    """Train, SIGKILL the whole torchrun group after the first checkpoint, relaunch to the end."""
+    tmp = tmp_path_factory.mktemp("train")
+    config, job = tmp / "tiny.json", tmp / "job"
+    config.write_text(json.dumps(tiny_config(tiny_data)))
+    first = _launch(config, job, tmp / "first.log")
+    deadline = time.monotonic() + 240
+    while _pointer_iteration(job) is None and first.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.1)
+    # torchrun starts its workers in sessions of their own: kill the launcher and every worker it started.
+    launcher = psutil.Process(first.pid)
+    workers = launcher.children(recursive=True)
+    for proc in [launcher, *workers]:
+        proc.send_signal(signal.SIGKILL)
+    first.wait(timeout=30)
+    psutil.wait_procs(workers, timeout=30)
+    killed_at = _pointer_iteration(job)
+    assert killed_at is not None, (tmp / "first.log").read_text()[-3000:]
+    second = _launch(config, job, tmp / "second.log")
+    assert second.wait(timeout=300) == 0, (tmp / "second.log").read_text()[-3000:]
+    return {"job": job, "killed_at": killed_at, "log": (job / "train.log").read_text(), "config": config}
+
+
+@pytest.mark.multiprocess
+def test_training_resumes_from_the_saved_iteration_after_sigkill(killed_and_resumed: dict) -> None:
+    job, killed_at = killed_and_resumed["job"], killed_and_resumed["killed_at"]
+    assert 0 < killed_at < MAX_ITERS, "the kill must land mid-run for the test to mean anything"
+    log = killed_and_resumed["log"]
+    assert f"continuing from iteration {killed_at}" in log
+    assert f"starting at iteration {killed_at} of {MAX_ITERS}" in log
+    assert f"finished {MAX_ITERS} iterations" in log
+    assert _pointer_iteration(job) == MAX_ITERS
+    progress = json.loads((job / "progress.json").read_text())
+    assert [launch["start_iter"] for launch in progress["launches"]] == [0, killed_at]
+    assert progress["launches"][-1]["end_iter"] == MAX_ITERS
+    iterations = [it for it, _ in progress["losses"]]
+    assert iterations == sorted(set(iterations)), "resumed steps must not be logged twice"
+    assert iterations[-1] == MAX_ITERS
+    assert all(np.isfinite(loss) for _, loss in progress["losses"])
+    resolved = TrainConfig.from_json(job / "config.json")
+    assert resolved == TrainConfig.from_json(killed_and_resumed["config"])
+
+
+@pytest.mark.multiprocess
+def test_ema_differs_from_the_trained_weights_and_both_are_saved(killed_and_resumed: dict) -> None:
+    from checkpointing import read_weights
+
+    ckpt = killed_and_resumed["job"] / "checkpoints"
+    reg = read_weights(ckpt / f"iter_{MAX_ITERS:09d}_reg_model.pt")
+    ema = read_weights(ckpt / f"iter_{MAX_ITERS:09d}_ema_model.pt")
+    assert reg.keys() == ema.keys()
+    assert any(not torch.equal(reg[k], ema[k]) for k in reg)
+
+
+def test_schedule_warms_up_linearly_then_decays_to_the_floor(tiny_data: Path) -> None:
+    cfg = TrainConfig.from_dict(tiny_config(tiny_data, warmup_iters=10, max_iters=110, min_lr_ratio=0.1))
+    f = lr_lambda(cfg)
+    assert f(0) == pytest.approx(0.1) and f(4) == pytest.approx(0.5) and f(9) == pytest.approx(1.0)
+    assert f(10) == pytest.approx(1.0)
+    assert f(60) == pytest.approx(0.55)
+    assert f(110) == pytest.approx(0.1)
+    values = [f(s) for s in range(10, 111)]
+    assert all(b <= a + 1e-12 for a, b in itertools.pairwise(values))
+
+
+def test_samples_are_a_pure_function_of_seed_iteration_and_rank(tiny_data: Path) -> None:
+    cfg = TrainConfig.from_dict(tiny_config(tiny_data))
+    samples = WorldModelSamples(load_drives(cfg.data_root, TINY_SENSOR), cfg)
+    a, again = samples[(3, 0, 1)], samples[(3, 0, 1)]
+    assert torch.equal(a["x"], again["x"]) and torch.equal(a["cond"], again["cond"])
+    assert a["x"].shape == (2, *TINY_SENSOR.shape)
+    assert a["cond"].shape == (WorldModelConfig.from_dict(cfg.model).cond_channels, *TINY_SENSOR.shape)
+    others = [samples[(3, rank, 1)]["cond"] for rank in range(1, 6)]
+    assert any(not torch.equal(a["cond"], o) for o in others), "ranks must not share a random stream"
+    reseeded = WorldModelSamples(samples.drives, TrainConfig.from_dict(tiny_config(tiny_data, seed=1)))
+    assert any(not torch.equal(samples[(k, 0, 0)]["cond"], reseeded[(k, 0, 0)]["cond"]) for k in range(5))
+
+
+def test_a_resumed_sampler_yields_exactly_the_remaining_batches() -> None:
+    full = list(StepBatches(0, 10, 3, rank=1))
+    assert list(StepBatches(4, 10, 3, rank=1)) == full[4:]
+    assert full[4] == [(4, 1, 0), (4, 1, 1), (4, 1, 2)]
+
+
+def test_dataset_for_another_sensor_is_refused_with_both_shapes(tiny_data: Path) -> None:
+    with pytest.raises(ValueError, match=r"\(32, 64\).*\(32, 512\)"):
+        load_drives(str(tiny_data), HDL32.with_width(512))
