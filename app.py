@@ -43,8 +43,7 @@ from inference import MAX_STEPS as PIPELINE_MAX_STEPS
 from inference import ModelSourceError, load_pipeline
 from inference.cache import transform_points
 from lidar import render
-from lidar.formats import PointCloudError, detect_sensor, read_points, write_points
-from lidar.range_image import beam_rows
+from lidar.formats import PointCloudError, check_sensor, detect_sensor, read_points, write_points
 from lidar.sensors import PRESETS, get_sensor
 from lidar.sim import HDMap, World, make_world, plan_drive
 
@@ -66,8 +65,6 @@ ACTIONS = {"Straight": "straight", "Turn left": "turn_left", "Turn right": "turn
 STYLES = ("urban", "suburban", "highway")
 SCAN_SUFFIXES = (".bin", ".pcd", ".ply", ".npy", ".npz", ".las", ".laz")
 AUTO_SENSOR = "auto-detect"
-#: A chosen sensor is refused when fewer of the scan's returns (beyond 2 m) than this lie on its beam fan.
-MIN_SENSOR_FIT = 0.9
 BEV_EXTENT_M = 50.0
 ANIMATION_FPS = 5.0
 VIEWER_MAX_POINTS = 400_000
@@ -138,20 +135,6 @@ def _upload_path(upload: Any) -> Path:
     if path.suffix.lower() not in SCAN_SUFFIXES:
         raise gr.Error(f"{path.name!r} has an unsupported extension; expected one of {', '.join(SCAN_SUFFIXES)}.")
     return path
-
-
-def _check_sensor_fits(scan: Any, sensor: Any, name: str) -> None:
-    """A sensor the user picked must be able to have seen the scan: most returns on its beam fan."""
-    far = scan.points[np.linalg.norm(scan.points[:, :3], axis=1) > 2.0]
-    inside = float((beam_rows(far, sensor) >= 0).mean()) if len(far) else 0.0
-    if inside < MIN_SENSOR_FIT:
-        guess = detect_sensor(scan)
-        hint = f" (auto-detect suggests {guess.name})" if guess is not None else ""
-        raise gr.Error(
-            f"Only {inside:.0%} of the returns in {name!r} fall on the beams of {sensor.name} "
-            f"({sensor.elevations_deg[0]:+.1f} to {sensor.elevations_deg[-1]:+.1f} deg); it was recorded by another "
-            f"sensor{hint}. Choose the sensor that recorded it, or auto-detect."
-        )
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -358,6 +341,8 @@ def forecast_from_scan(
     sensor = None if sensor_name == AUTO_SENSOR else get_sensor(sensor_name)
     try:
         scan = read_points(path, sensor)
+        if sensor is not None:
+            check_sensor(scan, sensor)
     except PointCloudError as err:  # the message names the file by its server path; the user knows its name
         raise gr.Error(str(err).replace(str(path), path.name)) from None
     if sensor is None:
@@ -365,8 +350,6 @@ def forecast_from_scan(
         if sensor is None:
             why = "".join(f" ({note})" for note in scan.notes if "sensor frame" in note)
             raise gr.Error(f"Could not tell which sensor recorded {path.name!r}{why}; choose it under 'Sensor'.")
-    else:
-        _check_sensor_fits(scan, sensor, path.name)
 
     progress(0.0, desc="Forecasting")
     start = time.perf_counter()
