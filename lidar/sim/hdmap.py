@@ -74,6 +74,7 @@ class HDMap:
     terrain_origin: tuple[float, float]
     terrain_resolution: float
     _raised_lut: np.ndarray = field(init=False, repr=False)
+    _terrain_coef: np.ndarray = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
         if self.raster.dtype != np.uint8 or self.raster.ndim != 2:
@@ -84,6 +85,9 @@ class HDMap:
         for name in RAISED_CLASSES:
             lut[MAP_CLASS_INDEX[name]] = CURB_HEIGHT
         self._raised_lut = lut
+        t = self.terrain.astype(np.float64)
+        h00, h01, h10, h11 = t[:-1, :-1], t[:-1, 1:], t[1:, :-1], t[1:, 1:]
+        self._terrain_coef = np.stack([h00, h01 - h00, h10 - h00, h11 - h10 - h01 + h00], axis=-1).reshape(-1, 4)
 
     # ----------------------------------------------------------------------------------------- lookups
     @property
@@ -96,36 +100,33 @@ class HDMap:
     def class_at(self, x: np.ndarray, y: np.ndarray) -> np.ndarray:
         """Map class of world points (nearest cell); points off the raster read as terrain."""
         ny, nx = self.raster.shape
-        ix = np.floor((np.asarray(x) - self.origin[0]) / self.resolution).astype(np.int64)
-        iy = np.floor((np.asarray(y) - self.origin[1]) / self.resolution).astype(np.int64)
-        inside = (ix >= 0) & (ix < nx) & (iy >= 0) & (iy < ny)
-        out = np.full(ix.shape, MAP_CLASS_INDEX["terrain"], dtype=np.uint8)
-        out[inside] = self.raster[iy[inside], ix[inside]]
+        ix = np.floor((np.asarray(x) - self.origin[0]) * (1.0 / self.resolution)).astype(np.int64)
+        iy = np.floor((np.asarray(y) - self.origin[1]) * (1.0 / self.resolution)).astype(np.int64)
+        out = self.raster[np.minimum(np.maximum(iy, 0), ny - 1), np.minimum(np.maximum(ix, 0), nx - 1)]
+        off = (ix < 0) | (ix >= nx) | (iy < 0) | (iy >= ny)
+        if off.any():
+            out[off] = MAP_CLASS_INDEX["terrain"]
         return out
 
     def terrain_height(self, x: np.ndarray, y: np.ndarray, with_gradient: bool = False):
-        """Smooth terrain height (bilinear) at world points, optionally with its gradient (dz/dx, dz/dy)."""
+        """Smooth terrain height (bilinear) at world points, optionally with its gradient (dz/dx, dz/dy).
+
+        Each cell's bilinear patch h = a + b u + c v + d u v is precomputed, so a lookup is one row gather.
+        """
         ty, tx = self.terrain.shape
-        res = self.terrain_resolution
-        fx = np.clip((np.asarray(x, dtype=np.float64) - self.terrain_origin[0]) / res, 0.0, tx - 1.000001)
-        fy = np.clip((np.asarray(y, dtype=np.float64) - self.terrain_origin[1]) / res, 0.0, ty - 1.000001)
+        inv = 1.0 / self.terrain_resolution
+        fx = np.minimum(np.maximum((np.asarray(x, dtype=np.float64) - self.terrain_origin[0]) * inv, 0.0), tx - 1.000001)
+        fy = np.minimum(np.maximum((np.asarray(y, dtype=np.float64) - self.terrain_origin[1]) * inv, 0.0), ty - 1.000001)
         ix = fx.astype(np.int64)
         iy = fy.astype(np.int64)
-        ax = fx - ix
-        ay = fy - iy
-        t = self.terrain
-        h00 = t[iy, ix]
-        h01 = t[iy, ix + 1]
-        h10 = t[iy + 1, ix]
-        h11 = t[iy + 1, ix + 1]
-        lo = h00 + (h01 - h00) * ax
-        hi = h10 + (h11 - h10) * ax
-        h = lo + (hi - lo) * ay
+        u = fx - ix
+        v = fy - iy
+        coef = self._terrain_coef[iy * (tx - 1) + ix]
+        a, b, c, d = coef[..., 0], coef[..., 1], coef[..., 2], coef[..., 3]
+        h = a + b * u + (c + d * u) * v
         if not with_gradient:
             return h
-        gx = ((h01 - h00) * (1 - ay) + (h11 - h10) * ay) / res
-        gy = (hi - lo) / res
-        return h, gx, gy
+        return h, (b + d * v) * inv, (c + d * u) * inv
 
     def ground_height(self, x: np.ndarray, y: np.ndarray) -> np.ndarray:
         """Surface height including the curb step (sidewalks, verges and lots sit above the carriageway)."""

@@ -75,76 +75,98 @@ class Shapes:
         return np.hypot(self.size[:, 0], self.size[:, 1])
 
 
-def _to_local(origin: np.ndarray, dirs: np.ndarray, center: np.ndarray, yaw: np.ndarray):
-    c, s = np.cos(yaw), np.sin(yaw)
-    rel = origin[None, :] - center
-    ol = np.stack([c * rel[:, 0] + s * rel[:, 1], -s * rel[:, 0] + c * rel[:, 1], rel[:, 2]], axis=1)
-    dl = np.stack([c * dirs[:, 0] + s * dirs[:, 1], -s * dirs[:, 0] + c * dirs[:, 1], dirs[:, 2]], axis=1)
-    return ol, dl
+@dataclass
+class _Local:
+    """Per-solid quantities that do not depend on the ray: yaw rotation and the origin in the solid frame."""
+
+    c: np.ndarray
+    s: np.ndarray
+    ox: np.ndarray
+    oy: np.ndarray
+    oz: np.ndarray
+
+    @classmethod
+    def of(cls, origin: np.ndarray, center: np.ndarray, yaw: np.ndarray) -> _Local:
+        c, s = np.cos(yaw), np.sin(yaw)
+        rx, ry, rz = origin[0] - center[:, 0], origin[1] - center[:, 1], origin[2] - center[:, 2]
+        return cls(c, s, c * rx + s * ry, -s * rx + c * ry, rz)
 
 
-def intersect_boxes(origin, dirs, center, half, yaw) -> tuple[np.ndarray, np.ndarray]:
-    """Slab test per (ray, box) pair: entry distance (inf on a miss) and |cos| of the incidence angle."""
-    ol, dl = _to_local(origin, dirs, center, yaw)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        inv = 1.0 / np.where(np.abs(dl) < _EPS, _EPS, dl)
-        t1 = (-half - ol) * inv
-        t2 = (half - ol) * inv
-    tnear = np.minimum(t1, t2)
-    tfar = np.maximum(t1, t2)
-    axis = np.argmax(tnear, axis=1)
-    t_in = tnear[np.arange(len(tnear)), axis]
-    t_out = tfar.min(axis=1)
+def _safe(v: np.ndarray) -> np.ndarray:
+    return np.where(np.abs(v) < _EPS, _EPS, v)
+
+
+def _box_kernel(ox, oy, oz, lx, ly, lz, hx, hy, hz) -> tuple[np.ndarray, np.ndarray]:
+    """Slab test in the box frame, one array element per (ray, box) pair."""
+    ix, iy, iz = 1.0 / _safe(lx), 1.0 / _safe(ly), 1.0 / _safe(lz)
+    ax, bx = (-hx - ox) * ix, (hx - ox) * ix
+    ay, by = (-hy - oy) * iy, (hy - oy) * iy
+    az, bz = (-hz - oz) * iz, (hz - oz) * iz
+    nx, ny, nz = np.minimum(ax, bx), np.minimum(ay, by), np.minimum(az, bz)
+    t_in = np.maximum(np.maximum(nx, ny), nz)
+    t_out = np.minimum(np.minimum(np.maximum(ax, bx), np.maximum(ay, by)), np.maximum(az, bz))
     hit = (t_out >= t_in) & (t_in > 0)
-    cos = np.abs(dl[np.arange(len(dl)), axis])
+    # The entry face is the slab entered last; its normal is that axis.
+    cos = np.where((nx >= ny) & (nx >= nz), np.abs(lx), np.where(ny >= nz, np.abs(ly), np.abs(lz)))
     return np.where(hit, t_in, np.inf), cos
 
 
-def intersect_cylinders(origin, dirs, center, size) -> tuple[np.ndarray, np.ndarray]:
-    """Vertical capped cylinders: side wall or top cap, whichever the ray meets first from outside."""
-    r = size[:, 0]
-    ox = origin[0] - center[:, 0]
-    oy = origin[1] - center[:, 1]
-    oz = origin[2] - center[:, 2]
-    dx, dy, dz = dirs[:, 0], dirs[:, 1], dirs[:, 2]
+def _cylinder_kernel(ox, oy, oz, dx, dy, dz, r, hz) -> tuple[np.ndarray, np.ndarray]:
+    """Vertical capped cylinder: side wall or top/bottom cap, whichever the ray meets first from outside."""
     a = np.maximum(dx * dx + dy * dy, _EPS)
     b = ox * dx + oy * dy
-    c = ox * ox + oy * oy - r * r
-    disc = b * b - a * c
-    with np.errstate(invalid="ignore"):
-        t_side = (-b - np.sqrt(disc)) / a
-    z_side = oz + t_side * dz
-    side_ok = (disc >= 0) & (t_side > 0) & (np.abs(z_side) <= size[:, 2])
-    ts = np.where(side_ok, t_side, 0.0)
+    disc = b * b - a * (ox * ox + oy * oy - r * r)
+    ts = (-b - np.sqrt(np.maximum(disc, 0.0))) / a
+    side = (disc >= 0) & (ts > 0) & (np.abs(oz + ts * dz) <= hz)
+    tc = (np.sign(oz) * hz - oz) / _safe(dz)
+    cx, cy = ox + tc * dx, oy + tc * dy
+    cap = (np.abs(oz) > hz) & (tc > 0) & (cx * cx + cy * cy <= r * r)
     cos_side = np.abs((ox + ts * dx) * dx + (oy + ts * dy) * dy) / np.maximum(r, _EPS)
-    t_side = np.where(side_ok, t_side, np.inf)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        t_cap = (np.sign(oz) * size[:, 2] - oz) / np.where(np.abs(dz) < _EPS, _EPS, dz)
-    cx = ox + t_cap * dx
-    cy = oy + t_cap * dy
-    cap_ok = (np.abs(oz) > size[:, 2]) & (t_cap > 0) & (cx * cx + cy * cy <= r * r)
-    t_cap = np.where(cap_ok, t_cap, np.inf)
-    use_cap = t_cap < t_side
-    return np.where(use_cap, t_cap, t_side), np.where(use_cap, np.abs(dz), cos_side)
+    ts = np.where(side, ts, np.inf)
+    use_cap = cap & (tc < ts)
+    return np.where(use_cap, tc, ts), np.where(use_cap, np.abs(dz), np.where(side, cos_side, 0.0))
+
+
+def _ellipsoid_kernel(ox, oy, oz, lx, ly, lz, irx, iry, irz) -> tuple[np.ndarray, np.ndarray]:
+    """Ray vs ellipsoid (inverse radii given) by scaling to the unit sphere; normal from the gradient."""
+    sx, sy, sz = ox * irx, oy * iry, oz * irz
+    dx, dy, dz = lx * irx, ly * iry, lz * irz
+    a = dx * dx + dy * dy + dz * dz
+    b = sx * dx + sy * dy + sz * dz
+    c = sx * sx + sy * sy + sz * sz - 1.0
+    disc = b * b - a * c
+    t = (-b - np.sqrt(np.maximum(disc, 0.0))) / a
+    hit = (disc >= 0) & (t > 0) & (c > 0)
+    nx = (ox + t * lx) * irx * irx
+    ny = (oy + t * ly) * iry * iry
+    nz = (oz + t * lz) * irz * irz
+    cos = np.abs(nx * lx + ny * ly + nz * lz) / np.maximum(np.sqrt(nx * nx + ny * ny + nz * nz), _EPS)
+    return np.where(hit, t, np.inf), cos
+
+
+def _rotate(loc: _Local, dx, dy):
+    return loc.c * dx + loc.s * dy, -loc.s * dx + loc.c * dy
+
+
+def intersect_boxes(origin, dirs, center, half, yaw) -> tuple[np.ndarray, np.ndarray]:
+    """Per (ray, box) pair: entry distance (inf on a miss) and |cos| of the incidence angle."""
+    loc = _Local.of(np.asarray(origin, np.float64), center, yaw)
+    lx, ly = _rotate(loc, dirs[:, 0], dirs[:, 1])
+    return _box_kernel(loc.ox, loc.oy, loc.oz, lx, ly, dirs[:, 2], half[:, 0], half[:, 1], half[:, 2])
+
+
+def intersect_cylinders(origin, dirs, center, size) -> tuple[np.ndarray, np.ndarray]:
+    """Per (ray, vertical cylinder) pair; size is (radius, radius, half height)."""
+    loc = _Local.of(np.asarray(origin, np.float64), center, np.zeros(len(center)))
+    return _cylinder_kernel(loc.ox, loc.oy, loc.oz, dirs[:, 0], dirs[:, 1], dirs[:, 2], size[:, 0], size[:, 2])
 
 
 def intersect_ellipsoids(origin, dirs, center, radii, yaw) -> tuple[np.ndarray, np.ndarray]:
-    """Ray vs yawed ellipsoid by scaling to the unit sphere; the normal comes from the gradient."""
-    ol, dl = _to_local(origin, dirs, center, yaw)
-    os_ = ol / radii
-    ds = dl / radii
-    a = np.einsum("ij,ij->i", ds, ds)
-    b = np.einsum("ij,ij->i", os_, ds)
-    c = np.einsum("ij,ij->i", os_, os_) - 1.0
-    disc = b * b - a * c
-    with np.errstate(invalid="ignore"):
-        t = (-b - np.sqrt(disc)) / a
-    hit = (disc >= 0) & (t > 0) & (c > 0)
-    p = ol + t[:, None] * dl
-    n = p / (radii * radii)
-    n /= np.maximum(np.linalg.norm(n, axis=1, keepdims=True), _EPS)
-    cos = np.abs(np.einsum("ij,ij->i", n, dl))
-    return np.where(hit, t, np.inf), np.nan_to_num(cos)
+    """Per (ray, yawed ellipsoid) pair."""
+    loc = _Local.of(np.asarray(origin, np.float64), center, yaw)
+    lx, ly = _rotate(loc, dirs[:, 0], dirs[:, 1])
+    inv = 1.0 / radii
+    return _ellipsoid_kernel(loc.ox, loc.oy, loc.oz, lx, ly, dirs[:, 2], inv[:, 0], inv[:, 1], inv[:, 2])
 
 
 def angular_windows(shapes: Shapes, origin: np.ndarray, yaw0: float, tilt: float, elevations: np.ndarray,
@@ -196,8 +218,9 @@ def cast(shapes: Shapes, origin: np.ndarray, dirs_world: np.ndarray, yaw0: float
          elevations: np.ndarray, width: int, max_range: float, rng: np.random.Generator | None = None):
     """Nearest hit per ray among `shapes`. Returns (t, cos_incidence, shape_index) per ray, inf/-1 on a miss.
 
-    `dirs_world` is (H*W, 3) in range-image order. Porous solids let a ray through with their porosity
-    (drawn from `rng`), which is how foliage and fences thin out instead of blocking like walls.
+    `dirs_world` is (H*W, 3) in range-image order. Pairs are generated solid by solid, so per-solid values
+    reach their pairs by `np.repeat` rather than a gather. Porous solids let a ray through with their
+    porosity (drawn from `rng`): foliage and fences thin out instead of blocking like walls.
     """
     n_rays = len(dirs_world)
     best_t = np.full(n_rays, np.inf)
@@ -207,42 +230,50 @@ def cast(shapes: Shapes, origin: np.ndarray, dirs_world: np.ndarray, yaw0: float
         return best_t, best_cos, best_idx
     r0, nr, u0, nu = angular_windows(shapes, origin, yaw0, tilt, elevations, width, max_range)
     counts = nr * nu
-    total = int(counts.sum())
-    if total == 0:
-        return best_t, best_cos, best_idx
-    prim = np.repeat(np.arange(len(shapes)), counts)
-    start = np.repeat(np.cumsum(counts) - counts, counts)
-    k = np.arange(total) - start
-    nu_p = nu[prim]
-    row = r0[prim] + k // nu_p
-    col = (u0[prim] + k % nu_p) % width
-    ray = row * width + col
-    t = np.full(total, np.inf)
-    cos = np.zeros(total)
-    kinds = shapes.kind[prim]
+    loc = _Local.of(np.asarray(origin, np.float64), shapes.center, shapes.yaw)
+    dxw, dyw, dzw = (np.ascontiguousarray(dirs_world[:, i]) for i in range(3))
+    rays, ts, coss, prims = [], [], [], []
     for kind in (BOX, CYLINDER, ELLIPSOID):
-        sel = np.flatnonzero(kinds == kind)
-        if not len(sel):
+        idx = np.flatnonzero((shapes.kind == kind) & (counts > 0))
+        if not len(idx):
             continue
-        p = prim[sel]
-        d = dirs_world[ray[sel]]
-        if kind == BOX:
-            tt, cc = intersect_boxes(origin, d, shapes.center[p], shapes.size[p], shapes.yaw[p])
-        elif kind == CYLINDER:
-            tt, cc = intersect_cylinders(origin, d, shapes.center[p], shapes.size[p])
+        cnt = counts[idx]
+        total = int(cnt.sum())
+
+        def rep(v: np.ndarray, idx=idx, cnt=cnt) -> np.ndarray:
+            return np.repeat(v[idx], cnt)
+
+        k = np.arange(total) - np.repeat(np.cumsum(cnt) - cnt, cnt)
+        nu_p = rep(nu)
+        ray = (rep(r0) + k // nu_p) * width + (rep(u0) + k % nu_p) % width
+        dx, dy, dz = dxw[ray], dyw[ray], dzw[ray]
+        ox, oy, oz = rep(loc.ox), rep(loc.oy), rep(loc.oz)
+        cp, sp = rep(loc.c), rep(loc.s)
+        lx, ly = cp * dx + sp * dy, -sp * dx + cp * dy  # solid frame (a cylinder's yaw is harmless)
+        if kind == CYLINDER:
+            t, cos = _cylinder_kernel(ox, oy, oz, lx, ly, dz, rep(shapes.size[:, 0]), rep(shapes.size[:, 2]))
+        elif kind == BOX:
+            t, cos = _box_kernel(ox, oy, oz, lx, ly, dz, rep(shapes.size[:, 0]), rep(shapes.size[:, 1]),
+                                 rep(shapes.size[:, 2]))
         else:
-            tt, cc = intersect_ellipsoids(origin, d, shapes.center[p], shapes.size[p], shapes.yaw[p])
-        t[sel] = tt
-        cos[sel] = cc
-    hit = np.isfinite(t)
-    if rng is not None:
-        por = shapes.porosity[prim]
-        porous = hit & (por > 0)
-        if porous.any():
-            hit[porous] &= rng.random(int(porous.sum())) >= por[porous]
-    if not hit.any():
+            inv = 1.0 / shapes.size
+            t, cos = _ellipsoid_kernel(ox, oy, oz, lx, ly, dz, rep(inv[:, 0]), rep(inv[:, 1]), rep(inv[:, 2]))
+        hit = np.isfinite(t)
+        prim = rep(np.arange(len(shapes)))
+        if rng is not None:
+            por = shapes.porosity[prim]
+            porous = hit & (por > 0)
+            if porous.any():
+                hit[porous] &= rng.random(int(porous.sum())) >= por[porous]
+        rays.append(ray[hit])
+        ts.append(t[hit])
+        coss.append(cos[hit])
+        prims.append(prim[hit])
+    if not rays:
         return best_t, best_cos, best_idx
-    ray, t, cos, prim = ray[hit], t[hit], cos[hit], prim[hit]
+    ray, t, cos, prim = (np.concatenate(v) for v in (rays, ts, coss, prims))
+    if not len(ray):
+        return best_t, best_cos, best_idx
     np.minimum.at(best_t, ray, t)
     win = t <= best_t[ray]
     best_cos[ray[win]] = cos[win]

@@ -164,37 +164,48 @@ class LidarSimulator:
         # 2. Ground: carriageway level, then the curb step (raised sidewalks and verges).
         t_ground, cls_ground, cos_ground = self._ground(world, origin, dirs, sensor.max_range)
 
-        # 3. Nearest surface wins.
+        # 3. Nearest surface wins; everything after works on the rays that hit something.
         use_obj = t_obj < t_ground
         t = np.where(use_obj, t_obj, t_ground)
-        cos = np.where(use_obj, cos_obj, cos_ground)
-        refl = np.where(use_obj, shapes.reflectivity[np.maximum(idx_obj, 0)] if len(shapes) else 0.0,
-                        GROUND_REFLECTIVITY[cls_ground])
-        labels = np.where(use_obj, len(MAP_CLASSES) + (shapes.label[np.maximum(idx_obj, 0)] if len(shapes) else 0),
-                          cls_ground).astype(np.uint8)
-        instance = np.where(use_obj & (idx_obj >= 0), shapes.actor[np.maximum(idx_obj, 0)] if len(shapes) else -1, -1)
+        hit = np.flatnonzero(np.isfinite(t) & ~self._ego_mask.ravel())
+        n = len(hit)
+        obj = use_obj[hit]
+        oi = np.maximum(idx_obj[hit], 0)
+        gc = cls_ground[hit]
+        cos = np.where(obj, cos_obj[hit], cos_ground[hit])
+        if len(shapes):
+            refl = np.where(obj, shapes.reflectivity[oi], GROUND_REFLECTIVITY[gc])
+            labels = np.where(obj, len(MAP_CLASSES) + shapes.label[oi], gc)
+            instance = np.where(obj, shapes.actor[oi], -1)
+        else:
+            refl, labels, instance = GROUND_REFLECTIVITY[gc], gc, np.full(n, -1)
 
-        # 4. Intensity, noise and drop.
-        n = len(t)
-        hit = np.isfinite(t)
-        r = np.where(hit, t, 0.0) + rng.normal(0.0, cfg.range_noise, n)
+        # 4. Range noise, intensity, and drop (weak returns, grazing incidence, random loss).
+        r = t[hit] + rng.normal(0.0, cfg.range_noise, n)
         signal = refl * np.clip(cos, 0.0, 1.0) ** cfg.incidence_power * np.exp(-2.0 * cfg.attenuation * r)
         sig = cfg.intensity_noise
         signal = signal * np.exp(sig * rng.standard_normal(n) - 0.5 * sig * sig)
         inten = np.clip((cfg.intensity_gain * signal) ** cfg.intensity_gamma, 0.0, 1.0)
         p_drop = cfg.drop_general + (1.0 - cfg.drop_general) * cfg.drop_zero_intensity * np.clip(
             1.0 - signal / max(cfg.drop_intensity_limit, 1e-9), 0.0, 1.0)
-        keep = hit & (rng.random(n) >= p_drop) & (cos >= cfg.grazing_cos) & ~self._ego_mask.ravel()
+        keep = (rng.random(n) >= p_drop) & (cos >= cfg.grazing_cos)
         keep &= (r >= sensor.min_range) & (r <= sensor.max_range)
+        pix = hit[keep]
 
-        range_img = np.where(keep, r, 0.0).astype(np.float32).reshape(h, w)
-        inten_img = np.where(keep, inten, 0.0).astype(np.float32).reshape(h, w)
-        label_img = np.where(keep, labels, 0).astype(np.uint8).reshape(h, w)
-        inst_img = np.where(keep, instance, -1).astype(np.int32).reshape(h, w)
-        image = RangeImage(range_img, inten_img)
+        range_img = np.zeros(h * w, np.float32)
+        inten_img = np.zeros(h * w, np.float32)
+        label_img = np.zeros(h * w, np.uint8)
+        inst_img = np.full(h * w, -1, np.int32)
+        range_img[pix] = r[keep]
+        inten_img[pix] = inten[keep]
+        label_img[pix] = labels[keep]
+        inst_img[pix] = instance[keep]
+        image = RangeImage(range_img.reshape(h, w), inten_img.reshape(h, w))
+        label_img = label_img.reshape(h, w)
+        inst_img = inst_img.reshape(h, w)
         mask = image.mask
-        xyz = self._dirs.reshape(h, w, 3)[mask] * range_img[mask, None].astype(np.float64)
-        points = np.concatenate([xyz, inten_img[mask, None]], axis=1).astype(np.float32)
+        xyz = self._dirs.reshape(h, w, 3)[mask] * image.range[mask, None].astype(np.float64)
+        points = np.concatenate([xyz, image.intensity[mask, None]], axis=1).astype(np.float32)
         return SimScan(image=image, points=points, labels=label_img[mask], label_image=label_img,
                        instance_image=inst_img)
 
