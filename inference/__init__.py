@@ -19,6 +19,7 @@ _EXPORTS = {
     "MAX_FRAMES": "inference.pipeline",
     "MAX_STEPS": "inference.pipeline",
     "action_poses": "inference.pipeline",
+    "write_rollout": "inference.pipeline",
     "load_model": "inference.loader",
     "resolve_source": "inference.loader",
     "select_device": "inference.loader",

@@ -23,12 +23,10 @@ import numpy as np
 import psutil
 
 from inference.loader import ModelSourceError
-from inference.pipeline import MAX_FRAMES, MAX_STEPS, LidarVersePipeline, load_pipeline
+from inference.pipeline import MAX_FRAMES, MAX_STEPS, LidarVersePipeline, load_pipeline, write_rollout
 from inference.rollout import Progress, RolloutResult
-from lidar.formats import read_points, write_points
+from lidar.formats import read_points
 from lidar.sim import ACTIONS, STYLES
-
-logger = logging.getLogger(__name__)
 
 FORMATS = ("bin", "pcd", "ply", "npz")
 
@@ -123,55 +121,24 @@ def _write(
     ready: float,
     request: dict[str, Any],
 ) -> None:
-    """One file per frame, the accumulated world, poses.json; then the timing table on stdout."""
-    folder = Path(args.out)
-    folder.mkdir(parents=True, exist_ok=True)
-    start = time.perf_counter()
-    records = []
-    for frame in out.frames:
-        name = f"frame_{frame.index:03d}.{args.format}"
-        if len(frame.points):
-            write_points(folder / name, frame.points)
-        else:  # a sweep with no returns has no file; the record says so
-            logger.warning("frame %d has no returns; %s not written", frame.index, name)
-            name = None
-        records.append(
-            {
-                "index": frame.index,
-                "file": name,
-                "points": len(frame.points),
-                "pose": frame.pose.tolist(),
-                "seconds": frame.seconds,
-            }
-        )
-    world = f"world.{args.format}"
-    write_points(folder / world, out.world)
-    write_seconds = time.perf_counter() - start
-    timings = {**out.timings, "ready": ready, "write": write_seconds}
-    meta = {
+    """Frame files, world and poses.json (`write_rollout`), then the timing table on stdout."""
+    request = {
         "command": args.command,
-        "request": {
-            **request,
-            "frames": args.frames,
-            "steps": args.steps,
-            "seed": args.seed,
-            "guidance": args.guidance,
-        },
-        "convention": "pose = world_from_sensor (4x4, metres); frame files in the sensor frame, world file in the world frame",
-        "sensor": pipe.sensor.to_dict(),
-        "model": pipe.provenance.to_dict(),
-        "frames": records,
-        "world": world,
-        "world_points": len(out.world),
-        "timings": timings,
+        **request,
+        "frames": args.frames,
+        "steps": args.steps,
+        "seed": args.seed,
+        "guidance": args.guidance,
     }
-    (folder / "poses.json").write_text(json.dumps(meta, indent=2) + "\n")
+    meta = write_rollout(
+        args.out, out, args.format, sensor=pipe.sensor, provenance=pipe.provenance, request=request
+    )
     steps = args.steps or pipe.config.default_steps
-    print(f"wrote {len(out.frames)} frames + {world} ({len(out.world)} points) to {folder}")
+    print(f"wrote {len(out.frames)} frames + {meta['world']} ({len(out.world)} points) to {args.out}")
     print(f"{'frames':>6} {'steps':>5} {'ready s':>8} {'rollout s':>9} {'frames/s':>8} {'write s':>7}")
     print(
         f"{len(out.frames):>6} {steps:>5} {ready:>8.2f} {out.timings['total']:>9.2f} "
-        f"{out.timings['frames_per_second']:>8.2f} {write_seconds:>7.2f}"
+        f"{out.timings['frames_per_second']:>8.2f} {meta['timings']['write']:>7.2f}"
     )
 
 

@@ -8,11 +8,13 @@ checked here, before any compute, so a UI can show the message as it is.
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 import os
 import time
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -22,7 +24,7 @@ from inference.cache import SpatialCache
 from inference.loader import Provenance, load_model
 from inference.network import WorldModel, WorldModelConfig
 from inference.rollout import MapSource, Progress, RolloutResult, cache_from_scans, rollout
-from lidar.formats import Scan
+from lidar.formats import Scan, write_points
 from lidar.range_image import RangeImage, project, unproject
 from lidar.sensors import Sensor
 from lidar.sim import ACTIONS, World, make_world, plan_drive
@@ -39,6 +41,8 @@ MAX_GUIDANCE = 20.0
 #: Dead-reckoned ego motion for forecasts from real scans, which come without a map to plan on.
 FORECAST_SPEED = 6.0  # m/s
 FORECAST_TURN_RADIUS = 12.0  # m
+#: Written beside the frame files by `write_rollout`.
+POSES_NAME = "poses.json"
 #: A prefix scan must leave at least this many returns on the model's beams to be worth conditioning on.
 MIN_PREFIX_RETURNS = 100
 
@@ -352,6 +356,63 @@ def load_pipeline(
 ) -> LidarVersePipeline:
     """`LidarVersePipeline.from_pretrained`: None -> $LIDARVERSE_MODEL, else weights/default."""
     return LidarVersePipeline.from_pretrained(source, device, dtype, **kwargs)
+
+
+def write_rollout(
+    folder: str | os.PathLike[str],
+    result: RolloutResult,
+    fmt: str = "bin",
+    *,
+    sensor: Sensor,
+    provenance: Provenance | None = None,
+    request: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """Write `frame_XXX.<fmt>` per frame (sensor frame), `world.<fmt>` (world frame) and `poses.json`.
+
+    The one poses.json layout the CLI and the app's download share; returns its content. A frame without
+    returns gets no file (`"file": null`), since point formats cannot hold an empty cloud.
+    """
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    start = time.perf_counter()
+    records = []
+    for frame in result.frames:
+        name: str | None = f"frame_{frame.index:03d}.{fmt}"
+        if len(frame.points):
+            write_points(folder / name, frame.points)
+        else:
+            logger.warning("frame %d has no returns; %s not written", frame.index, name)
+            name = None
+        records.append(
+            {
+                "index": frame.index,
+                "file": name,
+                "points": len(frame.points),
+                "pose": frame.pose.tolist(),
+                "seconds": frame.seconds,
+            }
+        )
+    world: str | None = f"world.{fmt}"
+    if len(result.world):
+        write_points(folder / world, result.world)
+    else:
+        world = None
+    meta = {
+        "convention": "pose = world_from_sensor (4x4 float64, metres, x fwd / y left / z up); frame files are in "
+        "the sensor frame, the world file in the world frame",
+        "request": request or {},
+        "sensor": sensor.to_dict(),
+        "model": provenance.to_dict() if provenance is not None else None,
+        "frames": records,
+        "world": world,
+        "world_points": len(result.world),
+        "timings": {**result.timings, "write": time.perf_counter() - start},
+    }
+    (folder / POSES_NAME).write_text(json.dumps(meta, indent=2) + "\n")
+    logger.info(
+        "wrote %d frames and %s to %s in %.2fs", len(records), world, folder, meta["timings"]["write"]
+    )
+    return meta
 
 
 def action_poses(

@@ -103,7 +103,7 @@ def test_forecast_from_a_real_scan_file(release, tmp_path, capsys):
     assert main(args) == 0
     assert (out / "frame_000.npz").is_file() and (out / "world.npz").is_file()
     meta = json.loads((out / "poses.json").read_text())
-    assert meta["request"]["prefix"] == [str(scan)] and meta["command"] == "forecast"
+    assert meta["request"]["prefix"] == [str(scan)] and meta["request"]["command"] == "forecast"
 
 
 @pytest.mark.parametrize(

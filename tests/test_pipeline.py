@@ -6,13 +6,15 @@ validation), not sample quality.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 from inference import MAX_FRAMES, MAX_STEPS, LidarVersePipeline, load_pipeline
-from inference.pipeline import FORECAST_SPEED, action_poses
+from inference.pipeline import FORECAST_SPEED, action_poses, write_rollout
+from inference.rollout import Frame, RolloutResult
 from lidar.formats import read_points
 from lidar.range_image import RangeImage
 from lidar.sensors import HDL64
@@ -166,3 +168,22 @@ def test_action_poses_dead_reckon_straight_and_turns():
 def test_bad_generate_inputs_fail_before_any_compute(pipe, world, kwargs, message):
     with pytest.raises(ValueError, match=message):
         pipe.generate_world(**{"map": world, "frames": 1, "steps": 1, **kwargs})
+
+
+def test_write_rollout_writes_frames_world_and_poses_json(pipe, tmp_path):
+    h, w = pipe.sensor.shape
+    empty = RangeImage(np.zeros((h, w), np.float32), np.zeros((h, w), np.float32))
+    pts = np.array([[1.0, 2.0, 0.5, 0.25], [3.0, -1.0, 0.0, 1.0]], np.float32)
+    pose = np.eye(4)
+    pose[0, 3] = 4.0
+    frames = [Frame(0, np.eye(4), pts, empty, 0.1), Frame(1, pose, pts[:0], empty, 0.2)]
+    result = RolloutResult(frames, pts + np.float32([4.0, 0, 0, 0]), {"total": 0.3}, cache=None)
+    meta = write_rollout(
+        tmp_path, result, "ply", sensor=pipe.sensor, provenance=pipe.provenance, request={"seed": 1}
+    )
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["frame_000.ply", "poses.json", "world.ply"]
+    np.testing.assert_allclose(read_points(tmp_path / "frame_000.ply").points, pts)
+    assert json.loads((tmp_path / "poses.json").read_text()) == meta
+    assert [f["file"] for f in meta["frames"]] == ["frame_000.ply", None]  # no returns, no file
+    assert meta["frames"][1]["pose"] == pose.tolist() and meta["request"] == {"seed": 1}
+    assert meta["model"]["source"] == pipe.provenance.source and meta["world_points"] == 2
