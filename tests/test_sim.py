@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import time
 from dataclasses import replace
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -201,3 +202,49 @@ def test_simulate_sequence_accepts_custom_poses(urban):
     assert len(seq) == 2 and seq.map_classes.shape == (2, 32, 128)
     with pytest.raises(ValueError, match="poses"):
         simulate_sequence(urban, np.eye(4), sensor)
+
+
+def test_sidewalks_stand_one_curb_above_the_road_and_the_ego_body_blocks_its_rays(urban):
+    from lidar.sim.hdmap import CURB_HEIGHT
+
+    sensor = HDL32.with_width(512)
+    pose = plan_drive(urban, "straight", 1, seed=5)[0]
+    sim = LidarSimulator(sensor, seed=0, config=replace(SensorModelConfig.for_sensor(sensor), range_noise=0.0))
+    scan = sim.scan(urban, pose)
+    world_pts = scan.points[:, :3].astype(np.float64) @ pose[:3, :3].T + pose[:3, 3]
+    above = world_pts[:, 2] - urban.hdmap.terrain_height(world_pts[:, 0], world_pts[:, 1])
+    road = scan.labels == MAP_CLASS_INDEX["road"]
+    sidewalk = scan.labels == MAP_CLASS_INDEX["sidewalk"]
+    assert road.sum() > 100 and sidewalk.sum() > 100
+    np.testing.assert_allclose(np.median(above[road]), 0.0, atol=0.01)
+    np.testing.assert_allclose(np.median(above[sidewalk]), CURB_HEIGHT, atol=0.01)
+    assert sim._ego_mask.any() and not scan.image.mask[sim._ego_mask].any()
+
+
+def test_on_the_fly_dataset_splits_sequences_across_dataloader_workers():
+    from torch.utils.data import DataLoader
+
+    sensor = HDL32.with_width(64)
+    stream = OnTheFlySimDataset(sensor, frames=2, seed=9, num_sequences=4)
+    items = list(DataLoader(stream, batch_size=None, num_workers=2))
+    assert sorted(it["sequence"] for it in items) == [0, 0, 1, 1, 2, 2, 3, 3]
+    direct = generate_sequence(sequence_spec(9, 3), sensor, 2)
+    got = next(it for it in items if it["sequence"] == 3 and it["frame"] == 1)
+    np.testing.assert_array_equal(got["range"][0].numpy(), direct.frames[1].image.range)
+
+
+REAL_SCANS = Path(__file__).resolve().parents[2] / "shared/data/real_scans"
+
+
+@pytest.mark.skipif(not (REAL_SCANS / "nuscenes_lidaraisolution_ff9eff4389a740848f9a56ad749a4ae8.bin").exists(),
+                    reason=f"real scans not found under {REAL_SCANS}")
+def test_simulated_hdl32_statistics_stay_near_the_real_nuscenes_sweep():
+    from lidar.sim.realism import real_images, scan_stats, sim_images
+
+    real = scan_stats(real_images("hdl32", REAL_SCANS)[0], HDL32)
+    sim = [scan_stats(im, HDL32) for im in sim_images(HDL32, worlds=2, frames=1)]
+    returns = np.mean([s.returns for s in sim])
+    assert abs(returns / real.returns - 1) < 0.25
+    assert abs(np.mean([s.intensity_pct[1] for s in sim]) / real.intensity_pct[1] - 1) < 0.5
+    assert abs(np.mean([s.ring_radius[0] for s in sim]) / real.ring_radius[0] - 1) < 0.1
+    assert abs(np.mean([s.range_pct[1] for s in sim]) / real.range_pct[1] - 1) < 0.3
