@@ -284,13 +284,16 @@ def _resolve_hub(
     )
     cache = Path(cache_dir or os.environ.get("HF_HUB_CACHE") or constants.HF_HUB_CACHE).expanduser()
     where = f"Hub repo {repo!r} at revision {revision!r}"
+    local_hint = "" if source.startswith(HUB_PREFIX) else f" (and no local path {spec!r} exists either)"
     files: dict[str, Path] = {}
     start = time.perf_counter()
+    pinned = revision  # after the first file, the commit it came from: both files from one commit
     for name in (CONFIG_NAME, WEIGHTS_NAME):
         try:
             files[name] = Path(
-                hf_hub_download(repo, name, revision=revision, cache_dir=cache, local_files_only=offline)
+                hf_hub_download(repo, name, revision=pinned, cache_dir=cache, local_files_only=offline)
             )
+            pinned = files[name].parent.name  # .../snapshots/<commit>/<name>
         except GatedRepoError:
             raise ModelSourceError(
                 f"{where} is gated: accept its terms on https://huggingface.co/{repo} and set HF_TOKEN "
@@ -298,8 +301,8 @@ def _resolve_hub(
             ) from None
         except RepositoryNotFoundError:
             raise ModelSourceError(
-                f"{where} does not exist or is private (and no local path {spec!r} exists either); check the "
-                "id, or set HF_TOKEN (or run `hf auth login`) if the repo is private"
+                f"{where} does not exist or is private{local_hint}; check the id, or set HF_TOKEN (or run "
+                "`hf auth login`) if the repo is private"
             ) from None
         except RevisionNotFoundError:
             raise ModelSourceError(
@@ -317,11 +320,10 @@ def _resolve_hub(
             raise ModelSourceError(
                 f"model source {source!r} is not a valid Hub id ({exc}); expected org/name[@revision]"
             ) from None
-    commit = files[WEIGHTS_NAME].parent.name  # .../snapshots/<commit>/model.safetensors
     logger.info(
-        "resolved %s to commit %s in %.2fs (offline=%s)", where, commit, time.perf_counter() - start, offline
+        "resolved %s to commit %s in %.2fs (offline=%s)", where, pinned, time.perf_counter() - start, offline
     )
-    return _resolve_release(files[WEIGHTS_NAME].parent, source, "hub", override, revision=commit)
+    return _resolve_release(files[WEIGHTS_NAME].parent, source, "hub", override, revision=pinned)
 
 
 def _not_cached_message(
