@@ -199,10 +199,6 @@ class Population:
     scenery: Shapes  # static solids of scenery and of static actors, in world coordinates
 
 
-def _ground(hdmap: HDMap, x: float, y: float) -> float:
-    return float(hdmap.ground_height(np.array([x]), np.array([y]))[0])
-
-
 def populate(rng: np.random.Generator, layout: Layout, style: str) -> Population:
     """Place parked and driving vehicles, people, poles, signs, trees, walls, fences and buildings."""
     hdmap, graph = layout.hdmap, layout.graph
@@ -290,7 +286,7 @@ def populate(rng: np.random.Generator, layout: Layout, style: str) -> Population
                 for s in np.arange(s_lo, s_hi, rng.uniform(25.0, 35.0)):
                     pos, tan = point_at(edge, np.array([s]), ecum)
                     x, y = float(pos[0, 0]), float(pos[0, 1])
-                    z = _ground(hdmap, x, y)
+                    z = 0.0  # heights of scenery rows are relative to the ground under them (added at the end)
                     h = float(rng.uniform(6.5, 9.0))
                     static_rows.append(_row(CYLINDER, (x, y, z + h / 2), (0.12, 0.12, h / 2), 0.0, 0.3, "pole", -1))
                     inward = -side * np.array([-tan[0, 1], tan[0, 0]])
@@ -303,14 +299,14 @@ def populate(rng: np.random.Generator, layout: Layout, style: str) -> Population
                     if rng.random() < 0.85:
                         for s in np.arange(s_lo + rng.uniform(0, 8), s_hi, rng.uniform(7.0, 14.0)):
                             pos, _ = point_at(tree_line, np.array([s]), tcum)
-                            static_rows += _tree(rng, hdmap, float(pos[0, 0]), float(pos[0, 1]))
+                            static_rows += _tree(rng, float(pos[0, 0]), float(pos[0, 1]))
                     # Hedges behind the sidewalk, in pieces: the low clutter that lines real streets.
                     if rng.random() < (0.6 if style == "suburban" else 0.25):
                         back = offset_line(r.centre, side * (r.half_width + r.sidewalk + 0.6))
                         a = s_lo + rng.uniform(0, 10)
                         while a < s_hi - 4:
                             b = min(a + rng.uniform(4, 20), s_hi)
-                            static_rows += _wall_along(hdmap, sub_line(back, a, b), float(rng.uniform(0.7, 1.6)),
+                            static_rows += _wall_along(sub_line(back, a, b), float(rng.uniform(0.7, 1.6)),
                                                        float(rng.uniform(0.6, 1.0)), "bush", 0.4, 0.3, segment=6.0)
                             a = b + rng.uniform(2, 12)
         # 5. Highway furniture: a median barrier and noise walls, broken at junctions.
@@ -319,7 +315,7 @@ def populate(rng: np.random.Generator, layout: Layout, style: str) -> Population
                                     (-(r.half_width + 1.0), float(rng.uniform(2.5, 4.0)), 0.3)):
                 if off != 0.0 and rng.random() < 0.4:
                     continue
-                static_rows += _wall_along(hdmap, offset_line(inner, off), hgt, thick, "wall", 0.3, 0.0)
+                static_rows += _wall_along(offset_line(inner, off), hgt, thick, "wall", 0.3, 0.0)
 
     # 6. Signs at junction approaches.
     for n in range(len(graph.nodes)):
@@ -333,21 +329,23 @@ def populate(rng: np.random.Generator, layout: Layout, style: str) -> Population
             pos, tan = point_at(line, np.array([radius[n] + 3.0]))
             normal = np.array([-tan[0, 1], tan[0, 0]])
             p = pos[0] - normal * (r.half_width + 0.4)
-            z = _ground(hdmap, float(p[0]), float(p[1]))
+            z = 0.0
             h = float(rng.uniform(2.2, 2.8))
             yaw = float(np.arctan2(tan[0, 1], tan[0, 0]))
             static_rows.append(_row(CYLINDER, (p[0], p[1], z + h / 2), (0.04, 0.04, h / 2), 0.0, 0.3, "sign", -1))
             static_rows.append(_row(BOX, (p[0], p[1], z + h + 0.3), (0.03, 0.35, 0.35), yaw, 0.95, "sign", -1))
 
     # 7. Buildings, green areas with trees and bushes, garden fences.
-    for b in layout.buildings:
-        corners = b.corners()
-        base = float(hdmap.ground_height(corners[:, 0], corners[:, 1]).min()) - 0.5
-        h = b.height + 0.5
-        static_rows.append(_row(BOX, (b.cx, b.cy, base + h / 2), (b.half_length, b.half_width, h / 2), b.yaw,
-                                float(rng.uniform(0.15, 0.45)), "facade", -1, WINDOW_FRACTION))
-        if style == "suburban" and rng.random() < 0.5:
-            static_rows += _fence_around(rng, hdmap, b)
+    building_rows = []
+    if layout.buildings:
+        corners = np.stack([b.corners() for b in layout.buildings])
+        bases = hdmap.ground_height(corners[..., 0], corners[..., 1]).min(axis=1) - 0.5
+        for b, base in zip(layout.buildings, bases, strict=True):
+            h = b.height + 0.5
+            building_rows.append(_row(BOX, (b.cx, b.cy, base + h / 2), (b.half_length, b.half_width, h / 2), b.yaw,
+                                      float(rng.uniform(0.15, 0.45)), "facade", -1, WINDOW_FRACTION))
+            if style == "suburban" and rng.random() < 0.5:
+                static_rows += _fence_around(rng, b)
     for g in layout.green:
         n_trees = int(g.half_length * g.half_width * 4 / 60.0 * rng.uniform(0.5, 1.2))
         for _ in range(n_trees):
@@ -356,27 +354,28 @@ def populate(rng: np.random.Generator, layout: Layout, style: str) -> Population
             x = g.cx + c * u * g.half_length - s * v * g.half_width
             y = g.cy + s * u * g.half_length + c * v * g.half_width
             if rng.random() < 0.6:
-                static_rows += _tree(rng, hdmap, float(x), float(y))
+                static_rows += _tree(rng, float(x), float(y))
             else:
                 rxy = float(rng.uniform(0.6, 1.6))
                 rz = float(rng.uniform(0.5, 1.2))
-                static_rows.append(_row(ELLIPSOID, (x, y, _ground(hdmap, float(x), float(y)) + rz * 0.8), (rxy, rxy * rng.uniform(0.7, 1.0), rz),
+                static_rows.append(_row(ELLIPSOID, (x, y, rz * 0.8), (rxy, rxy * rng.uniform(0.7, 1.0), rz),
                                         float(rng.uniform(0, np.pi)), 0.4, "bush", -1, 0.3))
 
-    # Static actors are baked into the scenery; moving actors are placed per frame.
-    static_parts = []
-    for a in actors:
-        if not a.moving:
-            x, y, z, yaw = a.pose_at(0.0, hdmap)
-            static_parts.append(a.parts.placed(x, y, z, yaw))
-    scenery = Shapes.concat([Shapes.from_rows(static_rows), *static_parts])
+    # Scenery rows are relative to the ground under their centre; one batched lookup places them all.
+    # Static actors are baked into the scenery too; moving actors are placed per frame.
+    rel = Shapes.from_rows(static_rows)
+    rel.center[:, 2] += hdmap.ground_height(rel.center[:, 0], rel.center[:, 1])
+    still = [a for a in actors if not a.moving]
+    zs = hdmap.ground_height(np.array([a.x for a in still]), np.array([a.y for a in still])) if still else []
+    static_parts = [a.parts.placed(a.x, a.y, float(z), a.yaw) for a, z in zip(still, zs, strict=True)]
+    scenery = Shapes.concat([rel, Shapes.from_rows(building_rows), *static_parts])
     logger.debug("populated %s: %d actors (%d moving), %d static solids", style, len(actors),
                  sum(a.moving for a in actors), len(scenery))
     return Population(actors=actors, scenery=scenery)
 
 
-def _tree(rng: np.random.Generator, hdmap: HDMap, x: float, y: float) -> list[tuple]:
-    z = _ground(hdmap, x, y)
+def _tree(rng: np.random.Generator, x: float, y: float) -> list[tuple]:
+    z = 0.0
     trunk_h = float(rng.uniform(1.8, 3.5))
     r = float(rng.uniform(0.12, 0.3))
     rxy = float(rng.uniform(1.5, 3.8))
@@ -386,7 +385,7 @@ def _tree(rng: np.random.Generator, hdmap: HDMap, x: float, y: float) -> list[tu
                  float(rng.uniform(0, np.pi)), 0.45, "tree", -1, 0.35)]
 
 
-def _wall_along(hdmap: HDMap, line: np.ndarray, height: float, thickness: float, cls: str, refl: float,
+def _wall_along(line: np.ndarray, height: float, thickness: float, cls: str, refl: float,
                 porosity: float, segment: float = 12.0) -> list[tuple]:
     """Straight box segments approximating a wall or fence along a (possibly curved) line."""
     rows = []
@@ -396,19 +395,19 @@ def _wall_along(hdmap: HDMap, line: np.ndarray, height: float, thickness: float,
         p, _ = point_at(line, np.array([s, e]), cum)
         mid = p.mean(axis=0)
         d = p[1] - p[0]
-        z = _ground(hdmap, float(mid[0]), float(mid[1])) - 0.2
+        z = -0.2
         rows.append(_row(BOX, (mid[0], mid[1], z + (height + 0.2) / 2),
                          (np.linalg.norm(d) / 2 + 0.05, thickness / 2, (height + 0.2) / 2),
                          float(np.arctan2(d[1], d[0])), refl, cls, -1, porosity))
     return rows
 
 
-def _fence_around(rng: np.random.Generator, hdmap: HDMap, b: Footprint) -> list[tuple]:
+def _fence_around(rng: np.random.Generator, b: Footprint) -> list[tuple]:
     grow = Footprint(b.cx, b.cy, b.half_length + rng.uniform(2, 5), b.half_width + rng.uniform(2, 5), b.yaw)
     ring = grow.corners()
     height = float(rng.uniform(1.1, 1.8))
     rows = []
     for i in (1, 2, 3):  # leave the street-facing side open
         seg = np.stack([ring[i], ring[(i + 1) % 4]])
-        rows += _wall_along(hdmap, seg, height, 0.05, "fence", 0.25, 0.5, segment=50.0)
+        rows += _wall_along(seg, height, 0.05, "fence", 0.25, 0.5, segment=50.0)
     return rows

@@ -192,9 +192,10 @@ def build_layout(rng: np.random.Generator, graph: RoadGraph, style: str) -> Layo
             if pattern == "solid":
                 paint.line(line, 0.15, "lane_marking")
                 continue
-            length = (s1 - s0)
-            for a in np.arange(0.0, length - dash, dash + gap):
-                paint.line(sub_line(line, a, a + dash, spacing=dash), 0.15, "lane_marking")
+            starts = np.arange(0.0, (s1 - s0) - dash, dash + gap)
+            ends, _ = point_at(line, starts + dash)
+            for p0, p1 in zip(point_at(line, starts)[0], ends, strict=True):  # dashes are short: straight
+                paint.line(np.stack([p0, p1]), 0.15, "lane_marking")
         if r.kind == "highway":
             continue
         for end, node in ((0, r.a), (1, r.b)):

@@ -44,8 +44,8 @@ def arc_lengths(line: np.ndarray) -> np.ndarray:
 def point_at(line: np.ndarray, s: np.ndarray, cum: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
     """Positions (M, 2) and unit tangents (M, 2) at arc lengths `s` (clamped to the polyline)."""
     cum = arc_lengths(line) if cum is None else cum
-    s = np.clip(np.asarray(s, dtype=np.float64), 0.0, cum[-1])
-    i = np.clip(np.searchsorted(cum, s, side="right") - 1, 0, len(line) - 2)
+    s = np.minimum(np.maximum(np.asarray(s, dtype=np.float64), 0.0), cum[-1])
+    i = np.minimum(np.maximum(np.searchsorted(cum, s, side="right") - 1, 0), len(line) - 2)
     seg = line[i + 1] - line[i]
     seg_len = np.maximum(cum[i + 1] - cum[i], 1e-9)
     a = (s - cum[i]) / seg_len
@@ -56,8 +56,11 @@ def point_at(line: np.ndarray, s: np.ndarray, cum: np.ndarray | None = None) -> 
 
 def offset_line(line: np.ndarray, offset: float) -> np.ndarray:
     """The polyline shifted `offset` metres to its left (negative: right), using vertex normals."""
-    d = np.gradient(line, axis=0)
-    d /= np.maximum(np.linalg.norm(d, axis=1, keepdims=True), 1e-9)
+    d = np.empty_like(line)
+    d[1:-1] = line[2:] - line[:-2]
+    d[0] = line[1] - line[0]
+    d[-1] = line[-1] - line[-2]
+    d /= np.maximum(np.hypot(d[:, 0], d[:, 1]), 1e-9)[:, None]
     normal = np.stack([-d[:, 1], d[:, 0]], axis=1)
     return line + offset * normal
 
