@@ -187,3 +187,11 @@ def test_write_rollout_writes_frames_world_and_poses_json(pipe, tmp_path):
     assert [f["file"] for f in meta["frames"]] == ["frame_000.ply", None]  # no returns, no file
     assert meta["frames"][1]["pose"] == pose.tolist() and meta["request"] == {"seed": 1}
     assert meta["model"]["source"] == pipe.provenance.source and meta["world_points"] == 2
+
+
+def test_bf16_pipeline_returns_float32_points(tmp_path):
+    """bf16 is the CUDA default; the same plumbing must hold on CPU (points stay float32 for the writers)."""
+    pipe = load_pipeline(write_release(tmp_path / "r", tiny_model(seed=3)), dtype="bf16")
+    assert pipe.provenance.dtype == "bfloat16"
+    out = pipe.sample_sweep(steps=1, seed=0)
+    assert out.frames[0].points.dtype == np.float32 and len(out.frames[0].points) > 0
