@@ -561,7 +561,8 @@ def build_demo() -> gr.Blocks:
             api_name="forecast_from_scan", concurrency_id="model", concurrency_limit=GENERATION_CONCURRENCY,
         ))
         demo.load(model_info, None, info, api_name="model_info")
-        reload_button.click(reload_model, source, [info, status], api_name="reload_model", concurrency_id="model")
+        reload_button.click(reload_model, source, [info, status], api_name="reload_model", concurrency_id="model",
+                            concurrency_limit=GENERATION_CONCURRENCY)
     demo.queue(max_size=QUEUE_MAX_SIZE)
     return demo
 

@@ -303,3 +303,53 @@ def test_a_sensor_that_cannot_have_recorded_the_scan_is_refused():
     # KITTI's HDL-64E looks down to -24.9 deg; a VLP-16 sees only +-15 deg
     with pytest.raises(gr.Error, match=r"kitti_patchworkpp_000000\.bin: .* outside the beams of sensor 'vlp16'"):
         _forecast(KITTI_SCAN, sensor="vlp16")
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Launch: ZeroGPU and the command line
+
+
+class FakeSpaces:
+    """Stands in for the `spaces` package, which only exists on a ZeroGPU Space: records what it wraps."""
+
+    def __init__(self) -> None:
+        self.wrapped: list[str] = []
+
+    def GPU(self, duration: int):  # the real decorator's name
+        def decorate(fn):
+            self.wrapped.append(fn.__name__)
+
+            def on_gpu(*args, **kwargs):
+                yield from fn(*args, **kwargs)
+
+            on_gpu.__wrapped__ = fn
+            return on_gpu
+
+        assert duration > 0
+        return decorate
+
+
+def test_on_zerogpu_the_generation_callbacks_run_inside_spaces_gpu(monkeypatch):
+    fake = FakeSpaces()
+    monkeypatch.setattr(app, "spaces", fake)
+    demo = app.build_demo()
+    assert sorted(fake.wrapped) == ["forecast_from_scan", "generate_world"]
+    fns = {block_fn.api_name: block_fn for block_fn in demo.fns.values()}
+    assert fns["generate_world"].fn.__name__ == "on_gpu" and fns["model_info"].fn is app.model_info
+    assert fns["generate_world"].concurrency_limit == app.GENERATION_CONCURRENCY
+    outputs = next(fns["generate_world"].fn(3, "urban", "Straight", 1, 1, 0, 1.0))
+    assert Path(outputs[0]).name == "world_viewer.ply"
+
+
+def test_without_zerogpu_the_callbacks_are_used_as_they_are(monkeypatch):
+    monkeypatch.setattr(app, "spaces", None)
+    fns = {block_fn.api_name: block_fn for block_fn in app.build_demo().fns.values()}
+    assert fns["generate_world"].fn is app.generate_world and fns["forecast_from_scan"].fn is app.forecast_from_scan
+
+
+def test_a_bad_model_source_on_the_command_line_exits_with_one_line(tmp_path, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        app.main(["--model", str(tmp_path / "no-such-model"), "--port", "1"])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith("app.py: cannot load the model:") and "no-such-model" in err and "Traceback" not in err
