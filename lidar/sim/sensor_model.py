@@ -57,6 +57,9 @@ class SensorModelConfig:
     #: Device scale: gain and compression exponent from signal to reported intensity.
     intensity_gain: float = 1.0
     intensity_gamma: float = 1.0
+    #: Signal below this is reported as intensity 0 (the device's least count): KITTI reports 0 for 8 % of
+    #: its returns, half of those beyond 40 m.
+    intensity_floor: float = 0.0
     #: CARLA dropoff: random drop rate applied to every return. Fitted per device, it also stands for the
     #: pixels a real sweep leaves empty when its firings are binned into the range-image grid.
     drop_general: float = 0.02
@@ -72,7 +75,7 @@ class SensorModelConfig:
 
     def __post_init__(self) -> None:
         for name in ("range_noise", "attenuation", "intensity_noise", "drop_intensity_limit", "grazing_cos",
-                     "intensity_gain", "intensity_gamma"):
+                     "intensity_gain", "intensity_gamma", "intensity_floor"):
             if getattr(self, name) < 0:
                 raise ValueError(f"SensorModelConfig.{name} must be >= 0, got {getattr(self, name)}")
         for name in ("drop_general", "drop_zero_intensity"):
@@ -87,10 +90,10 @@ class SensorModelConfig:
 
 #: Profiles fitted to the real scans in shared/data/real_scans (see `python -m lidar.sim.realism`).
 SENSOR_PROFILES: dict[str, SensorModelConfig] = {
-    # KITTI reflectance is nearly flat in range and incidence and compressed; the roof rack hides the
-    # lowest beams over part of the sweep.
-    "hdl64": SensorModelConfig(intensity_gain=0.64, intensity_gamma=0.53, incidence_power=0.2, drop_general=0.07,
-                               ego_boxes=((-1.2, 0.4, 0.9, 0.4),)),
+    # KITTI reflectance is nearly flat in incidence and compressed, and weak (mostly far) returns read 0;
+    # the roof rack hides the lowest beams over part of the sweep.
+    "hdl64": SensorModelConfig(intensity_gain=1.05, intensity_gamma=0.52, incidence_power=0.2, attenuation=0.02,
+                               intensity_floor=0.031, drop_general=0.07, ego_boxes=((-1.2, 0.4, 0.9, 0.4),)),
     # nuScenes intensity is close to linear in the return signal; the Zoe's roof shadows the low beams.
     "hdl32": SensorModelConfig(intensity_gain=0.69, intensity_gamma=1.0, incidence_power=0.5, drop_general=0.15,
                                ego_boxes=((-2.0, 1.3, 0.75, 0.6),)),
@@ -185,7 +188,8 @@ class LidarSimulator:
         signal = refl * np.clip(cos, 0.0, 1.0) ** cfg.incidence_power * np.exp(-2.0 * cfg.attenuation * r)
         sig = cfg.intensity_noise
         signal = signal * np.exp(sig * rng.standard_normal(n) - 0.5 * sig * sig)
-        inten = np.clip((cfg.intensity_gain * signal) ** cfg.intensity_gamma, 0.0, 1.0)
+        inten = np.where(signal < cfg.intensity_floor, 0.0,
+                         np.clip((cfg.intensity_gain * signal) ** cfg.intensity_gamma, 0.0, 1.0))
         p_drop = cfg.drop_general + (1.0 - cfg.drop_general) * cfg.drop_zero_intensity * np.clip(
             1.0 - signal / max(cfg.drop_intensity_limit, 1e-9), 0.0, 1.0)
         keep = (rng.random(n) >= p_drop) & (cos >= cfg.grazing_cos)
