@@ -4,8 +4,9 @@ Orientation (used everywhere): t = 0 is data, t = 1 is pure Gaussian noise, and 
 
     x_t = (1 - t) * x0 + t * noise,        v = dx_t/dt = noise - x0,
 
-so the network predicts v, the clean image is x0 = x_t - t * v, and sampling integrates from t = 1 down
-to t = 0. Straight paths are what make a handful of Euler steps usable (Liu et al. 2022; SD3).
+so the clean image is x0 = x_t - t * v, and sampling integrates from t = 1 down to t = 0. Straight paths are
+what make a handful of Euler steps usable (Liu et al. 2022; SD3). The network predicts either x0 or v
+(`WorldModelConfig.prediction`); the sampler always works with v, and the loss compares like with like.
 """
 
 from __future__ import annotations
@@ -26,6 +27,23 @@ def interpolate(x0: torch.Tensor, noise: torch.Tensor, t: torch.Tensor) -> torch
 def velocity_target(x0: torch.Tensor, noise: torch.Tensor) -> torch.Tensor:
     """What the network is trained to predict: the constant velocity of the straight path."""
     return noise - x0
+
+
+#: Smallest t an x0 prediction is divided by (the sampler never goes below 1 / steps).
+T_MIN = 1e-3
+
+
+def prediction_type(model: nn.Module) -> str:
+    """What `model` outputs: its `config.prediction`; a bare callable without a config predicts velocity."""
+    return getattr(getattr(model, "config", None), "prediction", "velocity")
+
+
+def to_velocity(output: torch.Tensor, x_t: torch.Tensor, t: torch.Tensor, prediction: str) -> torch.Tensor:
+    """The velocity implied by a network output of the given kind at (x_t, t)."""
+    if prediction == "velocity":
+        return output
+    tt = t.to(x_t.dtype).view(-1, *([1] * (x_t.dim() - 1))).clamp_min(T_MIN)
+    return (x_t - output) / tt
 
 
 def sample_training_t(batch: int, generator: torch.Generator, schedule: str = "uniform") -> torch.Tensor:
@@ -49,11 +67,16 @@ def flow_matching_loss(
     generator: torch.Generator,
     schedule: str = "uniform",
 ) -> torch.Tensor:
-    """Mean squared velocity error at random times; noise and t come from `generator` only."""
+    """Mean squared error of the model's prediction (x0 or velocity) at random times.
+
+    Noise and t come from `generator` only. For an x0 model this is the velocity error weighted by t^2,
+    which keeps the low-noise end (where v = (x_t - x0) / t blows up) from dominating.
+    """
     noise = torch.randn(x0.shape, generator=generator, device=generator.device, dtype=x0.dtype).to(x0.device)
     t = sample_training_t(x0.shape[0], generator, schedule).to(x0.device)
     pred = model(interpolate(x0, noise, t), t, cond)
-    return F.mse_loss(pred.float(), velocity_target(x0, noise).float())
+    target = x0 if prediction_type(model) == "x0" else velocity_target(x0, noise)
+    return F.mse_loss(pred.float(), target.float())
 
 
 def guided_velocity(
@@ -71,9 +94,11 @@ def guided_velocity(
     """
     b = x_t.shape[0]
     t = t.to(x_t.device).reshape(-1).expand(b)
+    prediction = prediction_type(model)
     if uncond is None or guidance == 1.0:
-        return model(x_t, t, cond)
-    v_cond, v_uncond = model(torch.cat([x_t, x_t]), torch.cat([t, t]), torch.cat([cond, uncond])).chunk(2)
+        return to_velocity(model(x_t, t, cond), x_t, t, prediction)
+    out = model(torch.cat([x_t, x_t]), torch.cat([t, t]), torch.cat([cond, uncond]))
+    v_cond, v_uncond = to_velocity(out, torch.cat([x_t, x_t]), torch.cat([t, t]), prediction).chunk(2)
     return v_uncond + guidance * (v_cond - v_uncond)
 
 

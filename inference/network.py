@@ -48,6 +48,9 @@ class WorldModelConfig:
     p_drop_map: float = 0.15
     #: Training-time probability that the cache is emptied (the first frame of a rollout).
     p_drop_cache: float = 0.1
+    #: What the network outputs: "x0" (the clean image; copying the cache is then an identity map, and
+    #: few-step Euler becomes x_next = (t_next/t) x_t + (1 - t_next/t) x0) or "velocity" (noise - x0).
+    prediction: str = "x0"
     #: Default sampling steps and classifier-free guidance scale for rollout.
     default_steps: int = 4
     default_guidance: float = 1.0
@@ -88,6 +91,10 @@ class WorldModelConfig:
             p = getattr(self, name)
             if not 0.0 <= p < 1.0:
                 raise ValueError(f"WorldModelConfig.{name} must be in [0, 1), got {p}")
+        if self.prediction not in ("x0", "velocity"):
+            raise ValueError(
+                f"WorldModelConfig.prediction must be 'x0' or 'velocity', got {self.prediction!r}"
+            )
         if self.default_steps < 1:
             raise ValueError(f"WorldModelConfig.default_steps must be >= 1, got {self.default_steps}")
         if self.default_guidance < 0:
@@ -185,7 +192,11 @@ def timestep_embedding(t: torch.Tensor, dim: int) -> torch.Tensor:
 
 
 class WorldModel(nn.Module):
-    """Predicts the flow velocity of the next sweep's range image given the noisy image and the condition."""
+    """Denoises the next sweep's range image given the noisy image and the condition.
+
+    The output is the clean image or the flow velocity, per `config.prediction`; `inference.flow` turns
+    either into a velocity for the sampler and picks the matching loss.
+    """
 
     def __init__(self, config: WorldModelConfig) -> None:
         super().__init__()
@@ -232,7 +243,7 @@ class WorldModel(nn.Module):
         return self.config.sensor_obj
 
     def forward(self, x_t: torch.Tensor, t: torch.Tensor, cond: torch.Tensor) -> torch.Tensor:
-        """x_t (B, 2, H, W), t (B,) in [0, 1], cond (B, C, H, W) -> velocity (B, 2, H, W)."""
+        """x_t (B, 2, H, W), t (B,) in [0, 1], cond (B, C, H, W) -> x0 or velocity (B, 2, H, W)."""
         b, _, h, w = x_t.shape
         expected = (IMAGE_CHANNELS, *self.config.sensor_obj.shape)
         if tuple(x_t.shape[1:]) != expected or tuple(cond.shape) != (b, self.config.cond_channels, h, w):

@@ -1,5 +1,7 @@
 """Rectified flow: the path and its velocity, the loss, the Euler sampler and classifier-free guidance."""
 
+from types import SimpleNamespace
+
 import pytest
 import torch
 from torch import nn
@@ -9,6 +11,8 @@ from inference.flow import (
     flow_matching_loss,
     guided_velocity,
     interpolate,
+    prediction_type,
+    to_velocity,
     velocity_target,
 )
 
@@ -22,6 +26,18 @@ class Oracle(nn.Module):
 
     def forward(self, x_t, t, cond):
         return (x_t - self.x0) / t.view(-1, 1, 1, 1).clamp_min(1e-6)
+
+
+class X0Oracle(nn.Module):
+    """An x0-predicting network (as `WorldModelConfig.prediction = "x0"`) that knows the answer."""
+
+    def __init__(self, x0: torch.Tensor) -> None:
+        super().__init__()
+        self.x0 = x0
+        self.config = SimpleNamespace(prediction="x0")
+
+    def forward(self, x_t, t, cond):
+        return self.x0.expand_as(x_t)
 
 
 def test_path_runs_from_data_at_t0_to_noise_at_t1_with_constant_velocity():
@@ -101,3 +117,28 @@ def test_guidance_extrapolates_from_the_unconditional_towards_the_conditional_ve
     assert torch.equal(guided_velocity(model, x, t, cond, uncond, 1.0), cond[:, :2])
     torch.testing.assert_close(guided_velocity(model, x, t, cond, uncond, 3.0), torch.full((1, 2, 4, 8), 5.0))
     torch.testing.assert_close(guided_velocity(model, x, t, cond, uncond, 0.0), uncond[:, :2])
+
+
+@pytest.mark.parametrize("steps", [1, 4])
+def test_an_x0_predicting_model_samples_and_trains_through_the_same_functions(steps):
+    x0 = torch.randn(1, 2, 4, 8)
+    model = X0Oracle(x0)
+    assert prediction_type(model) == "x0" and prediction_type(Oracle(x0)) == "velocity"
+    assert flow_matching_loss(model, x0, None, torch.Generator().manual_seed(0)).item() < 1e-10
+    sampler = FlowMatchSampler()
+    sampler.set_timesteps(steps)
+    x = sampler.init_noise(x0.shape, torch.Generator().manual_seed(1))
+    for t in sampler.timesteps:
+        x = sampler.step(guided_velocity(model, x, t, None), t, x).prev_sample
+    torch.testing.assert_close(x, x0, atol=1e-5, rtol=1e-5)
+
+
+def test_x0_and_velocity_outputs_imply_the_same_velocity():
+    x0, noise = torch.randn(2, 2, 4, 8), torch.randn(2, 2, 4, 8)
+    t = torch.tensor([0.9, 0.3])
+    x_t = interpolate(x0, noise, t)
+    torch.testing.assert_close(
+        to_velocity(x0, x_t, t, "x0"), velocity_target(x0, noise), atol=1e-5, rtol=1e-5
+    )
+    v = velocity_target(x0, noise)
+    assert to_velocity(v, x_t, t, "velocity") is v

@@ -87,6 +87,7 @@ def test_config_round_trips_through_a_dict_and_rebuilds_the_same_architecture():
         ({"norm_groups": 3}, "norm_groups"),
         ({"p_drop_map": 1.0}, "p_drop_map"),
         ({"num_map_classes": 0}, "num_map_classes"),
+        ({"prediction": "epsilon"}, "prediction"),
     ],
 )
 def test_bad_config_fields_are_named_in_the_error(overrides, message):
