@@ -40,7 +40,7 @@ from PIL import Image, ImageDraw
 
 from inference import MAX_FRAMES as PIPELINE_MAX_FRAMES
 from inference import MAX_STEPS as PIPELINE_MAX_STEPS
-from inference import ModelSourceError, load_pipeline
+from inference import ModelSourceError, load_pipeline, write_rollout
 from inference.cache import transform_points
 from lidar import render
 from lidar.formats import PointCloudError, check_sensor, detect_sensor, read_points, write_points
@@ -69,8 +69,9 @@ BEV_EXTENT_M = 50.0
 ANIMATION_FPS = 5.0
 VIEWER_MAX_POINTS = 400_000
 PATH_COLOUR = (0, 220, 255)
+APP_DIR = Path(__file__).resolve().parent
 # The shared real scans sit beside the repository (…/shared/data/real_scans); absent in a bare clone.
-REAL_SCANS_DIR = Path(__file__).resolve().parents[1] / "shared" / "data" / "real_scans"
+REAL_SCANS_DIR = APP_DIR.parent / "shared" / "data" / "real_scans"
 
 
 @dataclass
@@ -187,8 +188,10 @@ class Presented:
         return (self.viewer_ply, self.bev_animation, self.range_animation, self.stats, self.downloads, self.frame_pngs)
 
 
-def _present(result: Any, out: Path, sensor: Any, stats: dict[str, Any], observed: np.ndarray | None = None) -> Presented:
+def _present(result: Any, out: Path, pipe: Any, request: dict[str, Any], stats: dict[str, Any],
+             observed: np.ndarray | None = None) -> Presented:
     """Write the files for one rollout into `out` and collect what the page shows."""
+    sensor, provenance = pipe.sensor, pipe.provenance
     frames = result.frames
     world = np.asarray(result.world, dtype=np.float32)
 
@@ -207,18 +210,15 @@ def _present(result: Any, out: Path, sensor: Any, stats: dict[str, Any], observe
     bev_gif = render.save_animation(bevs, out / "bev.gif", fps=ANIMATION_FPS)
     range_gif = render.save_animation(ranges, out / "range.gif", fps=ANIMATION_FPS)
 
-    # 3. Downloads: per-frame KITTI .bin + poses.json in a zip, and the world in three formats.
+    # 3. Downloads: per-frame KITTI .bin + poses.json (the CLI's layout) in a zip, the world in three formats.
+    folder = out / "frames_kitti"
+    write_rollout(folder, result, "bin", sensor=sensor, provenance=provenance, request=request)
     frames_zip = out / "frames_kitti.zip"
     with zipfile.ZipFile(frames_zip, "w", compression=zipfile.ZIP_DEFLATED) as zf:
-        poses = []
-        for i, frame in enumerate(frames):
-            name = f"{i:06d}.bin"
-            write_points(out / name, np.asarray(frame.points, dtype=np.float32))
-            zf.write(out / name, f"velodyne/{name}")
-            (out / name).unlink()
-            poses.append({"file": f"velodyne/{name}", "world_from_sensor": np.asarray(frame.pose).tolist()})
-        zf.writestr("poses.json", json.dumps(_poses_document(poses, sensor), indent=1))
-    world_files = [write_points(out / f"world{ext}", world) for ext in (".ply", ".pcd", ".las")]
+        for path in sorted(folder.iterdir()):
+            zf.write(path, f"{folder.name}/{path.name}")
+    shutil.rmtree(folder)
+    world_files = [write_points(out / f"world{ext}", world) for ext in (".ply", ".pcd", ".las")] if len(world) else []
 
     stats = {**stats, "frames": len(frames), "world points": len(world),
              "points per frame": round(float(np.mean([len(f.points) for f in frames])), 1)}
@@ -230,14 +230,6 @@ def _present(result: Any, out: Path, sensor: Any, stats: dict[str, Any], observe
         stats=stats,
         downloads=[str(frames_zip), *(str(p) for p in world_files)],
     )
-
-
-def _poses_document(poses: list[dict[str, Any]], sensor: Any) -> dict[str, Any]:
-    return {
-        "convention": "world_from_sensor 4x4, metres, x forward / y left / z up; frames at 10 Hz",
-        "sensor": sensor.to_dict(),
-        "frames": poses,
-    }
 
 
 def _rollout_stats(result: Any, seconds: float) -> dict[str, Any]:
@@ -315,7 +307,9 @@ def generate_world(
         raise gr.Error(f"Cannot generate this world: {err}") from None
     seconds = time.perf_counter() - start
     with _request_dir() as out:
-        presented = _present(result, out, pipe.sensor, _rollout_stats(result, seconds))
+        request = {"map_seed": map_seed, "style": style, "action": action, "frames": frames, "steps": steps,
+                   "seed": seed, "guidance": guidance}
+        presented = _present(result, out, pipe, request, _rollout_stats(result, seconds))
         yield presented.outputs()
 
 
@@ -364,7 +358,9 @@ def forecast_from_scan(
     stats = {**_rollout_stats(result, seconds), "input": path.name, "input points": len(scan.points),
              "input sensor": sensor.name, "input notes": scan.notes}
     with _request_dir() as out:
-        presented = _present(result, out, pipe.sensor, stats, observed=scan.points)
+        request = {"input": path.name, "input_sensor": sensor.name, "action": action, "frames": frames,
+                   "steps": steps, "seed": seed}
+        presented = _present(result, out, pipe, request, stats, observed=scan.points)
         yield presented.outputs()
 
 
@@ -401,6 +397,8 @@ def load_model(source: str | None) -> AppState:
 def reload_model(source: Any) -> tuple[dict[str, Any], str]:
     """Switch to another checkpoint: a release folder, a Hub id, or a training job dir's latest."""
     source = (str(source).strip() if source is not None else "") or None
+    if source is not None and (APP_DIR / source).exists():  # "weights/default" and job dirs, from any cwd
+        source = str(APP_DIR / source)
     start = time.perf_counter()
     try:
         load_model(source)
@@ -458,11 +456,11 @@ class RolloutView:
                                          elem_id=f"{prefix}-bev")
                 range_animation = gr.Image(label="Range image, frame by frame", type="filepath", elem_id=f"{prefix}-range")
         with gr.Row():
-            with gr.Column(scale=3):
-                slider = gr.Slider(0, max(MAX_FRAMES - 1, 1), value=0, step=1, label="Frame", interactive=False)
+            with gr.Column(scale=3), gr.Group():
+                slider = gr.Slider(0, max(MAX_FRAMES - 1, 1), value=0, step=1, label="Frame viewer", interactive=False)
                 with gr.Row():
-                    frame_bev = gr.Image(label="Frame BEV", height=260)
-                    frame_range = gr.Image(label="Frame range image")
+                    frame_bev = gr.Image(label="Frame BEV", height=300, scale=2)
+                    frame_range = gr.Image(label="Frame range image", scale=3)
             with gr.Column(scale=2):
                 stats = gr.JSON(label="Stats", elem_id=f"{prefix}-stats")
                 downloads = gr.File(
@@ -486,6 +484,12 @@ def _on_gpu(fn: Callable) -> Callable:
 def example_scans() -> list[Path]:
     """The shared real scans that ship beside the repository, when they are there."""
     return sorted(REAL_SCANS_DIR.glob("*.bin")) if REAL_SCANS_DIR.is_dir() else []
+
+
+def known_sources() -> list[str]:
+    """Sources offered in the Model tab: the shipped release and any local training job dirs."""
+    jobs = sorted(str(d.parent.relative_to(APP_DIR)) for d in APP_DIR.glob("*/*/checkpoints") if d.is_dir())
+    return ["weights/default", *jobs]
 
 
 def build_demo() -> gr.Blocks:
@@ -538,11 +542,11 @@ def build_demo() -> gr.Blocks:
                         gr.Markdown("*The shared real scans are not beside this checkout; upload your own.*")
             forecast_view = RolloutView.build("forecast")
         with gr.Tab("Model"):
-            info = gr.JSON(label="Loaded checkpoint")
+            info = gr.JSON(label="Loaded checkpoint (source, iteration, EMA or regular, parameters, sensor, device)")
             with gr.Row():
-                source = gr.Textbox(
-                    label="Source", scale=4,
-                    placeholder="weights/default | a release folder | org/name[@revision] | a training job dir",
+                source = gr.Dropdown(
+                    known_sources(), value=None, allow_custom_value=True, scale=4, label="Source",
+                    info="a release folder, a Hub id org/name[@revision], or a training job dir (its latest checkpoint)",
                 )
                 reload_button = gr.Button("Load", scale=1)
             status = gr.Markdown()

@@ -107,11 +107,17 @@ def test_downloads_read_back_as_the_generated_world(world_outputs, tmp_path):
     (_, _, _, stats, _, _), files, _ = world_outputs
     with zipfile.ZipFile(io.BytesIO(files["frames_kitti.zip"])) as zf:
         names = sorted(zf.namelist())
-        assert names == ["poses.json", "velodyne/000000.bin", "velodyne/000001.bin", "velodyne/000002.bin"]
-        poses = json.loads(zf.read("poses.json"))
-        frame_points = [np.frombuffer(zf.read(n), np.float32).reshape(-1, 4) for n in names[1:]]
-    assert [f["file"] for f in poses["frames"]] == names[1:]
-    mats = np.array([f["world_from_sensor"] for f in poses["frames"]])
+        frame_names = [f"frame_{i:03d}.bin" for i in range(3)]
+        assert names == sorted(f"frames_kitti/{n}" for n in [*frame_names, "poses.json", "world.bin"])
+        poses = json.loads(zf.read("frames_kitti/poses.json"))
+        frame_points = [np.frombuffer(zf.read(f"frames_kitti/{n}"), np.float32).reshape(-1, 4) for n in frame_names]
+        world_bin = np.frombuffer(zf.read("frames_kitti/world.bin"), np.float32).reshape(-1, 4)
+    assert [f["file"] for f in poses["frames"]] == frame_names
+    assert [f["points"] for f in poses["frames"]] == [len(p) for p in frame_points]
+    assert poses["request"] == {"map_seed": 3, "style": "urban", "action": "turn_left", "frames": 3, "steps": 2,
+                                "seed": 0, "guidance": 1.0}
+    assert len(world_bin) == stats["world points"]
+    mats = np.array([f["pose"] for f in poses["frames"]])
     assert mats.shape == (3, 4, 4) and np.allclose(mats[:, 3], [0, 0, 0, 1])
     assert np.linalg.norm(mats[-1, :3, 3] - mats[0, :3, 3]) > 0.1, "the car should have moved"
     assert Sensor.from_dict(poses["sensor"]) == TINY_SENSOR

@@ -127,7 +127,8 @@ def test_generate_world_over_http_downloads_readable_files(client, server):
     assert stats["frames"] == 3 and stats["world points"] > 0
     frames_zip = next(Path(p) for p in downloads if p.endswith("frames_kitti.zip"))
     with zipfile.ZipFile(frames_zip) as zf:
-        assert len([n for n in zf.namelist() if n.endswith(".bin")]) == 3 and "poses.json" in zf.namelist()
+        names = zf.namelist()
+        assert len([n for n in names if n.startswith("frames_kitti/frame_")]) == 3 and "frames_kitti/poses.json" in names
     assert server.scratch_dirs() == [], "per-request scratch dirs must be removed after the request"
 
 
@@ -149,6 +150,20 @@ def test_a_bad_upload_gets_a_clear_error_and_the_next_good_request_works(client,
     )
     assert stats["input points"] == 124_668 and stats["frames"] == 2
     assert sorted(Path(p).suffix for p in downloads) == [".las", ".pcd", ".ply", ".zip"]
+
+
+def test_an_upload_over_50_mb_is_refused_by_the_server_itself(server, tmp_path):
+    """The limit holds against clients that skip gradio_client's own check (it reads max_file_size too)."""
+    big = tmp_path / "big.bin"
+    with big.open("wb") as f:
+        f.truncate(50 * 1024 * 1024 + 16)
+    with big.open("rb") as f:
+        response = httpx.post(f"{server.url}gradio_api/upload", files={"files": ("big.bin", f)}, timeout=120)
+    assert response.status_code == 413 and "52428800 bytes" in response.text
+    with pytest.raises(ValueError, match="exceeds the maximum file size of 52428800 bytes"):
+        Client(server.url, verbose=False).predict(
+            handle_file(str(big)), "auto-detect", "Straight", 2, 1, 0, api_name="/forecast_from_scan"
+        )
 
 
 def test_eight_concurrent_requests_all_complete_with_bounded_memory(server):
