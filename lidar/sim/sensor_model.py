@@ -60,9 +60,11 @@ class SensorModelConfig:
     #: Signal below this is reported as intensity 0 (the device's least count): KITTI reports 0 for 8 % of
     #: its returns, half of those beyond 40 m.
     intensity_floor: float = 0.0
-    #: CARLA dropoff: random drop rate applied to every return. Fitted per device, it also stands for the
-    #: pixels a real sweep leaves empty when its firings are binned into the range-image grid.
+    #: CARLA dropoff: random drop rate applied to every return (the device's own misses).
     drop_general: float = 0.02
+    #: Pixels a real sweep leaves empty when its firings (irregular in azimuth) are binned into a range image
+    #: 1024 columns wide; the share grows in proportion to the width (measured on nuScenes at 256-1024).
+    binning_loss: float = 0.0
     #: CARLA dropoff: returns whose signal is below this may be dropped ...
     drop_intensity_limit: float = 0.01
     #: ... with this probability at zero signal, falling linearly to 0 at the limit.
@@ -78,7 +80,7 @@ class SensorModelConfig:
                      "intensity_gain", "intensity_gamma", "intensity_floor"):
             if getattr(self, name) < 0:
                 raise ValueError(f"SensorModelConfig.{name} must be >= 0, got {getattr(self, name)}")
-        for name in ("drop_general", "drop_zero_intensity"):
+        for name in ("drop_general", "drop_zero_intensity", "binning_loss"):
             if not 0.0 <= getattr(self, name) <= 1.0:
                 raise ValueError(f"SensorModelConfig.{name} is a probability, got {getattr(self, name)}")
 
@@ -95,8 +97,8 @@ SENSOR_PROFILES: dict[str, SensorModelConfig] = {
     "hdl64": SensorModelConfig(intensity_gain=1.05, intensity_gamma=0.52, incidence_power=0.2, attenuation=0.02,
                                intensity_floor=0.031, drop_general=0.07, ego_boxes=((-1.2, 0.4, 0.9, 0.4),)),
     # nuScenes intensity is close to linear in the return signal; the Zoe's roof shadows the low beams.
-    "hdl32": SensorModelConfig(intensity_gain=0.69, intensity_gamma=1.0, incidence_power=0.5, drop_general=0.15,
-                               ego_boxes=((-2.0, 1.3, 0.75, 0.6),)),
+    "hdl32": SensorModelConfig(intensity_gain=0.69, intensity_gamma=1.0, incidence_power=0.5, drop_general=0.01,
+                               binning_loss=0.14, ego_boxes=((-2.0, 1.3, 0.75, 0.6),)),
 }
 
 
@@ -190,7 +192,8 @@ class LidarSimulator:
         signal = signal * np.exp(sig * rng.standard_normal(n) - 0.5 * sig * sig)
         inten = np.where(signal < cfg.intensity_floor, 0.0,
                          np.clip((cfg.intensity_gain * signal) ** cfg.intensity_gamma, 0.0, 1.0))
-        p_drop = cfg.drop_general + (1.0 - cfg.drop_general) * cfg.drop_zero_intensity * np.clip(
+        general = 1.0 - (1.0 - cfg.drop_general) * (1.0 - min(cfg.binning_loss * w / 1024.0, 0.9))
+        p_drop = general + (1.0 - general) * cfg.drop_zero_intensity * np.clip(
             1.0 - signal / max(cfg.drop_intensity_limit, 1e-9), 0.0, 1.0)
         keep = (rng.random(n) >= p_drop) & (cos >= cfg.grazing_cos)
         keep &= (r >= sensor.min_range) & (r <= sensor.max_range)
