@@ -47,8 +47,15 @@ _TORCH_ONLY = "import time, psutil, torch; print(time.time() - psutil.Process().
 
 
 def fresh_process(code: str, env: dict[str, str] | None = None) -> str:
-    done = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=True,
-                          env={**os.environ, **(env or {})})
+    done = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        env={**os.environ, **(env or {})},
+    )
+    if done.returncode != 0:
+        raise SystemExit(f"benchmark process failed:\n{done.stderr[-2000:]}")
     return done.stdout.strip().splitlines()[-1]
 
 
@@ -76,14 +83,19 @@ def sources(workdir: Path, model_source: str | None) -> tuple[dict[str, tuple[st
     job = workdir / "job"
     job.mkdir()
     (job / CONFIG_NAME).write_text(json.dumps({"model": model.config.to_dict()}))
-    ckpt = FSDPCheckpointer(CheckpointConfig(keep_last_checkpoints=2, async_saving=False), JobConfig(path_local=str(job)))
+    ckpt = FSDPCheckpointer(
+        CheckpointConfig(keep_last_checkpoints=2, async_saving=False), JobConfig(path_local=str(job))
+    )
     ckpt.save(ModelWithEMA(model, model), None, None, None, 100, async_saving=False)
     ckpt.finalize()
     hub_env = {"HF_HUB_OFFLINE": "1", "HF_HUB_CACHE": str(cache)}
     forms = {
         "release folder": (str(release), {}, release / WEIGHTS_NAME),
-        "Hub id (offline cache)": ("lidarverse/bench", hub_env, cache / "models--lidarverse--bench" / "snapshots" / commit
-                                   / WEIGHTS_NAME),
+        "Hub id (offline cache)": (
+            "lidarverse/bench",
+            hub_env,
+            cache / "models--lidarverse--bench" / "snapshots" / commit / WEIGHTS_NAME,
+        ),
         "job dir (EMA)": (str(job), {}, job / "checkpoints" / "iter_000000100_ema_model.pt"),
     }
     return forms, model
@@ -91,16 +103,22 @@ def sources(workdir: Path, model_source: str | None) -> tuple[dict[str, tuple[st
 
 def bench_ready(forms: dict[str, tuple[str, dict, Path]], repeats: int) -> None:
     floor = statistics.median(float(fresh_process(_TORCH_ONLY)) for _ in range(repeats))
-    print(f"\n## Time to a ready pipeline (fresh process, median of {repeats}; import-torch-only process: {floor:.2f} s)\n")
-    print("| source | weights MB | raw read s | load_model s | process -> ready s | load ÷ raw read | ready ÷ (torch floor + raw read) |")
+    print(
+        f"\n## Time to a ready pipeline (fresh process, median of {repeats}; import-torch-only process: {floor:.2f} s)\n"
+    )
+    print(
+        "| source | weights MB | raw read s | load_model s | process -> ready s | load ÷ raw read | ready ÷ (torch floor + raw read) |"
+    )
     print("|---|---|---|---|---|---|---|")
     for name, (source, env, weights) in forms.items():
         runs = [json.loads(fresh_process(_READY.format(source=source), env)) for _ in range(repeats)]
         ready = statistics.median(r["ready"] for r in runs)
         load = statistics.median(r["load"] for r in runs)
         raw = raw_read_seconds(weights.resolve(), repeats)
-        print(f"| {name} | {weights.stat().st_size / 1e6:.1f} | {raw:.4f} | {load:.3f} | {ready:.2f} | {load / raw:.0f} | "
-              f"{ready / (floor + raw):.2f} |")
+        print(
+            f"| {name} | {weights.stat().st_size / 1e6:.1f} | {raw:.4f} | {load:.3f} | {ready:.2f} | {load / raw:.0f} | "
+            f"{ready / (floor + raw):.2f} |"
+        )
 
 
 def bench_generate(release: Path, frames: int, steps: int, repeats: int) -> None:
@@ -118,17 +136,43 @@ def bench_generate(release: Path, frames: int, steps: int, repeats: int) -> None
         piped.append(time.perf_counter() - start)
     with tempfile.TemporaryDirectory() as out:
         start = time.perf_counter()
-        subprocess.run([sys.executable, "-m", "inference", "generate", "--model", str(release), "--map-seed", "3",
-                        "--action", "turn_left", "--frames", str(frames), "--steps", str(steps), "--out", out,
-                        "--quiet"], cwd=REPO, check=True, capture_output=True)
+        subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "inference",
+                "generate",
+                "--model",
+                str(release),
+                "--map-seed",
+                "3",
+                "--action",
+                "turn_left",
+                "--frames",
+                str(frames),
+                "--steps",
+                str(steps),
+                "--out",
+                out,
+                "--quiet",
+            ],
+            cwd=REPO,
+            check=True,
+            capture_output=True,
+        )
         cli = time.perf_counter() - start
     base = statistics.median(direct)
-    print(f"\n## generate: {frames} frames x {steps} steps, {pipe.provenance.parameters / 1e6:.2f} M params, "
-          f"sensor {pipe.sensor.name} {pipe.sensor.height}x{pipe.sensor.width}, CPU threads {torch.get_num_threads()}\n")
+    print(
+        f"\n## generate: {frames} frames x {steps} steps, {pipe.provenance.parameters / 1e6:.2f} M params, "
+        f"sensor {pipe.sensor.name} {pipe.sensor.height}x{pipe.sensor.width}, CPU threads {torch.get_num_threads()}\n"
+    )
     print("| path | seconds | frames/s | ÷ rollout direct |")
     print("|---|---|---|---|")
-    for name, seconds in (("rollout() direct (baseline)", base), ("pipe.generate_world(map=World)", statistics.median(piped)),
-                          ("python -m inference generate (process: imports, load, map, write)", cli)):
+    for name, seconds in (
+        ("rollout() direct (baseline)", base),
+        ("pipe.generate_world(map=World)", statistics.median(piped)),
+        ("python -m inference generate (process: imports, load, map, write)", cli),
+    ):
         print(f"| {name} | {seconds:.2f} | {frames / seconds:.2f} | {seconds / base:.2f} |")
 
 
