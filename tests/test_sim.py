@@ -157,6 +157,14 @@ def test_moving_actors_move_and_map_exports(urban):
     json.dumps(geo)
     bev = urban.hdmap.bev_raster(resolution=1.0, extent=40.0)
     assert bev.shape == (80, 80) and bev.max() < len(MAP_CLASSES)
+    # Ego-centred: row 10, column 20 of a 1 m, +-20 m raster is 9.5 m ahead and 0.5 m to the right.
+    pose = plan_drive(urban, "turn_right", 1, seed=1)[0]
+    ego = urban.hdmap.bev_raster(resolution=1.0, extent=20.0, pose=pose)
+    fwd = pose[:2, 0] / np.linalg.norm(pose[:2, 0])
+    left = np.array([-fwd[1], fwd[0]])
+    for (i, j), (ahead, side) in {(10, 20): (9.5, -0.5), (39, 0): (-19.5, 19.5), (0, 39): (19.5, -19.5)}.items():
+        xy = pose[:2, 3] + ahead * fwd + side * left
+        assert ego[i, j] == urban.hdmap.class_at(xy[:1], xy[1:])[0]
 
 
 def test_bad_inputs_are_named(urban):
