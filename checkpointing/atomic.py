@@ -11,12 +11,13 @@ import hashlib
 import logging
 import os
 import re
-import threading
 import time
 import zipfile
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import torch
 
@@ -52,7 +53,7 @@ def fsync_dir(directory: Path) -> None:
 
 
 def sha256_file(path: Path) -> str:
-    """Hash in large chunks; hashlib drops the GIL, so this overlaps with the caller's fsync."""
+    """Hash a whole file in large chunks (verification; saves hash while writing)."""
     digest = hashlib.sha256()
     with open(path, "rb") as f:
         while chunk := f.read(_HASH_CHUNK):
@@ -75,26 +76,54 @@ def check_complete_zip(path: Path) -> None:
             raise CorruptCheckpointError(f"{path}: record {info.filename} runs past the end of the file")
 
 
-class _HashInBackground:
-    """Hash a file on a helper thread while the caller waits on fsync (both release the GIL)."""
+def _fsync_path(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
-    def __init__(self, path: Path) -> None:
-        self._result: str | BaseException | None = None
-        self._thread = threading.Thread(target=self._run, args=(path,), name="ckpt-sha256", daemon=True)
-        self._thread.start()
 
-    def _run(self, path: Path) -> None:
+class _HashingWriter:
+    """Wraps a file: each large chunk is hashed on a helper thread while the same chunk is written.
+
+    The chunk is hashed and written before write() returns, so the buffer torch hands over is never
+    used after torch may reuse it, and hashing costs no extra pass over the data.
+    """
+
+    _PARALLEL_MIN = 1 << 20
+
+    def __init__(self, f: BinaryIO, pool: ThreadPoolExecutor) -> None:
+        self._f, self._pool = f, pool
+        self._digest = hashlib.sha256()
+
+    def write(self, data: Any) -> int:
+        view = memoryview(data)
+        if view.nbytes < self._PARALLEL_MIN:
+            self._digest.update(view)
+            return self._f.write(view)
+        hashed = self._pool.submit(self._digest.update, view)
         try:
-            self._result = sha256_file(path)
-        except BaseException as e:  # handed to the caller in result()
-            self._result = e
+            return self._f.write(view)
+        finally:
+            hashed.result()
 
-    def result(self) -> str:
-        self._thread.join()
-        if isinstance(self._result, BaseException):
-            raise self._result
-        assert isinstance(self._result, str)
-        return self._result
+    def flush(self) -> None:
+        self._f.flush()
+
+    def hexdigest(self) -> str:
+        return self._digest.hexdigest()
+
+
+def _torch_save_without_crc(obj: Any, f: Any) -> None:
+    """torch.save without its per-record CRC32: the manifest's sha256 already covers every byte, and
+    the CRC (which torch.load never checks) costs as much CPU as the copy into the page cache."""
+    previous = torch.serialization.get_crc32_options()
+    torch.serialization.set_crc32_options(False)
+    try:
+        torch.save(obj, f)
+    finally:
+        torch.serialization.set_crc32_options(previous)
 
 
 def _write_error(path: Path, e: OSError) -> CheckpointWriteError:
@@ -104,36 +133,58 @@ def _write_error(path: Path, e: OSError) -> CheckpointWriteError:
     return err
 
 
-def atomic_torch_save(obj: Any, path: str | os.PathLike) -> FileRecord:
-    """torch.save `obj` to `path` so that `path` is either absent/old or complete and durable.
+def atomic_torch_save_all(items: Sequence[tuple[Any, str | os.PathLike]]) -> list[FileRecord]:
+    """torch.save several objects as one durable batch; each path ends up absent/old or complete.
 
-    Steps: write `<path>.tmp.<pid>` -> fsync it (hashing it meanwhile) -> check its zip directory
-    -> rename -> fsync the directory. On any failure the temporary file is removed.
+    Steps: write every `<path>.tmp.<pid>`, hashing each chunk as it is written and fsyncing each file on
+    a helper thread while the next one is serialised -> check each zip directory -> rename in the given order (put the marker last)
+    -> fsync the directories. Nothing is renamed before everything is durable; on failure every
+    temporary file is removed.
     """
-    path = Path(path)
-    tmp = tmp_path_for(path)
+    paths = [Path(path) for _, path in items]
+    tmps = [tmp_path_for(path) for path in paths]
     start = time.perf_counter()
+    current = paths[0] if paths else Path()
     try:
-        with open(tmp, "wb") as f:
-            torch.save(obj, f)
-            f.flush()
-            hasher = _HashInBackground(tmp)
-            os.fsync(f.fileno())
-        digest = hasher.result()
-        check_complete_zip(tmp)
-        size = tmp.stat().st_size
-        os.replace(tmp, path)
-        fsync_dir(path.parent)
+        with ThreadPoolExecutor(max_workers=4, thread_name_prefix="ckpt-io") as pool:
+            synced, digests = [], []
+            for (obj, path), tmp in zip(items, tmps, strict=True):
+                current = path
+                with open(tmp, "wb") as f:
+                    writer = _HashingWriter(f, pool)
+                    _torch_save_without_crc(obj, writer)
+                    writer.flush()
+                digests.append(writer.hexdigest())
+                synced.append(pool.submit(_fsync_path, tmp))  # overlaps with writing the next file
+            records = []
+            for path, tmp, sync, digest in zip(paths, tmps, synced, digests, strict=True):
+                current = path
+                sync.result()
+                records.append(FileRecord(path.name, tmp.stat().st_size, digest))
+                check_complete_zip(tmp)
+        for path, tmp in zip(paths, tmps, strict=True):
+            current = path
+            os.replace(tmp, path)
+        for directory in dict.fromkeys(path.parent for path in paths):
+            fsync_dir(directory)
     except BaseException as e:
-        tmp.unlink(missing_ok=True)
+        for tmp in tmps:
+            tmp.unlink(missing_ok=True)
         if isinstance(e, OSError) and not isinstance(e, CheckpointWriteError):
-            raise _write_error(path, e) from e
-        if isinstance(e, RuntimeError) and "write" in str(e).lower():  # torch's C++ writer wraps OSError
-            raise _write_error(path, OSError(errno.EIO, str(e))) from e
+            raise _write_error(current, e) from e
         raise
-    elapsed = time.perf_counter() - start
-    logger.debug("wrote %s (%.1f MB) in %.2f s", path, size / 1e6, elapsed)
-    return FileRecord(path.name, size, digest)
+    logger.debug(
+        "wrote %d file(s), %.1f MB, in %.2f s",
+        len(records),
+        sum(r.size for r in records) / 1e6,
+        time.perf_counter() - start,
+    )
+    return records
+
+
+def atomic_torch_save(obj: Any, path: str | os.PathLike) -> FileRecord:
+    """torch.save `obj` so that `path` is either absent/old or complete and durable (see atomic_torch_save_all)."""
+    return atomic_torch_save_all([(obj, path)])[0]
 
 
 def atomic_write_text(path: str | os.PathLike, text: str) -> None:

@@ -24,7 +24,12 @@ import torch
 from torch import nn
 
 from checkpointing import collectives, layout
-from checkpointing.atomic import atomic_torch_save, atomic_write_text, fsync_dir, remove_stale_tmp_files
+from checkpointing.atomic import (
+    atomic_torch_save_all,
+    atomic_write_text,
+    fsync_dir,
+    remove_stale_tmp_files,
+)
 from checkpointing.callbacks import CallBackGroup
 from checkpointing.config import CheckpointConfig, JobConfig
 from checkpointing.errors import AsyncSaveError, CheckpointError, CheckpointWriteError
@@ -426,14 +431,17 @@ class FSDPCheckpointer:
         start = time.perf_counter()
         failure: BaseException | None = None
         try:
-            # 1. rank 0 marks the generation incomplete before any of its files is replaced
+            # 1. rank 0 marks an existing generation incomplete before any of its files is replaced
             error = None
             if job.primary:
                 try:
                     if layout.parse_marker(job.marker) is None:
                         self._link_backup(job.marker)
-                    manifest = Manifest(job.iteration, complete=False, world_size=collectives.world_size())
-                    manifest.write(directory / layout.sibling_name(job.marker, layout.MANIFEST))
+                    manifest_path = directory / layout.sibling_name(job.marker, layout.MANIFEST)
+                    if manifest_path.exists() or (directory / job.marker).exists():  # files will be replaced
+                        Manifest(job.iteration, complete=False, world_size=collectives.world_size()).write(
+                            manifest_path
+                        )
                 except Exception as e:
                     failure, error = e, f"rank {rank}: {e}"
             errors = [e for e in collectives.all_gather(error, self._group) if e]
@@ -441,7 +449,7 @@ class FSDPCheckpointer:
             records, error = [], None
             if not errors:
                 try:
-                    records = [atomic_torch_save(obj, directory / name) for name, obj in job.files]
+                    records = atomic_torch_save_all([(obj, directory / name) for name, obj in job.files])
                 except Exception as e:
                     failure, error = e, f"rank {rank}: {e}"
             gathered = collectives.all_gather((records, error), self._group)

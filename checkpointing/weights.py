@@ -65,7 +65,7 @@ def read_weights(path: str | os.PathLike, *, trusted: bool = False) -> dict[str,
         except (SafetensorError, OSError) as e:
             raise CorruptCheckpointError(f"{path} is not a readable safetensors file ({e})") from e
     elif path.suffix in (".pt", ".pth", ".bin", ".ckpt"):
-        state = safe_torch_load(path, trusted=trusted)
+        state = safe_torch_load(path, trusted=trusted, mmap=True)  # no copy until tensors are used
     else:
         raise ValueError(f"{path}: expected a .safetensors or torch .pt/.pth/.bin/.ckpt weights file")
     if isinstance(state, dict) and not all(isinstance(v, torch.Tensor) for v in state.values()):
