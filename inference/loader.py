@@ -284,7 +284,7 @@ def _resolve_hub(
     )
     cache = Path(cache_dir or os.environ.get("HF_HUB_CACHE") or constants.HF_HUB_CACHE).expanduser()
     where = f"Hub repo {repo!r} at revision {revision!r}"
-    local_hint = "" if source.startswith(HUB_PREFIX) else f" (and no local path {spec!r} exists either)"
+    local_hint = "" if source.startswith(HUB_PREFIX) else f" (no local path {spec!r} exists either)"
     files: dict[str, Path] = {}
     start = time.perf_counter()
     pinned = revision  # after the first file, the commit it came from: both files from one commit
@@ -310,7 +310,9 @@ def _resolve_hub(
                 "(e.g. org/name@main)"
             ) from None
         except LocalEntryNotFoundError as exc:
-            raise ModelSourceError(_not_cached_message(repo, revision, name, cache, offline, exc)) from None
+            raise ModelSourceError(
+                _not_cached_message(repo, revision, name, cache, offline, exc) + local_hint
+            ) from None
         except EntryNotFoundError:
             raise ModelSourceError(
                 f"{where} has no {name}; expected a LidarVerse release (config.json + model.safetensors, "

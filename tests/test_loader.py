@@ -258,7 +258,8 @@ def test_hub_cache_dir_argument_overrides_the_environment(release, tmp_path, mon
 
 def test_hub_offline_with_nothing_cached_names_the_fix(offline_hub):
     with pytest.raises(
-        ModelSourceError, match=r"holds nothing for 'lidarverse/absent'.*HF_HUB_OFFLINE.*hf download"
+        ModelSourceError,
+        match=r"holds nothing for 'lidarverse/absent'.*HF_HUB_OFFLINE.*hf download.*no local path 'lidarverse/absent'",
     ):
         resolve_source("lidarverse/absent")
 
