@@ -236,11 +236,26 @@ def build_layout(rng: np.random.Generator, graph: RoadGraph, style: str) -> Layo
                                                        height=round(fp.height, 2)))
                 s += w + rng.uniform(*gaps)
 
-    # 4. Green areas on the remaining free land.
-    green: list[Footprint] = []
-    n_green = {"urban": 16, "suburban": 45, "highway": 40}[style]
+    # 4. Back-lot buildings on free land away from the streets: the skyline a street view ends in.
     xmin, ymin = origin
     xmax, ymax = xmin + shape[1] * RASTER_RESOLUTION, ymin + shape[0] * RASTER_RESOLUTION
+    n_back = {"urban": 40, "suburban": 12, "highway": 8}[style]
+    placed = 0
+    for _ in range(n_back * 4):
+        if placed >= n_back:
+            break
+        fp = Footprint(float(rng.uniform(xmin, xmax)), float(rng.uniform(ymin, ymax)), float(rng.uniform(6, 20)),
+                       float(rng.uniform(6, 15)), float(rng.choice([0.0, np.pi / 2]) + rng.normal(0, 0.05)),
+                       float(rng.uniform(heights[0], heights[1] * 1.3)))
+        if np.isin(paint.classes_at(_points_in(fp, step=1.5, pad=3.0)), _FREE).all():
+            buildings.append(fp)
+            paint.polygon(fp.corners(), "building")
+            layers["building"].append(_feature("Polygon", _ring(fp.corners()), height=round(fp.height, 2)))
+            placed += 1
+
+    # 5. Green areas on the remaining free land.
+    green: list[Footprint] = []
+    n_green = {"urban": 16, "suburban": 45, "highway": 40}[style]
     for _ in range(n_green * 3):
         if len(green) >= n_green:
             break
