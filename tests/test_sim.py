@@ -256,3 +256,17 @@ def test_simulated_hdl32_statistics_stay_near_the_real_nuscenes_sweep():
     assert abs(np.mean([s.intensity_pct[1] for s in sim]) / real.intensity_pct[1] - 1) < 0.5
     assert abs(np.mean([s.ring_radius[0] for s in sim]) / real.ring_radius[0] - 1) < 0.1
     assert abs(np.mean([s.range_pct[1] for s in sim]) / real.range_pct[1] - 1) < 0.3
+
+
+@pytest.mark.slow
+def test_hdl32_sweeps_meet_the_speed_target_on_one_core(urban):
+    # The floor is 10 HDL-32E sweeps (32x1024) per second on one core; CPU time keeps a loaded box fair.
+    sim = LidarSimulator(HDL32, seed=0)
+    poses = plan_drive(urban, "straight", 20, seed=0)
+    sim.scan(urban, poses[0])
+    times = []
+    for i, pose in enumerate(poses):
+        t0 = time.process_time()
+        sim.scan(urban, pose, i * 0.1)
+        times.append(time.process_time() - t0)
+    assert np.median(times) < 0.1, f"median {np.median(times) * 1e3:.0f} ms per sweep"
