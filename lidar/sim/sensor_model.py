@@ -99,6 +99,10 @@ SENSOR_PROFILES: dict[str, SensorModelConfig] = {
     # nuScenes intensity is close to linear in the return signal; the Zoe's roof shadows the low beams.
     "hdl32": SensorModelConfig(intensity_gain=0.69, intensity_gamma=1.0, incidence_power=0.5, drop_general=0.01,
                                binning_loss=0.14, ego_boxes=((-2.0, 1.3, 0.75, 0.6),)),
+    # Ouster's calibrated reflectivity (fitted on the OS1-128 sample recording, whose rig hides no beams);
+    # OS1-64 shares the family's scale.
+    "os1-128": SensorModelConfig(intensity_gain=0.24, intensity_gamma=0.88, drop_general=0.02, ego_boxes=()),
+    "os1-64": SensorModelConfig(intensity_gain=0.24, intensity_gamma=0.88, drop_general=0.02, ego_boxes=()),
 }
 
 
