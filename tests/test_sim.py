@@ -22,7 +22,7 @@ from lidar.sim import (
 )
 from lidar.sim.dataset import OnTheFlySimDataset, SimDataset, generate_sequence, sequence_spec
 from lidar.sim.hdmap import MAP_CLASS_INDEX, HDMap
-from lidar.sim.primitives import BOX, Shapes, intersect_cylinders, intersect_ellipsoids
+from lidar.sim.primitives import BOX, Shapes, intersect_boxes, intersect_cylinders, intersect_ellipsoids
 from lidar.sim.world import World
 
 NOISELESS = SensorModelConfig(range_noise=0.0, intensity_noise=0.0, drop_general=0.0, drop_zero_intensity=0.0)
@@ -89,6 +89,9 @@ def test_cylinder_and_ellipsoid_intersections_at_known_range():
     assert t[0] == pytest.approx(9.5) and cos[0] == pytest.approx(1.0)
     t, _ = intersect_ellipsoids(origin, d, np.array([[10.0, 0.0, 0.0]]), np.array([[2.0, 1.0, 1.0]]), np.zeros(1))
     assert t[0] == pytest.approx(8.0)
+    # A box turned 45 degrees is met on its corner edge: half diagonal sqrt(2) before its centre.
+    t, cos = intersect_boxes(origin, d, np.array([[10.0, 0.0, 0.0]]), np.array([[1.0, 1.0, 1.0]]), np.array([np.pi / 4]))
+    assert t[0] == pytest.approx(10.0 - np.sqrt(2.0)) and cos[0] == pytest.approx(np.sqrt(0.5))
     t, _ = intersect_cylinders(origin, np.array([[0.0, 1.0, 0.0]]), np.array([[10.0, 0.0, 0.0]]),
                                np.array([[0.5, 0.5, 2.0]]))
     assert np.isinf(t[0])

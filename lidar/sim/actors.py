@@ -51,18 +51,6 @@ class Actor:
     def moving(self) -> bool:
         return self.path is not None and self.speed > 0
 
-    def pose_at(self, t: float, hdmap: HDMap) -> tuple[float, float, float, float]:
-        """(x, y, ground z, yaw) at time t seconds."""
-        if self.moving:
-            assert self.path is not None
-            s = min(self.s0 + self.speed * t, self.s_stop)
-            pos, tan = point_at(self.path, np.array([s]))
-            x, y, yaw = float(pos[0, 0]), float(pos[0, 1]), float(np.arctan2(tan[0, 1], tan[0, 0]))
-        else:
-            x, y, yaw = self.x, self.y, self.yaw
-        z = float(hdmap.ground_height(np.array([x]), np.array([y]))[0])
-        return x, y, z, yaw
-
 
 class ActorTable:
     """All actors as arrays, so poses and solids at any time come out of a few vectorised operations.

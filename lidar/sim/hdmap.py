@@ -133,11 +133,11 @@ class HDMap:
         return self.terrain_height(x, y) + self._raised_lut[self.class_at(x, y)]
 
     # ----------------------------------------------------------------------------------------- ray casts
-    def intersect_terrain(self, origin: np.ndarray, dirs: np.ndarray, max_range: float, offset: float = 0.0,
+    def intersect_terrain(self, origin: np.ndarray, dirs: np.ndarray, max_range: float,
                           iterations: int = 4) -> np.ndarray:
-        """Ray parameter where each ray meets the smooth terrain (+offset); inf where it does not within range.
+        """Ray parameter where each ray meets the smooth terrain; inf where it does not within range.
 
-        Newton's method on f(t) = o_z + t d_z - h(o + t d) - offset, started from the flat plane through
+        Newton's method on f(t) = o_z + t d_z - h(o + t d), started from the flat plane through
         the terrain under the origin. The terrain is gentle, so a few steps converge; a ray that is still
         off the surface afterwards is treated as a miss rather than guessed.
         """
@@ -148,20 +148,20 @@ class HDMap:
         if not down.any():
             return t
         dd = d[down]
-        h0 = float(self.terrain_height(np.array([o[0]]), np.array([o[1]]))[0]) + offset
+        h0 = float(self.terrain_height(np.array([o[0]]), np.array([o[1]]))[0])
         tt = (h0 - o[2]) / dd[:, 2]
         tt = np.clip(tt, 0.0, 1.5 * max_range)
         for _ in range(iterations):
             px = o[0] + tt * dd[:, 0]
             py = o[1] + tt * dd[:, 1]
             h, gx, gy = self.terrain_height(px, py, with_gradient=True)
-            f = o[2] + tt * dd[:, 2] - h - offset
+            f = o[2] + tt * dd[:, 2] - h
             fp = dd[:, 2] - gx * dd[:, 0] - gy * dd[:, 1]
             fp = np.minimum(fp, -1e-4)  # the ray must descend relative to the slope to meet it
             tt = np.clip(tt - f / fp, 0.0, 1.5 * max_range)
         px = o[0] + tt * dd[:, 0]
         py = o[1] + tt * dd[:, 1]
-        resid = o[2] + tt * dd[:, 2] - self.terrain_height(px, py) - offset
+        resid = o[2] + tt * dd[:, 2] - self.terrain_height(px, py)
         ok = (np.abs(resid) < 0.02 + 0.002 * tt) & (tt > 0) & (tt <= max_range)
         t[np.flatnonzero(down)[ok]] = tt[ok]
         return t
