@@ -6,6 +6,8 @@ Ratios (issue 2):
   sync save throughput / `dd conv=fsync` throughput for the same bytes   goal >= 0.9
   time save() blocks with async_saving / sync save time                  goal <= 0.1
   load time / raw read time of the same files                            goal <= 1.5
+Then --crash-trials runs of a saving process are SIGKILLed at random moments (the test suite runs 20)
+and every resume is checked for a whole generation that is not older than the last published one.
 State: a model and its EMA (each mb/4) plus AdamW moments (mb/2). Each figure is the median over
 repeats, the measurements interleaved so that disk and machine load hit all of them alike. Files are
 read back from the page cache for both load and raw read (dropping caches needs root).
@@ -29,6 +31,7 @@ from torch import nn
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from checkpointing import CheckpointConfig, FSDPCheckpointer, JobConfig, ModelWithEMA
+from tests.ckpt_worker import RankServer, crash_trials
 
 
 def build_state(megabytes: int) -> tuple[ModelWithEMA, torch.optim.Optimizer]:
@@ -86,6 +89,7 @@ def main() -> None:
     parser.add_argument("--mb", type=int, default=512, help="state size in MiB")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--dir", type=Path, default=None, help="where to write (default: a temp dir in /tmp)")
+    parser.add_argument("--crash-trials", type=int, default=100, help="SIGKILL trials (0: skip)")
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING)
     torch.set_num_threads(1)
@@ -145,6 +149,20 @@ def main() -> None:
         print("|---|---|---|---|")
         for name, value, goal, met in rows:
             print(f"| {name} | {value:.2f} | {goal} | {'yes' if met else 'no'} |")
+        if args.crash_trials:
+            server = RankServer()
+            try:
+                start = time.perf_counter()
+                summary = crash_trials(server, root / "crash", args.crash_trials, seed=2)
+            finally:
+                server.close()
+            ok = not (summary["torn"] or summary["went_back"] or summary["died_before_resuming"])
+            print(
+                f"\ncrash test: {summary['trials']} SIGKILLs in {time.perf_counter() - start:.0f} s, "
+                f"{summary['resumes']} resumes, {len(summary['torn'])} torn, {len(summary['went_back'])} went back "
+                f"past a published iteration, last published iteration {summary['last_published']}: "
+                f"{'PASS' if ok else 'FAIL'}"
+            )
     finally:
         shutil.rmtree(root, ignore_errors=True)
 

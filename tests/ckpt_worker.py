@@ -19,6 +19,7 @@ import json
 import os
 import random
 import signal
+import subprocess
 import sys
 import time
 import traceback
@@ -312,6 +313,76 @@ def serve() -> None:
         if request.get("kill_after") is not None:
             reply["ready"] = ready
         print(json.dumps(reply), flush=True)
+
+
+class RankServer:
+    """Client side: starts `python tests/ckpt_worker.py` and sends it requests."""
+
+    def __init__(self) -> None:
+        repo = Path(__file__).resolve().parents[1]
+        self.proc = subprocess.Popen(
+            [sys.executable, str(Path(__file__).resolve())],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+            cwd=repo,
+            env={**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(repo)},
+        )
+
+    def run(self, argv: list[str], world_size: int, kill_after: float | None = None) -> dict:
+        assert self.proc.stdin is not None and self.proc.stdout is not None
+        self.proc.stdin.write(
+            json.dumps({"argv": argv, "world_size": world_size, "kill_after": kill_after}) + "\n"
+        )
+        self.proc.stdin.flush()
+        line = self.proc.stdout.readline()
+        if not line:
+            raise RuntimeError("the rank server died; see its stderr")
+        return json.loads(line)
+
+    def close(self) -> None:
+        assert self.proc.stdin is not None
+        self.proc.stdin.close()
+        self.proc.wait(timeout=60)
+
+
+def crash_trials(server: RankServer, root: Path, trials: int, seed: int) -> dict:
+    """SIGKILL a saving process `trials` times at random moments; summarise what each resume found.
+
+    Every third run overwrites ckpt_.pt in place (no retention), the others keep numbered generations.
+    """
+    rng = random.Random(seed)
+    job, out = root / "job", root / "out"
+    out.mkdir(parents=True)
+    died_early = 0
+    for trial in range(trials):
+        keep = 2 if trial % 3 else 0
+        reply = server.run(
+            ["crash", "--job", str(job), "--out", str(out), "--keep", str(keep)],
+            world_size=1,
+            kill_after=rng.uniform(0.0, 0.4),
+        )
+        died_early += not reply["ready"] or reply["codes"] != [-9]
+    published, resumes, torn, went_back = 0, 0, [], []
+    for line in (out / "progress.log").read_text().splitlines():
+        event, iteration, *rest = line.split()
+        if event == "published":
+            published = max(published, int(iteration))
+        elif event == "resumed":
+            resumes += 1
+            if rest != ["whole"]:
+                torn.append(line)
+            if int(iteration) < published:
+                went_back.append(f"resumed at {iteration} after {published} was published")
+    return {
+        "trials": trials,
+        "died_before_resuming": died_early,
+        "resumes": resumes,
+        "torn": torn,
+        "went_back": went_back,
+        "last_published": published,
+        "job": job,
+    }
 
 
 if __name__ == "__main__":

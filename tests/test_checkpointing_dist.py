@@ -7,11 +7,6 @@ per rank: on two busy cores an import costs several seconds.
 
 from __future__ import annotations
 
-import json
-import os
-import random
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -19,37 +14,9 @@ import torch
 
 from checkpointing import resolve_generation
 from checkpointing.generations import list_generations
+from tests.ckpt_worker import RankServer, crash_trials
 
 pytestmark = pytest.mark.multiprocess
-
-WORKER = Path(__file__).resolve().parent / "ckpt_worker.py"
-REPO = Path(__file__).resolve().parents[1]
-
-
-class RankServer:
-    def __init__(self) -> None:
-        self.proc = subprocess.Popen(
-            [sys.executable, str(WORKER)],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            text=True,
-            cwd=REPO,
-            env={**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)},
-        )
-
-    def run(self, argv: list[str], world_size: int, kill_after: float | None = None) -> dict:
-        assert self.proc.stdin is not None and self.proc.stdout is not None
-        request = {"argv": argv, "world_size": world_size, "kill_after": kill_after}
-        self.proc.stdin.write(json.dumps(request) + "\n")
-        self.proc.stdin.flush()
-        line = self.proc.stdout.readline()
-        assert line, "the rank server died"
-        return json.loads(line)
-
-    def close(self) -> None:
-        assert self.proc.stdin is not None
-        self.proc.stdin.close()
-        self.proc.wait(timeout=30)
 
 
 @pytest.fixture(scope="module")
@@ -159,39 +126,20 @@ def test_ema_replicas_and_async_failures_across_ranks(ranks, tmp_path):
     assert "iter_000000001_RANK1_ema_model.pt" in manifest.files
 
 
-def _crash_trials(ranks, tmp_path: Path, trials: int, seed: int) -> None:
-    rng = random.Random(seed)
-    job, out = tmp_path / "job", tmp_path / "out"
-    out.mkdir()
-    for trial in range(trials):
-        keep = 2 if trial % 3 else 0  # every third run overwrites ckpt_.pt in place (no retention)
-        reply = ranks.run(
-            ["crash", "--job", str(job), "--out", str(out), "--keep", str(keep)],
-            world_size=1,
-            kill_after=rng.uniform(0.0, 0.4),
-        )
-        assert reply["ready"], f"trial {trial}: the process died before resuming; see stderr"
-        assert reply["codes"] == [-9]
-    lines = (out / "progress.log").read_text().splitlines()
-    published, resumes = 0, 0
-    for line in lines:
-        event, iteration, *rest = line.split()
-        if event == "published":
-            published = max(published, int(iteration))
-        elif event == "resumed":
-            resumes += 1
-            assert rest == ["whole"], f"torn generation at resume: {line}"
-            assert int(iteration) >= published, f"resumed at {iteration}, but {published} had been published"
-    assert resumes == trials
-    assert published > trials  # the loop really saved between kills
-    final = resolve_generation(job)
-    assert final.generation.iteration >= published
+def _assert_crash_trials(ranks, tmp_path: Path, trials: int, seed: int) -> None:
+    summary = crash_trials(ranks, tmp_path, trials, seed)
+    assert summary["died_before_resuming"] == 0, "a run died before resuming; see stderr"
+    assert summary["resumes"] == trials
+    assert summary["torn"] == []
+    assert summary["went_back"] == []
+    assert summary["last_published"] > trials  # the loop really saved between kills
+    assert resolve_generation(summary["job"]).generation.iteration >= summary["last_published"]
 
 
 def test_sigkill_at_random_moments_always_resumes_a_whole_generation(ranks, tmp_path):
-    _crash_trials(ranks, tmp_path, trials=20, seed=0)
+    _assert_crash_trials(ranks, tmp_path, trials=20, seed=0)
 
 
 @pytest.mark.slow
 def test_sigkill_crash_loop_many_trials(ranks, tmp_path):
-    _crash_trials(ranks, tmp_path, trials=200, seed=1)
+    _assert_crash_trials(ranks, tmp_path, trials=200, seed=1)
