@@ -4,8 +4,9 @@ Rays leave along `Sensor.ray_directions()` exactly, so each return lands in its 
 `project(unproject(image))` gives the image back. What makes a sweep look real happens after the cast:
 - intensity = reflectivity x incidence term x range attenuation (with speckle);
 - ray drop: no hit within range, CARLA-style drop of weak returns, grazing incidence, the ego's own body,
-  plus a small random loss;
+  a small random loss and the empty pixels real sweeps get when binned into the image;
 - Gaussian range noise.
+Device-specific numbers live in SENSOR_PROFILES, fitted with `python -m lidar.sim.realism`.
 """
 
 from __future__ import annotations
@@ -124,7 +125,8 @@ def _rotation_yaw_tilt(pose: np.ndarray) -> tuple[float, float]:
 
 
 class LidarSimulator:
-    """Simulates `sensor` sweeps in a World. Randomness comes only from `seed` and the scan time."""
+    """Simulates `sensor` sweeps in a World. Randomness comes only from `seed`, the scan time and the pose,
+    so a sweep does not depend on which sweeps were simulated before it."""
 
     def __init__(self, sensor: Sensor, seed: int = 0, config: SensorModelConfig | None = None) -> None:
         self.sensor = sensor
@@ -156,6 +158,8 @@ class LidarSimulator:
         pose = np.asarray(pose, dtype=np.float64)
         if pose.shape != (4, 4) or not np.isfinite(pose).all():
             raise ValueError(f"pose must be a finite 4x4 world_from_sensor matrix, got shape {pose.shape}")
+        if not np.isfinite(time_s):
+            raise ValueError(f"time_s must be a finite number of seconds, got {time_s!r}")
         cfg = self.config
         sensor = self.sensor
         h, w = sensor.shape
