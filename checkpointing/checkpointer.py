@@ -166,7 +166,7 @@ class FSDPCheckpointer:
                     outcome = _Source(resolution.marker_path, True)
                     logger.info("resuming from %s", resolution.marker_path)
                 elif self.load_path:
-                    outcome = _Source(Path(self.load_path), self.load_training_state)
+                    outcome = _Source(self._checked_load_path(), self.load_training_state)
                     logger.info(
                         "starting from load_path %s (training state: %s)",
                         self.load_path,
@@ -184,6 +184,20 @@ class FSDPCheckpointer:
             raise outcome
         self._source, self._source_decided = outcome, True
         return outcome
+
+    def _checked_load_path(self) -> Path:
+        path = Path(self.load_path)
+        if not path.is_file():
+            raise FileNotFoundError(f"CheckpointConfig.load_path={self.load_path!r} does not exist")
+        if self.load_training_state:
+            try:
+                layout.parse_marker(path.name)
+            except ValueError as e:
+                raise ValueError(
+                    f"CheckpointConfig.load_training_state=True needs load_path to name a checkpoint marker "
+                    f"(iter_000000100.pt or ckpt_.pt, with its _optim.pt sibling), got {self.load_path!r}"
+                ) from e
+        return path
 
     def _sibling(self, source: _Source, kind: str, postfix: str = "") -> Path:
         marker = source.marker_path.name

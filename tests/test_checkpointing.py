@@ -170,6 +170,30 @@ def test_defect5_sibling_names_never_rewrite_directories_containing_dot_pt(tmp_p
     assert torch.equal(fresh.state_dict()["2.bias"], saved[1]["2.bias"])
 
 
+def test_a_pruning_failure_never_fails_the_save(tmp_path, caplog):
+    job = tmp_path / "job"
+    save_generations(job, [1])
+    (ckdir(job) / "iter_000000001_optim.pt").unlink()
+    (ckdir(job) / "iter_000000001_optim.pt").mkdir()  # unlink() of this name fails
+    (ckdir(job) / "iter_000000001_optim.pt" / "keep").touch()
+    save_generations(job, [2, 3], keep_last_checkpoints=1)
+    assert "pruning old checkpoints" in caplog.text and "the save itself succeeded" in caplog.text
+    assert (ckdir(job) / "latest_checkpoint.txt").read_text() == "iter_000000003.pt\n"
+    assert load_fresh(job)[0] == 3
+
+
+def test_load_path_problems_name_the_config_field(tmp_path):
+    with pytest.raises(FileNotFoundError, match=r"CheckpointConfig\.load_path='/nonexistent/x\.pt'"):
+        make_ckpt(tmp_path / "job", load_path="/nonexistent/x.pt").load(make_model())
+    torch.save(make_model().state_dict(), tmp_path / "weights.pt")
+    with pytest.raises(
+        ValueError, match="load_training_state=True needs load_path to name a checkpoint marker"
+    ):
+        make_ckpt(tmp_path / "job", load_path=str(tmp_path / "weights.pt"), load_training_state=True).load(
+            make_model()
+        )
+
+
 # ---------------------------------------------------------------- defect 1: complete resume
 
 
