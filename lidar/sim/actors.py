@@ -323,7 +323,36 @@ def populate(rng: np.random.Generator, layout: Layout, style: str) -> Population
             static_rows.append(_row(CYLINDER, (p[0], p[1], z + h / 2), (0.04, 0.04, h / 2), 0.0, 0.3, "sign", -1))
             static_rows.append(_row(BOX, (p[0], p[1], z + h + 0.3), (0.03, 0.35, 0.35), yaw, 0.95, "sign", -1))
 
-    # 7. Buildings, green areas with trees and bushes, garden fences.
+    # 7. Traffic-light masts on the curb of junction approaches (urban), their arm over the lanes.
+    if style == "urban":
+        for n in range(len(graph.nodes)):
+            if graph.degree(n) < 3:
+                continue
+            for ri in graph.incident(n):
+                r = graph.roads[ri]
+                if rng.random() > 0.6 or r.length < 2 * radius[n] + 10:
+                    continue
+                pos, tan = point_at(r.directed(n), np.array([radius[n] + 1.0]))
+                inward = -np.array([-tan[0, 1], tan[0, 0]])  # from the left curb of the leaving lanes inwards
+                base = pos[0] - inward * (r.half_width + 0.5)
+                arm = min(r.carriageway, 6.0)
+                mid = base + inward * (arm / 2 + 0.5)
+                tip = base + inward * (arm + 0.3)
+                yaw = float(np.arctan2(inward[1], inward[0]))
+                static_rows.append(_row(CYLINDER, (base[0], base[1], 2.9), (0.12, 0.12, 2.9), 0.0, 0.3, "pole", -1))
+                static_rows.append(_row(BOX, (mid[0], mid[1], 5.5), (arm / 2 + 0.5, 0.08, 0.08), yaw, 0.3, "pole", -1))
+                static_rows.append(_row(BOX, (tip[0], tip[1], 4.9), (0.15, 0.2, 0.5), yaw, 0.5, "sign", -1))
+
+    # 8. People on the crosswalks, crossing.
+    for line in layout.crossings:
+        if rng.random() < 0.3 * density:
+            shapes, size = person(rng, len(actors))
+            path = line if rng.random() < 0.5 else line[::-1].copy()
+            length = float(np.linalg.norm(path[1] - path[0]))
+            actors.append(Actor(id=len(actors), cls="pedestrian", size=size, parts=shapes, path=path,
+                                s0=float(rng.uniform(0.0, length)), speed=float(rng.uniform(1.0, 1.5)), s_stop=length))
+
+    # 9. Buildings, green areas with trees and bushes, garden fences.
     building_rows = []
     if layout.buildings:
         corners = np.stack([b.corners() for b in layout.buildings])

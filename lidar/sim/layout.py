@@ -50,6 +50,8 @@ class Layout:
     graph: RoadGraph
     buildings: list[Footprint]
     green: list[Footprint]
+    #: Crosswalks as 2-point lines from one sidewalk to the other (where people cross).
+    crossings: list[np.ndarray]
 
 
 class _Painter:
@@ -136,6 +138,7 @@ def build_layout(rng: np.random.Generator, graph: RoadGraph, style: str) -> Layo
     layers: dict[str, list[dict]] = {k: [] for k in ("road", "lane_marking", "crosswalk", "intersection",
                                                       "parking", "sidewalk", "building", "vegetation")}
     radius = [graph.node_radius(n) for n in range(len(nodes))]
+    crossings: list[np.ndarray] = []
 
     # 1. Sidewalks (with corner squares), curbs, carriageway, intersections.
     for n in range(len(nodes)):
@@ -208,6 +211,11 @@ def build_layout(rng: np.random.Generator, graph: RoadGraph, style: str) -> Layo
                 paint.line(offset_line(band, off), 0.5, "crosswalk")
             outline = np.concatenate([offset_line(band, r.half_width), offset_line(band, -r.half_width)[::-1]])
             layers["crosswalk"].append(_feature("Polygon", _ring(outline)))
+            mid = band[len(band) // 2]
+            tangent = band[-1] - band[0]
+            across = np.array([-tangent[1], tangent[0]]) / max(float(np.linalg.norm(tangent)), 1e-9)
+            reach = r.half_width + r.sidewalk / 2
+            crossings.append(np.stack([mid + across * reach, mid - across * reach]))
 
     # 3. Buildings along the frontage of every road, where the raster is still free land.
     buildings: list[Footprint] = []
@@ -271,4 +279,4 @@ def build_layout(rng: np.random.Generator, graph: RoadGraph, style: str) -> Layo
     hdmap = HDMap(layers=layers, raster=paint.raster(), origin=origin, resolution=RASTER_RESOLUTION,
                   terrain=terrain, terrain_origin=origin, terrain_resolution=TERRAIN_RESOLUTION)
     logger.debug("layout %s: raster %s, %d buildings, %d green areas", style, shape, len(buildings), len(green))
-    return Layout(hdmap=hdmap, graph=graph, buildings=buildings, green=green)
+    return Layout(hdmap=hdmap, graph=graph, buildings=buildings, green=green, crossings=crossings)
