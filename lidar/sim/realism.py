@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -154,7 +155,7 @@ def markdown_table(sensor_label: str, real_label: str, rows) -> str:
     return "\n".join(lines)
 
 
-def side_by_side(out: Path, seed: int = 0) -> Path:
+def side_by_side(out: Path, seed: int = 0, real_dir: Path = REAL_DIR) -> Path:
     """Real KITTI frame next to a simulated HDL-64E sweep, same BEV renderer and colours."""
     from PIL import Image, ImageDraw
 
@@ -162,7 +163,7 @@ def side_by_side(out: Path, seed: int = 0) -> Path:
     from lidar.range_image import unproject
     from lidar.render import bev_image
 
-    real = read_points(REAL_DIR / KITTI_FILES[0]).points
+    real = read_points(real_dir / KITTI_FILES[0]).points
     sim = unproject(sim_images(HDL64, worlds=2, frames=1, seed=seed)[1], HDL64)
     a = bev_image(real, extent=50.0, color_by="intensity")
     b = bev_image(sim, extent=50.0, color_by="intensity")
@@ -182,14 +183,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--worlds", type=int, default=4)
     parser.add_argument("--frames", type=int, default=3)
     parser.add_argument("--out", type=Path, default=None, help="write the side-by-side BEV PNG here")
+    parser.add_argument("--real-dir", type=Path, default=REAL_DIR, help="folder with the shared real scans")
     args = parser.parse_args(argv)
+    missing = [f for f in (*KITTI_FILES, NUSCENES_FILE) if not (args.real_dir / f).is_file()]
+    if missing:
+        print(f"error: real scans {missing} not found in {args.real_dir}; pass --real-dir", file=sys.stderr)
+        return 2
     for sensor, real_label in ((HDL64, "KITTI seq 00, 3 frames"), (HDL32, "nuScenes, 3 sweeps")):
-        real = [scan_stats(im, sensor) for im in real_images(sensor.name)]
+        real = [scan_stats(im, sensor) for im in real_images(sensor.name, args.real_dir)]
         sim = [scan_stats(im, sensor) for im in sim_images(sensor, args.worlds, args.frames)]
         print(markdown_table(f"{sensor.name} statistic", real_label, compare(real, sim)))
         print()
     if args.out is not None:
-        print(side_by_side(args.out))
+        print(side_by_side(args.out, real_dir=args.real_dir))
     return 0
 
 
