@@ -109,57 +109,75 @@ def _linspace_deg(top: float, bottom: float, n: int) -> tuple[float, ...]:
 
 HDL64 = Sensor(
     name="hdl64",
-    # Velodyne HDL-64E S2 as mounted on the KITTI car (Geiger et al., IJRR 2013; Velodyne HDL-64E S2
-    # datasheet): 26.9 deg vertical FOV, +2.0 to -24.9 deg. The upper block of 32 lasers spans +2.0 to
-    # about -8.33 deg at ~1/3 deg spacing, the lower block -8.83 to -24.9 deg at ~1/2 deg spacing.
     elevations_deg=_linspace_deg(2.0, -8.33, 32) + _linspace_deg(-8.83, -24.9, 32),
     width=1024,
     min_range=1.0,
     max_range=120.0,
-    mount_height=1.73,  # KITTI setup paper: Velodyne at 1.73 m above the ground.
+    mount_height=1.73,
 )
+"""Velodyne HDL-64E S2 as mounted on the KITTI car (KITTI's odometry and object benchmarks).
+
+Sources: Velodyne HDL-64E S2 datasheet (26.9 deg vertical FOV, +2.0 to -24.9 deg, 120 m range; an upper
+block of 32 lasers at ~1/3 deg spacing down to about -8.33 deg, a lower block of 32 at ~1/2 deg from
+-8.83 deg) and Geiger et al., "Vision meets Robotics: The KITTI Dataset", IJRR 2013 (sensor 1.73 m above
+the ground). Beams are evenly spaced within each block, not one unit's calibration.
+"""
 
 HDL32 = Sensor(
     name="hdl32",
-    # Velodyne HDL-32E datasheet (used on nuScenes, Caesar et al., CVPR 2020): +10.67 to -30.67 deg in
-    # 1.33 deg steps, 100 m range. nuScenes mounts it about 1.84 m above the ground.
     elevations_deg=_linspace_deg(10.67, -30.67, 32),
     width=1024,
     min_range=1.0,
     max_range=100.0,
     mount_height=1.84,
 )
+"""Velodyne HDL-32E (nuScenes' LIDAR_TOP; the default model's sensor).
+
+Sources: Velodyne HDL-32E datasheet (+10.67 to -30.67 deg in 1.33 deg steps, 100 m range) and Caesar et
+al., "nuScenes: A multimodal dataset for autonomous driving", CVPR 2020 (roof mount about 1.84 m up).
+"""
 
 VLP16 = Sensor(
     name="vlp16",
-    # Velodyne VLP-16 (Puck) datasheet: 16 channels, +15 to -15 deg in 2 deg steps, 100 m range.
     elevations_deg=_linspace_deg(15.0, -15.0, 16),
     width=1024,
     min_range=0.5,
     max_range=100.0,
     mount_height=1.6,
 )
+"""Velodyne VLP-16 (Puck), the common low-cost 16-beam unit.
+
+Source: Velodyne VLP-16 datasheet (16 channels, +15 to -15 deg in 2 deg steps, 100 m range). The mount
+height is a typical car roof, not a datasheet value.
+"""
 
 OS1_64 = Sensor(
     name="os1-64",
-    # Ouster OS1 (Rev C/Gen 1) datasheet: 45 deg vertical FOV, +22.5 to -22.5 deg, uniform beam spacing,
-    # 120 m range at 80% reflectivity; 1024x10 mode gives 1024 columns.
     elevations_deg=_linspace_deg(22.5, -22.5, 64),
     width=1024,
     min_range=0.8,
     max_range=120.0,
     mount_height=1.8,
 )
+"""Ouster OS1-64 (Gen 2, uniform beams).
+
+Source: Ouster OS1 Gen 2 datasheet (45 deg vertical FOV, +22.5 to -22.5 deg, uniform beam spacing, 120 m
+range at 80% reflectivity; the 1024x10 mode gives 1024 columns). Gen 1 units span only +-16.6 deg;
+`detect_sensor` measures such a beam table from the file's rings instead.
+"""
 
 OS1_128 = Sensor(
     name="os1-128",
-    # Ouster OS1-128 datasheet: as OS1-64 with 128 uniform beams over +22.5 to -22.5 deg.
     elevations_deg=_linspace_deg(22.5, -22.5, 128),
     width=1024,
     min_range=0.8,
     max_range=120.0,
     mount_height=1.8,
 )
+"""Ouster OS1-128 (Gen 2, uniform beams).
+
+Source: Ouster OS1 Gen 2 datasheet, as `OS1_64` with 128 uniform beams over +22.5 to -22.5 deg.
+"""
 
 PRESETS: dict[str, Sensor] = {s.name: s for s in (HDL64, HDL32, VLP16, OS1_64, OS1_128)}
 

@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import ast
+import inspect
+import itertools
 import json
+import re
 
 import numpy as np
 import pytest
 
+import lidar.sensors
 from lidar.sensors import HDL32, HDL64, OS1_64, OS1_128, PRESETS, VLP16, Sensor, get_sensor
 
 
@@ -88,3 +93,19 @@ def test_ray_directions_are_unit_rows_top_first_and_centre_column_ahead():
 def test_with_width_keeps_the_beams():
     narrow = OS1_64.with_width(512)
     assert narrow.width == 512 and narrow.elevations_deg == OS1_64.elevations_deg and narrow.name == OS1_64.name
+
+
+def test_every_preset_has_a_docstring_citing_its_sources():
+    """An attribute docstring (the string right after the assignment) is what pdoc/Sphinx show for a preset."""
+    body = ast.parse(inspect.getsource(lidar.sensors)).body
+    docs = {}
+    for stmt, after in itertools.pairwise(body):
+        if isinstance(stmt, ast.Assign) and isinstance(after, ast.Expr) and isinstance(after.value, ast.Constant):
+            docs[stmt.targets[0].id] = after.value.value
+    for sensor in PRESETS.values():
+        const = next(name for name, value in vars(lidar.sensors).items() if value is sensor)
+        assert const in docs, f"preset {const} has no docstring"
+        assert "Source" in docs[const] and "datasheet" in docs[const], f"{const} docstring cites no source"
+        cited = {float(v) for v in re.findall(r"\d+(?:\.\d+)?", docs[const])}
+        for angle in (sensor.elevations_deg[0], sensor.elevations_deg[-1]):
+            assert abs(angle) in cited, f"{const}: the docstring does not cite its {angle} deg beam"
