@@ -64,7 +64,7 @@ def _lane_between(world: World, road: int, from_node: int, lane: int) -> np.ndar
     return point_at(line, np.linspace(s0, max(s1, s0 + 1.0), n), cum)[0]
 
 
-def _route(world: World, road: int, from_node: int, action: str, rng: np.random.Generator,
+def _route(world: World, road: int, from_node: int, action: str,
            min_length: float) -> tuple[np.ndarray, float] | None:
     """Polyline from the start of a lane through the first junction (with `action`), extended straight on.
 
@@ -111,8 +111,9 @@ def plan_drive(world: World, action: str, frames: int, seed: int = 0, speed: flo
     """(frames, 4, 4) float64 world_from_sensor poses at 10 Hz for `action` in `world`.
 
     A turn happens at the next intersection ahead of the start; the start is placed so the turn falls
-    inside the drive when the drive is long enough. `speed` in m/s overrides the sampled one (5-12 m/s,
-    turns at 5-8 m/s). The sensor rides `mount_height` above the ground, pitched and rolled with it.
+    inside the drive when the drive is long enough. `speed` in m/s overrides the sampled one (7-12 m/s
+    straight, 18-28 m/s on highways, 5-8 m/s for turns). A drive longer than the route ends standing at its
+    end. The sensor rides `mount_height` above the ground, pitched and rolled with it.
     """
     if action not in ACTIONS:
         raise ValueError(f"unknown action {action!r}; expected one of {ACTIONS}")
@@ -132,7 +133,7 @@ def plan_drive(world: World, action: str, frames: int, seed: int = 0, speed: flo
     best = None
     for k in order:
         ri, from_node = candidates[k]
-        res = _route(world, ri, from_node, action, rng, min_length=travel + 80.0)
+        res = _route(world, ri, from_node, action, min_length=travel + 80.0)
         if res is None:
             continue
         line, junction = res
@@ -161,7 +162,7 @@ def plan_drive(world: World, action: str, frames: int, seed: int = 0, speed: flo
 
 def _poses(world: World, pos: np.ndarray, fwd2: np.ndarray, mount_height: float) -> np.ndarray:
     hdmap = world.hdmap
-    z, gx, gy = hdmap.terrain_height(pos[:, 0], pos[:, 1], with_gradient=True)
+    _, gx, gy = hdmap.terrain_height(pos[:, 0], pos[:, 1], with_gradient=True)
     z = hdmap.ground_height(pos[:, 0], pos[:, 1])
     normal = np.stack([-gx, -gy, np.ones_like(gx)], axis=1)
     normal /= np.linalg.norm(normal, axis=1, keepdims=True)
