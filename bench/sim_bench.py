@@ -62,7 +62,9 @@ def main() -> None:
     sim = LidarSimulator(sensor, seed=0)
 
     print(f"## lidar.sim speed, {sensor.name} {sensor.height}x{sensor.width}, one core\n")
-    print("| world | solids | CPU ms/frame | wall ms/frame | frames/s (CPU) | ratio to target 10 | ratio to goal 20 |")
+    print(
+        "| world | solids | CPU ms/frame | wall ms/frame | frames/s (CPU) | ratio to target 10 | ratio to goal 20 |"
+    )
     print("|---|---|---|---|---|---|---|")
     worlds = {}
     for style in ("urban", "suburban", "highway"):
@@ -71,8 +73,10 @@ def main() -> None:
         poses = plan_drive(world, "straight", args.frames, seed=0, mount_height=sensor.mount_height)
         cpu, wall = time_scans(world, poses, sim)
         fps = 1.0 / cpu
-        print(f"| {style} | {len(world.scenery)} | {cpu * 1e3:.1f} | {wall * 1e3:.1f} | {fps:.1f} | "
-              f"{fps / TARGET_FPS:.2f} | {fps / GOAL_FPS:.2f} |")
+        print(
+            f"| {style} | {len(world.scenery)} | {cpu * 1e3:.1f} | {wall * 1e3:.1f} | {fps:.1f} | "
+            f"{fps / TARGET_FPS:.2f} | {fps / GOAL_FPS:.2f} |"
+        )
 
     print("\n## time vs world size (urban seed 0 tiled k x k; baseline = no culling grid, same run)\n")
     print("| tiles | solids | grid CPU ms/frame | baseline CPU ms/frame | baseline / grid |")
@@ -84,8 +88,10 @@ def main() -> None:
         grid_cpu, _ = time_scans(world, poses, sim)
         brute = replace(world, grid=CullingGrid.build(world.scenery, cell=1e6))  # one cell holds everything
         brute_cpu, _ = time_scans(brute, poses, sim)
-        print(f"| {k}x{k} | {len(world.scenery)} | {grid_cpu * 1e3:.1f} | {brute_cpu * 1e3:.1f} | "
-              f"{brute_cpu / grid_cpu:.2f} |")
+        print(
+            f"| {k}x{k} | {len(world.scenery)} | {grid_cpu * 1e3:.1f} | {brute_cpu * 1e3:.1f} | "
+            f"{brute_cpu / grid_cpu:.2f} |"
+        )
 
 
 if __name__ == "__main__":
