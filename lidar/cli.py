@@ -23,11 +23,10 @@ from lidar.formats import (
     Scan,
     azimuth_coverage_deg,
     detect_sensor,
-    elevations_deg,
     read_points,
     write_points,
 )
-from lidar.range_image import beam_rows, project
+from lidar.range_image import beam_rows, point_elevations, project
 from lidar.sensors import PRESETS, Sensor, get_sensor
 
 logger = logging.getLogger(__name__)
@@ -50,7 +49,7 @@ def summarize(scan: Scan, sensor: Sensor | None = None) -> dict[str, Any]:
     """Everything `info` prints, as JSON-ready values; `sensor` overrides detection."""
     pts = scan.points
     rng = np.linalg.norm(pts[:, :3], axis=1)
-    elev = elevations_deg(pts)
+    elev = np.degrees(point_elevations(pts))
     detected = sensor or detect_sensor(scan)
     out: dict[str, Any] = {
         "file": str(scan.path),

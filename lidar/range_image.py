@@ -46,13 +46,18 @@ def azimuth_columns(points_xy: np.ndarray, width: int) -> np.ndarray:
     return np.mod(u, width)
 
 
+def point_elevations(points: np.ndarray) -> np.ndarray:
+    """Elevation of each point (N, 3+) above its origin's horizon, radians: the angle a beam table lists."""
+    return np.arctan2(points[:, 2], np.hypot(points[:, 0], points[:, 1]))
+
+
 def beam_rows(points: np.ndarray, sensor: Sensor) -> np.ndarray:
     """Nearest beam row per point from its elevation; -1 where it lies outside the sensor's beams.
 
     A point more than one beam spacing above the top beam or below the bottom one does not belong to any
     beam (e.g. a scan that is not in the sensor frame), so it is rejected instead of clamped.
     """
-    elev = np.arctan2(points[:, 2], np.hypot(points[:, 0], points[:, 1]))
+    elev = point_elevations(points)
     beams = sensor.elevations[::-1]  # ascending for searchsorted
     if len(beams) == 1:
         rows = np.zeros(len(points), dtype=np.int64)
@@ -79,7 +84,7 @@ def rows_from_ring(points: np.ndarray, ring: np.ndarray, sensor: Sensor) -> np.n
     if ring.size == 0:
         return ring
     valid = (ring >= 0) & (ring < sensor.height)
-    elev = np.arctan2(points[:, 2], np.hypot(points[:, 0], points[:, 1]))
+    elev = point_elevations(points)
     if valid.sum() > 2 and np.unique(ring[valid]).size > 1:
         corr = np.corrcoef(ring[valid].astype(np.float64), elev[valid])[0, 1]
         if np.isfinite(corr) and corr > 0:

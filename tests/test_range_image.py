@@ -11,6 +11,7 @@ from lidar.range_image import (
     beam_rows,
     decode_range,
     encode_range,
+    point_elevations,
     project,
     rows_from_ring,
     unproject,
@@ -100,6 +101,11 @@ def test_points_outside_range_limits_or_beams_are_dropped():
     pts = np.stack([ray * 0.5, ray * 500.0, ray * 30.0, [10.0, 0.0, 10.0]])  # too near, too far, kept, 45 deg up
     assert beam_rows(pts, sensor)[3] == -1
     assert project(pts, sensor).mask.sum() == 1
+
+
+def test_point_elevations_are_angles_above_the_origin_horizon():
+    pts = np.array([[10.0, 0.0, 0.0], [0.0, 3.0, 3.0], [-1.0, -1.0, -np.sqrt(2.0)], [0.0, 0.0, 2.0]])
+    np.testing.assert_allclose(np.degrees(point_elevations(pts)), [0.0, 45.0, -45.0, 90.0])
 
 
 def test_azimuth_columns_follow_the_design_formula():

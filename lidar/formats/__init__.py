@@ -4,7 +4,7 @@
 `write_points` picks the format from the extension; `detect_sensor` guesses the device.
 """
 
-from lidar.formats.detect import azimuth_coverage_deg, check_sensor, detect_sensor, elevations_deg
+from lidar.formats.detect import azimuth_coverage_deg, check_sensor, detect_sensor
 from lidar.formats.io import WRITERS, read_points, write_points
 from lidar.formats.scan import MAX_FILE_BYTES, MAX_POINTS, PointCloudError, Scan
 
@@ -17,7 +17,6 @@ __all__ = [
     "azimuth_coverage_deg",
     "check_sensor",
     "detect_sensor",
-    "elevations_deg",
     "read_points",
     "write_points",
 ]

@@ -13,7 +13,7 @@ import logging
 import numpy as np
 
 from lidar.formats.scan import PointCloudError, Scan
-from lidar.range_image import beam_rows
+from lidar.range_image import azimuth_columns, beam_rows, point_elevations
 from lidar.sensors import PRESETS, Sensor
 
 logger = logging.getLogger(__name__)
@@ -32,14 +32,12 @@ _MAX_BEAMS = 256
 _MIN_RANGE = 2.0
 
 
-def elevations_deg(points: np.ndarray) -> np.ndarray:
-    return np.degrees(np.arctan2(points[:, 2], np.hypot(points[:, 0], points[:, 1])))
-
-
 def azimuth_coverage_deg(points: np.ndarray) -> int:
-    """Occupied 1-degree azimuth bins out of 360, around the file's origin (as the real-scan README counts)."""
-    az = np.degrees(np.arctan2(points[:, 1], points[:, 0]))
-    return int(np.unique(np.floor(az).astype(np.int64) % 360).size)
+    """Occupied 1-degree azimuth bins out of 360 around the file's origin (as the real-scan README counts).
+
+    They are the occupied columns of a 360-wide range image, so a camera-cropped scan reads about 81.
+    """
+    return int(np.unique(azimuth_columns(points[:, :2], 360)).size)
 
 
 def _width(points_per_beam: float) -> int:
@@ -79,7 +77,7 @@ def detect_sensor(scan: Scan) -> Sensor | None:
     far = np.linalg.norm(pts[:, :3], axis=1) > _MIN_RANGE
     if far.sum() < 100:
         return None
-    elev = elevations_deg(pts)
+    elev = np.degrees(point_elevations(pts))
     if scan.ring is not None:
         return _from_rings(scan, far, elev)
     top = float(np.percentile(elev[far], 99.8))
@@ -124,7 +122,7 @@ def check_sensor(scan: Scan, sensor: Sensor) -> None:
         raise PointCloudError(f"{scan.path}: no returns beyond {_MIN_RANGE} m; expected a LiDAR sweep")
     outside = float((beam_rows(far, sensor) < 0).mean())
     if outside > _MAX_OUTSIDE_CHOSEN:
-        elev = elevations_deg(far)
+        elev = np.degrees(point_elevations(far))
         raise PointCloudError(
             f"{scan.path}: {outside:.0%} of returns lie outside the beams of sensor {sensor.name!r} "
             f"({sensor.elevations_deg[-1]:+.1f} to {sensor.elevations_deg[0]:+.1f} deg; the scan spans "

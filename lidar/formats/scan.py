@@ -13,6 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
+from lidar.range_image import point_elevations
 from lidar.sensors import Sensor
 
 logger = logging.getLogger(__name__)
@@ -112,7 +113,7 @@ def organised_ring(xyz: np.ndarray, sensor: Sensor | None) -> tuple[np.ndarray |
     heights = (sensor.height, *_ORGANISED_HEIGHTS) if sensor is not None else _ORGANISED_HEIGHTS
     rng = np.linalg.norm(xyz, axis=1)
     valid = rng > 0.5
-    elev = np.degrees(np.arctan2(xyz[:, 2], np.hypot(xyz[:, 0], xyz[:, 1])))
+    elev = np.degrees(point_elevations(xyz))
     index = np.arange(n)
     for height in dict.fromkeys(heights):
         if n % height or n // height not in _ORGANISED_WIDTHS:
@@ -141,7 +142,7 @@ def _sensor_frame_check(xyz: np.ndarray) -> str | None:
     far = np.linalg.norm(xyz, axis=1) > 2.0
     if far.sum() < 100:
         return None
-    elev = np.degrees(np.arctan2(xyz[far, 2], np.hypot(xyz[far, 0], xyz[far, 1])))
+    elev = np.degrees(point_elevations(xyz[far]))
     below = float((elev < -_BELOW_HORIZON_DEG).mean())
     if below >= _MIN_BELOW_HORIZON:
         return None
