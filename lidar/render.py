@@ -15,7 +15,7 @@ from typing import Literal
 import numpy as np
 from PIL import Image, ImageDraw, ImageFont
 
-from lidar.range_image import RangeImage
+from lidar.range_image import RangeImage, encode_range
 
 logger = logging.getLogger(__name__)
 
@@ -141,7 +141,7 @@ def range_image_png(
         max_range = float(rng.max()) if mask.any() else 1.0
     if max_range <= 0:
         raise ValueError(f"max_range must be positive, got {max_range}")
-    v = np.log1p(np.clip(rng, 0.0, max_range)) / np.log1p(max_range)
+    v = 0.5 * (encode_range(rng, max_range) + 1.0)  # log-range in [0, 1]
     rgb = turbo(1.0 - v)
     rgb[~mask] = 0
     rgb = np.repeat(rgb, int(scale), axis=0)
