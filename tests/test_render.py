@@ -40,6 +40,7 @@ def test_range_image_png_is_scaled_vertically_and_black_where_no_return():
     assert (arr[3:6, 3] > 0).any(axis=1).all() and (arr[6:9, 10] > 0).any(axis=1).all()
     assert np.array_equal(arr[3:6, 3], np.repeat(arr[3:4, 3], 3, axis=0)), "rows are repeated, not blended"
     assert not np.array_equal(arr[3, 3], arr[6, 10]), "near and far returns get different colours"
+    assert arr[3, 3, 0] > arr[3, 3, 2] and arr[6, 10, 2] > arr[6, 10, 0], "near is red, far is blue"
     hit = np.zeros((12, 16), dtype=bool)
     hit[3:6, 3] = hit[6:9, 10] = True
     assert (arr[~hit] == 0).all(), "every no-return pixel is pure black"
@@ -95,6 +96,18 @@ def test_bev_density_brightens_with_count_and_overlay_draws_bar_and_ego():
     white = (overlay == 255).all(axis=2)
     assert white[95:105, 95:105].any(), "ego marker at the centre"
     assert white[180:, :60].sum() > 30, "scale bar and its label bottom-left"
+
+
+@pytest.mark.parametrize(("extent", "resolution", "bar_m"), [(25.0, 0.25, 10), (50.0, 0.125, 20), (40.0, 0.5, 10)])
+def test_bev_scale_bar_is_as_long_as_its_metres(extent, resolution, bar_m):
+    """The bar spans a round length near a fifth of the view, drawn at the picture's own metres per pixel."""
+    img = np.asarray(render.bev_image(np.zeros((1, 3), np.float32), extent=extent, resolution=resolution))
+    size = img.shape[0]
+    white = (img[size - size // 8 :] == 255).all(axis=2)  # bottom eighth: the bar, clear of the ego marker
+    padded = np.pad(white, ((0, 0), (1, 1))).astype(np.int8)
+    edges = np.diff(padded, axis=1)
+    longest = max((np.flatnonzero(e == -1) - np.flatnonzero(e == 1)).max(initial=0) for e in edges)
+    assert abs(longest - bar_m / resolution) <= 2, f"bar of {longest} px; {bar_m} m is {bar_m / resolution:g} px"
 
 
 def test_bev_intensity_and_bad_inputs():
