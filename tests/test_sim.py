@@ -44,8 +44,15 @@ def urban():
 def _flat_world(shapes: Shapes) -> World:
     """A flat, all-road world holding only `shapes`: ranges are known in closed form."""
     raster = np.full((1000, 1000), MAP_CLASS_INDEX["road"], dtype=np.uint8)
-    hdmap = HDMap(layers={}, raster=raster, origin=(-100.0, -100.0), resolution=0.2,
-                  terrain=np.zeros((30, 30), np.float32), terrain_origin=(-120.0, -120.0), terrain_resolution=8.0)
+    hdmap = HDMap(
+        layers={},
+        raster=raster,
+        origin=(-100.0, -100.0),
+        resolution=0.2,
+        terrain=np.zeros((30, 30), np.float32),
+        terrain_origin=(-120.0, -120.0),
+        terrain_resolution=8.0,
+    )
     world = make_world(0, "highway")
     return World(seed=0, style="test", hdmap=hdmap, graph=world.graph, actors=[], scenery=shapes)
 
@@ -62,7 +69,10 @@ def test_same_seed_gives_identical_world_and_scans(urban):
     np.testing.assert_array_equal(a.image.range, b.image.range)
     np.testing.assert_array_equal(a.image.intensity, b.image.intensity)
     other = make_world(8, "urban")
-    assert other.hdmap.raster.shape != urban.hdmap.raster.shape or (other.hdmap.raster != urban.hdmap.raster).any()
+    assert (
+        other.hdmap.raster.shape != urban.hdmap.raster.shape
+        or (other.hdmap.raster != urban.hdmap.raster).any()
+    )
 
 
 def test_ray_hits_known_box_at_known_range():
@@ -87,13 +97,18 @@ def test_cylinder_and_ellipsoid_intersections_at_known_range():
     d = np.array([[1.0, 0.0, 0.0]])
     t, cos = intersect_cylinders(origin, d, np.array([[10.0, 0.0, 0.0]]), np.array([[0.5, 0.5, 2.0]]))
     assert t[0] == pytest.approx(9.5) and cos[0] == pytest.approx(1.0)
-    t, _ = intersect_ellipsoids(origin, d, np.array([[10.0, 0.0, 0.0]]), np.array([[2.0, 1.0, 1.0]]), np.zeros(1))
+    t, _ = intersect_ellipsoids(
+        origin, d, np.array([[10.0, 0.0, 0.0]]), np.array([[2.0, 1.0, 1.0]]), np.zeros(1)
+    )
     assert t[0] == pytest.approx(8.0)
     # A box turned 45 degrees is met on its corner edge: half diagonal sqrt(2) before its centre.
-    t, cos = intersect_boxes(origin, d, np.array([[10.0, 0.0, 0.0]]), np.array([[1.0, 1.0, 1.0]]), np.array([np.pi / 4]))
+    t, cos = intersect_boxes(
+        origin, d, np.array([[10.0, 0.0, 0.0]]), np.array([[1.0, 1.0, 1.0]]), np.array([np.pi / 4])
+    )
     assert t[0] == pytest.approx(10.0 - np.sqrt(2.0)) and cos[0] == pytest.approx(np.sqrt(0.5))
-    t, _ = intersect_cylinders(origin, np.array([[0.0, 1.0, 0.0]]), np.array([[10.0, 0.0, 0.0]]),
-                               np.array([[0.5, 0.5, 2.0]]))
+    t, _ = intersect_cylinders(
+        origin, np.array([[0.0, 1.0, 0.0]]), np.array([[10.0, 0.0, 0.0]]), np.array([[0.5, 0.5, 2.0]])
+    )
     assert np.isinf(t[0])
 
 
@@ -112,7 +127,9 @@ def test_turns_end_at_plus_and_minus_ninety_degrees(style, seed, urban):
 
 
 def test_no_return_beyond_max_range(urban):
-    sensor = Sensor.from_angles("short", np.linspace(5.0, -20.0, 16), width=256, max_range=25.0, mount_height=1.8)
+    sensor = Sensor.from_angles(
+        "short", np.linspace(5.0, -20.0, 16), width=256, max_range=25.0, mount_height=1.8
+    )
     poses = plan_drive(urban, "straight", 2, seed=0, mount_height=1.8)
     full = LidarSimulator(replace(sensor, max_range=120.0), seed=0).scan(urban, poses[0])
     scan = LidarSimulator(sensor, seed=0).scan(urban, poses[0])
@@ -152,7 +169,9 @@ def test_range_view_classes_is_fast_and_matches_the_map(urban):
 def test_moving_actors_move_and_map_exports(urban):
     b0, b1 = urban.boxes(0.0), urban.boxes(1.0)
     moved = np.linalg.norm(b1["boxes"][:, :2] - b0["boxes"][:, :2], axis=1)
-    moving = np.array([a.moving for a in urban.actors if a.cls in ("car", "van", "truck", "pedestrian", "cyclist")])
+    moving = np.array(
+        [a.moving for a in urban.actors if a.cls in ("car", "van", "truck", "pedestrian", "cyclist")]
+    )
     assert moving.any() and (moved[moving] > 0.5).mean() > 0.8 and (moved[~moving] == 0).all()
     geo = urban.hdmap.to_geojson()
     layers = {f["properties"]["layer"] for f in geo["features"]}
@@ -165,7 +184,11 @@ def test_moving_actors_move_and_map_exports(urban):
     ego = urban.hdmap.bev_raster(resolution=1.0, extent=20.0, pose=pose)
     fwd = pose[:2, 0] / np.linalg.norm(pose[:2, 0])
     left = np.array([-fwd[1], fwd[0]])
-    for (i, j), (ahead, side) in {(10, 20): (9.5, -0.5), (39, 0): (-19.5, 19.5), (0, 39): (19.5, -19.5)}.items():
+    for (i, j), (ahead, side) in {
+        (10, 20): (9.5, -0.5),
+        (39, 0): (-19.5, 19.5),
+        (0, 39): (19.5, -19.5),
+    }.items():
         xy = pose[:2, 3] + ahead * fwd + side * left
         assert ego[i, j] == urban.hdmap.class_at(xy[:1], xy[1:])[0]
 
@@ -183,8 +206,26 @@ def test_dataset_written_and_read_back_identical(tmp_path):
     from lidar.sim.__main__ import main
 
     sensor = HDL32.with_width(128)
-    assert main(["--sensor", "hdl32", "--width", "128", "--sequences", "2", "--frames", "3", "--seed", "5",
-                 "--out", str(tmp_path), "--points"]) == 0
+    assert (
+        main(
+            [
+                "--sensor",
+                "hdl32",
+                "--width",
+                "128",
+                "--sequences",
+                "2",
+                "--frames",
+                "3",
+                "--seed",
+                "5",
+                "--out",
+                str(tmp_path),
+                "--points",
+            ]
+        )
+        == 0
+    )
     ds = SimDataset(tmp_path, window=2)
     assert len(ds) == 4 and ds.sensor == sensor
     fresh = generate_sequence(sequence_spec(5, 1), sensor, 3)
@@ -192,8 +233,9 @@ def test_dataset_written_and_read_back_identical(tmp_path):
     np.testing.assert_array_equal(arrays["range"], np.stack([f.image.range for f in fresh.frames]))
     np.testing.assert_array_equal(arrays["map_classes"], fresh.map_classes)
     np.testing.assert_array_equal(arrays["poses"], fresh.poses)
-    np.testing.assert_array_equal(arrays["points"][arrays["point_offsets"][2]:arrays["point_offsets"][3]],
-                                  fresh.frames[2].points)
+    np.testing.assert_array_equal(
+        arrays["points"][arrays["point_offsets"][2] : arrays["point_offsets"][3]], fresh.frames[2].points
+    )
     item = ds[3]
     assert item["sequence"] == 1 and item["frame"] == 1 and tuple(item["range"].shape) == (2, 32, 128)
     np.testing.assert_array_equal(item["range"].numpy(), arrays["range"][1:3])
@@ -220,7 +262,9 @@ def test_sidewalks_stand_one_curb_above_the_road_and_the_ego_body_blocks_its_ray
 
     sensor = HDL32.with_width(512)
     pose = plan_drive(urban, "straight", 1, seed=5)[0]
-    sim = LidarSimulator(sensor, seed=0, config=replace(SensorModelConfig.for_sensor(sensor), range_noise=0.0))
+    sim = LidarSimulator(
+        sensor, seed=0, config=replace(SensorModelConfig.for_sensor(sensor), range_noise=0.0)
+    )
     scan = sim.scan(urban, pose)
     world_pts = scan.points[:, :3].astype(np.float64) @ pose[:3, :3].T + pose[:3, 3]
     above = world_pts[:, 2] - urban.hdmap.terrain_height(world_pts[:, 0], world_pts[:, 1])
@@ -247,8 +291,10 @@ def test_on_the_fly_dataset_splits_sequences_across_dataloader_workers():
 REAL_SCANS = Path(__file__).resolve().parents[2] / "shared/data/real_scans"
 
 
-@pytest.mark.skipif(not (REAL_SCANS / "nuscenes_lidaraisolution_ff9eff4389a740848f9a56ad749a4ae8.bin").exists(),
-                    reason=f"real scans not found under {REAL_SCANS}")
+@pytest.mark.skipif(
+    not (REAL_SCANS / "nuscenes_lidaraisolution_ff9eff4389a740848f9a56ad749a4ae8.bin").exists(),
+    reason=f"real scans not found under {REAL_SCANS}",
+)
 def test_simulated_hdl32_statistics_stay_near_the_real_nuscenes_sweep():
     from lidar.sim.realism import real_images, scan_stats, sim_images
 

@@ -1,8 +1,8 @@
 """Procedural driving worlds with HD maps, ego drives, and a physically based LiDAR simulator.
 
-    world = make_world(seed=0, style="urban")
-    poses = plan_drive(world, "turn_left", frames=40, seed=0)
-    seq = simulate_sequence(world, poses, get_sensor("hdl32"), seed=0)
+world = make_world(seed=0, style="urban")
+poses = plan_drive(world, "turn_left", frames=40, seed=0)
+seq = simulate_sequence(world, poses, get_sensor("hdl32"), seed=0)
 """
 
 from lidar.sim.actors import OBJECT_CLASSES

@@ -22,7 +22,18 @@ logger = logging.getLogger(__name__)
 #: Object classes of solids. A point label is len(MAP_CLASSES) + index here (ground hits use the map class).
 #: Training data depends on this order: extend it only by appending.
 OBJECT_CLASSES: tuple[str, ...] = (
-    "car", "van", "truck", "pedestrian", "cyclist", "pole", "sign", "tree", "bush", "wall", "fence", "facade",
+    "car",
+    "van",
+    "truck",
+    "pedestrian",
+    "cyclist",
+    "pole",
+    "sign",
+    "tree",
+    "bush",
+    "wall",
+    "fence",
+    "facade",
 )
 OBJECT_CLASS_INDEX = {name: i for i, name in enumerate(OBJECT_CLASSES)}
 #: Classes that get a 3-D box (the detection targets).
@@ -145,38 +156,81 @@ def vehicle(rng: np.random.Generator, cls: str, actor: int) -> tuple[Shapes, tup
     paint = float(rng.choice([0.06, 0.12, 0.25, 0.45, 0.6]) * rng.uniform(0.8, 1.2))
     if cls == "car":
         length, width, height = rng.uniform(3.9, 4.9), rng.uniform(1.7, 1.9), rng.uniform(1.4, 1.6)
-        rows = [_row(BOX, (0, 0, 0.62), (length / 2, width / 2, 0.37), 0.0, paint, cls, actor),
-                _row(ELLIPSOID, (-0.08 * length, 0, 0.95), (0.33 * length, 0.47 * width, height - 0.95), 0.0,
-                     paint * 0.8, cls, actor)]
+        rows = [
+            _row(BOX, (0, 0, 0.62), (length / 2, width / 2, 0.37), 0.0, paint, cls, actor),
+            _row(
+                ELLIPSOID,
+                (-0.08 * length, 0, 0.95),
+                (0.33 * length, 0.47 * width, height - 0.95),
+                0.0,
+                paint * 0.8,
+                cls,
+                actor,
+            ),
+        ]
     elif cls == "van":
         length, width, height = rng.uniform(4.8, 5.6), rng.uniform(1.9, 2.05), rng.uniform(1.9, 2.4)
         body = length - 0.9
-        rows = [_row(BOX, (-0.45, 0, (0.3 + height) / 2), (body / 2, width / 2, (height - 0.3) / 2), 0.0, paint,
-                     cls, actor),
-                _row(ELLIPSOID, (length / 2 - 1.0, 0, 0.85), (1.0, width / 2, 0.55), 0.0, paint, cls, actor)]
+        rows = [
+            _row(
+                BOX,
+                (-0.45, 0, (0.3 + height) / 2),
+                (body / 2, width / 2, (height - 0.3) / 2),
+                0.0,
+                paint,
+                cls,
+                actor,
+            ),
+            _row(ELLIPSOID, (length / 2 - 1.0, 0, 0.85), (1.0, width / 2, 0.55), 0.0, paint, cls, actor),
+        ]
     elif cls == "truck":
         length, width, height = rng.uniform(7.0, 10.0), rng.uniform(2.4, 2.55), rng.uniform(3.2, 3.8)
         cab = 2.2
-        rows = [_row(BOX, (length / 2 - cab / 2, 0, 1.75), (cab / 2, width / 2, 1.3), 0.0, paint, cls, actor),
-                _row(BOX, (-cab / 2 - 0.15, 0, (0.6 + height) / 2), ((length - cab - 0.3) / 2, width / 2,
-                     (height - 0.6) / 2), 0.0, float(rng.uniform(0.2, 0.6)), cls, actor)]
+        rows = [
+            _row(BOX, (length / 2 - cab / 2, 0, 1.75), (cab / 2, width / 2, 1.3), 0.0, paint, cls, actor),
+            _row(
+                BOX,
+                (-cab / 2 - 0.15, 0, (0.6 + height) / 2),
+                ((length - cab - 0.3) / 2, width / 2, (height - 0.6) / 2),
+                0.0,
+                float(rng.uniform(0.2, 0.6)),
+                cls,
+                actor,
+            ),
+        ]
     else:
         raise ValueError(f"unknown vehicle class {cls!r}; expected car, van or truck")
     return Shapes.from_rows(rows), (float(length), float(width), float(height))
 
 
-def person(rng: np.random.Generator, actor: int, cyclist: bool = False) -> tuple[Shapes, tuple[float, float, float]]:
+def person(
+    rng: np.random.Generator, actor: int, cyclist: bool = False
+) -> tuple[Shapes, tuple[float, float, float]]:
     """A pedestrian (body cylinder + head) or a cyclist (bike frame box + rider)."""
     h = rng.uniform(1.55, 1.9)
     refl = float(rng.uniform(0.15, 0.45))
     if not cyclist:
-        rows = [_row(CYLINDER, (0, 0, (h - 0.24) / 2), (0.22, 0.22, (h - 0.24) / 2), 0.0, refl, "pedestrian", actor),
-                _row(ELLIPSOID, (0, 0, h - 0.12), (0.1, 0.1, 0.12), 0.0, refl, "pedestrian", actor)]
+        rows = [
+            _row(
+                CYLINDER, (0, 0, (h - 0.24) / 2), (0.22, 0.22, (h - 0.24) / 2), 0.0, refl, "pedestrian", actor
+            ),
+            _row(ELLIPSOID, (0, 0, h - 0.12), (0.1, 0.1, 0.12), 0.0, refl, "pedestrian", actor),
+        ]
         return Shapes.from_rows(rows), (0.5, 0.5, float(h))
     top = h + 0.2
-    rows = [_row(BOX, (0, 0, 0.5), (0.85, 0.06, 0.45), 0.0, 0.3, "cyclist", actor),
-            _row(CYLINDER, (0, 0, (0.9 + top - 0.24) / 2), (0.2, 0.2, (top - 0.24 - 0.9) / 2), 0.0, refl, "cyclist", actor),
-            _row(ELLIPSOID, (0, 0, top - 0.12), (0.1, 0.1, 0.12), 0.0, refl, "cyclist", actor)]
+    rows = [
+        _row(BOX, (0, 0, 0.5), (0.85, 0.06, 0.45), 0.0, 0.3, "cyclist", actor),
+        _row(
+            CYLINDER,
+            (0, 0, (0.9 + top - 0.24) / 2),
+            (0.2, 0.2, (top - 0.24 - 0.9) / 2),
+            0.0,
+            refl,
+            "cyclist",
+            actor,
+        ),
+        _row(ELLIPSOID, (0, 0, top - 0.12), (0.1, 0.1, 0.12), 0.0, refl, "cyclist", actor),
+    ]
     return Shapes.from_rows(rows), (1.8, 0.6, float(top))
 
 
@@ -199,7 +253,11 @@ def populate(rng: np.random.Generator, layout: Layout, style: str) -> Population
         actors.append(Actor(id=len(actors), cls=cls, size=size, parts=shapes, x=x, y=y, yaw=yaw))
 
     def vehicle_class() -> str:
-        return str(rng.choice(["car", "van", "truck"], p=[0.78, 0.15, 0.07] if style != "highway" else [0.6, 0.15, 0.25]))
+        return str(
+            rng.choice(
+                ["car", "van", "truck"], p=[0.78, 0.15, 0.07] if style != "highway" else [0.6, 0.15, 0.25]
+            )
+        )
 
     for r in graph.roads:
         s_lo, s_hi = radius[r.a] + 6.0, r.length - radius[r.b] - 6.0
@@ -219,8 +277,14 @@ def populate(rng: np.random.Generator, layout: Layout, style: str) -> Population
                     shapes, size = vehicle(rng, cls, len(actors))
                     if rng.random() < 0.75 * density + 0.2:
                         pos, tan = point_at(lane, np.array([s + size[0] / 2]), cum)
-                        add_static_actor(shapes, size, cls, float(pos[0, 0]), float(pos[0, 1]),
-                                         float(np.arctan2(tan[0, 1], tan[0, 0])))
+                        add_static_actor(
+                            shapes,
+                            size,
+                            cls,
+                            float(pos[0, 0]),
+                            float(pos[0, 1]),
+                            float(np.arctan2(tan[0, 1], tan[0, 0])),
+                        )
                     s += size[0] + rng.uniform(0.8, 3.0)
         # 2. Traffic: one speed per lane so cars never run into each other; they queue at the end.
         for from_node in (r.a, r.b):
@@ -240,8 +304,18 @@ def populate(rng: np.random.Generator, layout: Layout, style: str) -> Population
                     if last - s0 < size[0] + 6.0:
                         continue
                     stop = s_end - size[0] / 2 - queued * 7.0 - 8.0 * (queued > 0)
-                    actors.append(Actor(id=len(actors), cls=cls, size=size, parts=shapes, path=line, s0=float(s0),
-                                        speed=speed, s_stop=float(max(stop, s0))))
+                    actors.append(
+                        Actor(
+                            id=len(actors),
+                            cls=cls,
+                            size=size,
+                            parts=shapes,
+                            path=line,
+                            s0=float(s0),
+                            speed=speed,
+                            s_stop=float(max(stop, s0)),
+                        )
+                    )
                     last = s0
                     queued += 1
         # 3. Cyclists near the right edge of the outer lane.
@@ -251,8 +325,18 @@ def populate(rng: np.random.Generator, layout: Layout, style: str) -> Population
             cum = arc_lengths(line)
             shapes, size = person(rng, len(actors), cyclist=True)
             s0 = float(rng.uniform(radius[from_node], cum[-1] / 2))
-            actors.append(Actor(id=len(actors), cls="cyclist", size=size, parts=shapes, path=line, s0=s0,
-                                speed=float(rng.uniform(3.0, 6.0)), s_stop=float(cum[-1] - 15.0)))
+            actors.append(
+                Actor(
+                    id=len(actors),
+                    cls="cyclist",
+                    size=size,
+                    parts=shapes,
+                    path=line,
+                    s0=s0,
+                    speed=float(rng.uniform(3.0, 6.0)),
+                    s_stop=float(cum[-1] - 15.0),
+                )
+            )
         # 4. Sidewalk life: pedestrians, street lights, trees, signs.
         if r.sidewalk > 0:
             for side in (-1.0, 1.0):
@@ -263,12 +347,28 @@ def populate(rng: np.random.Generator, layout: Layout, style: str) -> Population
                     s0 = float(rng.uniform(s_lo, s_hi))
                     if rng.random() < 0.6:
                         path = walk if rng.random() < 0.5 else walk[::-1].copy()
-                        actors.append(Actor(id=len(actors), cls="pedestrian", size=size, parts=shapes, path=path,
-                                            s0=s0, speed=float(rng.uniform(0.9, 1.6)), s_stop=float(cum[-1] - s_lo)))
+                        actors.append(
+                            Actor(
+                                id=len(actors),
+                                cls="pedestrian",
+                                size=size,
+                                parts=shapes,
+                                path=path,
+                                s0=s0,
+                                speed=float(rng.uniform(0.9, 1.6)),
+                                s_stop=float(cum[-1] - s_lo),
+                            )
+                        )
                     else:
                         pos, tan = point_at(walk, np.array([s0]), cum)
-                        add_static_actor(shapes, size, "pedestrian", float(pos[0, 0]), float(pos[0, 1]),
-                                         float(rng.uniform(-np.pi, np.pi)))
+                        add_static_actor(
+                            shapes,
+                            size,
+                            "pedestrian",
+                            float(pos[0, 0]),
+                            float(pos[0, 1]),
+                            float(rng.uniform(-np.pi, np.pi)),
+                        )
                 edge = offset_line(r.centre, side * (r.half_width + 0.5))
                 ecum = arc_lengths(edge)
                 for s in np.arange(s_lo, s_hi, rng.uniform(25.0, 35.0)):
@@ -276,11 +376,22 @@ def populate(rng: np.random.Generator, layout: Layout, style: str) -> Population
                     x, y = float(pos[0, 0]), float(pos[0, 1])
                     z = 0.0  # heights of scenery rows are relative to the ground under them (added at the end)
                     h = float(rng.uniform(6.5, 9.0))
-                    static_rows.append(_row(CYLINDER, (x, y, z + h / 2), (0.12, 0.12, h / 2), 0.0, 0.3, "pole", -1))
+                    static_rows.append(
+                        _row(CYLINDER, (x, y, z + h / 2), (0.12, 0.12, h / 2), 0.0, 0.3, "pole", -1)
+                    )
                     inward = -side * np.array([-tan[0, 1], tan[0, 0]])
                     arm = np.array([x, y]) + inward * 0.9
-                    static_rows.append(_row(BOX, (arm[0], arm[1], z + h - 0.15), (0.9, 0.08, 0.08),
-                                            float(np.arctan2(inward[1], inward[0])), 0.35, "pole", -1))
+                    static_rows.append(
+                        _row(
+                            BOX,
+                            (arm[0], arm[1], z + h - 0.15),
+                            (0.9, 0.08, 0.08),
+                            float(np.arctan2(inward[1], inward[0])),
+                            0.35,
+                            "pole",
+                            -1,
+                        )
+                    )
                 if style != "highway":
                     tree_line = offset_line(r.centre, side * (r.half_width + r.sidewalk - 0.7))
                     tcum = arc_lengths(tree_line)
@@ -294,13 +405,23 @@ def populate(rng: np.random.Generator, layout: Layout, style: str) -> Population
                         a = s_lo + rng.uniform(0, 10)
                         while a < s_hi - 4:
                             b = min(a + rng.uniform(4, 20), s_hi)
-                            static_rows += _wall_along(sub_line(back, a, b), float(rng.uniform(0.7, 1.6)),
-                                                       float(rng.uniform(0.6, 1.0)), "bush", 0.4, 0.3, segment=6.0)
+                            static_rows += _wall_along(
+                                sub_line(back, a, b),
+                                float(rng.uniform(0.7, 1.6)),
+                                float(rng.uniform(0.6, 1.0)),
+                                "bush",
+                                0.4,
+                                0.3,
+                                segment=6.0,
+                            )
                             a = b + rng.uniform(2, 12)
         # 5. Highway furniture: a median barrier and noise walls, broken at junctions.
         if r.kind == "highway":
-            for off, hgt, thick in ((0.0, 0.9, 0.5), (r.half_width + 1.0, float(rng.uniform(2.5, 4.0)), 0.3),
-                                    (-(r.half_width + 1.0), float(rng.uniform(2.5, 4.0)), 0.3)):
+            for off, hgt, thick in (
+                (0.0, 0.9, 0.5),
+                (r.half_width + 1.0, float(rng.uniform(2.5, 4.0)), 0.3),
+                (-(r.half_width + 1.0), float(rng.uniform(2.5, 4.0)), 0.3),
+            ):
                 if off != 0.0 and rng.random() < 0.4:
                     continue
                 static_rows += _wall_along(offset_line(inner, off), hgt, thick, "wall", 0.3, 0.0)
@@ -320,8 +441,12 @@ def populate(rng: np.random.Generator, layout: Layout, style: str) -> Population
             z = 0.0
             h = float(rng.uniform(2.2, 2.8))
             yaw = float(np.arctan2(tan[0, 1], tan[0, 0]))
-            static_rows.append(_row(CYLINDER, (p[0], p[1], z + h / 2), (0.04, 0.04, h / 2), 0.0, 0.3, "sign", -1))
-            static_rows.append(_row(BOX, (p[0], p[1], z + h + 0.3), (0.03, 0.35, 0.35), yaw, 0.95, "sign", -1))
+            static_rows.append(
+                _row(CYLINDER, (p[0], p[1], z + h / 2), (0.04, 0.04, h / 2), 0.0, 0.3, "sign", -1)
+            )
+            static_rows.append(
+                _row(BOX, (p[0], p[1], z + h + 0.3), (0.03, 0.35, 0.35), yaw, 0.95, "sign", -1)
+            )
 
     # 7. Traffic-light masts on the curb of junction approaches (urban), their arm over the lanes.
     if style == "urban":
@@ -339,8 +464,12 @@ def populate(rng: np.random.Generator, layout: Layout, style: str) -> Population
                 mid = base + inward * (arm / 2 + 0.5)
                 tip = base + inward * (arm + 0.3)
                 yaw = float(np.arctan2(inward[1], inward[0]))
-                static_rows.append(_row(CYLINDER, (base[0], base[1], 2.9), (0.12, 0.12, 2.9), 0.0, 0.3, "pole", -1))
-                static_rows.append(_row(BOX, (mid[0], mid[1], 5.5), (arm / 2 + 0.5, 0.08, 0.08), yaw, 0.3, "pole", -1))
+                static_rows.append(
+                    _row(CYLINDER, (base[0], base[1], 2.9), (0.12, 0.12, 2.9), 0.0, 0.3, "pole", -1)
+                )
+                static_rows.append(
+                    _row(BOX, (mid[0], mid[1], 5.5), (arm / 2 + 0.5, 0.08, 0.08), yaw, 0.3, "pole", -1)
+                )
                 static_rows.append(_row(BOX, (tip[0], tip[1], 4.9), (0.15, 0.2, 0.5), yaw, 0.5, "sign", -1))
 
     # 8. People on the crosswalks, crossing.
@@ -349,8 +478,18 @@ def populate(rng: np.random.Generator, layout: Layout, style: str) -> Population
             shapes, size = person(rng, len(actors))
             path = line if rng.random() < 0.5 else line[::-1].copy()
             length = float(np.linalg.norm(path[1] - path[0]))
-            actors.append(Actor(id=len(actors), cls="pedestrian", size=size, parts=shapes, path=path,
-                                s0=float(rng.uniform(0.0, length)), speed=float(rng.uniform(1.0, 1.5)), s_stop=length))
+            actors.append(
+                Actor(
+                    id=len(actors),
+                    cls="pedestrian",
+                    size=size,
+                    parts=shapes,
+                    path=path,
+                    s0=float(rng.uniform(0.0, length)),
+                    speed=float(rng.uniform(1.0, 1.5)),
+                    s_stop=length,
+                )
+            )
 
     # 9. Buildings, green areas with trees and bushes, garden fences.
     building_rows = []
@@ -359,8 +498,18 @@ def populate(rng: np.random.Generator, layout: Layout, style: str) -> Population
         bases = hdmap.ground_height(corners[..., 0], corners[..., 1]).min(axis=1) - 0.5
         for b, base in zip(layout.buildings, bases, strict=True):
             h = b.height + 0.5
-            building_rows.append(_row(BOX, (b.cx, b.cy, base + h / 2), (b.half_length, b.half_width, h / 2), b.yaw,
-                                      float(rng.uniform(0.15, 0.45)), "facade", -1, WINDOW_FRACTION))
+            building_rows.append(
+                _row(
+                    BOX,
+                    (b.cx, b.cy, base + h / 2),
+                    (b.half_length, b.half_width, h / 2),
+                    b.yaw,
+                    float(rng.uniform(0.15, 0.45)),
+                    "facade",
+                    -1,
+                    WINDOW_FRACTION,
+                )
+            )
             if style == "suburban" and rng.random() < 0.5:
                 static_rows += _fence_around(rng, b)
     for g in layout.green:
@@ -375,8 +524,18 @@ def populate(rng: np.random.Generator, layout: Layout, style: str) -> Population
             else:
                 rxy = float(rng.uniform(0.6, 1.6))
                 rz = float(rng.uniform(0.5, 1.2))
-                static_rows.append(_row(ELLIPSOID, (x, y, rz * 0.8), (rxy, rxy * rng.uniform(0.7, 1.0), rz),
-                                        float(rng.uniform(0, np.pi)), 0.4, "bush", -1, 0.3))
+                static_rows.append(
+                    _row(
+                        ELLIPSOID,
+                        (x, y, rz * 0.8),
+                        (rxy, rxy * rng.uniform(0.7, 1.0), rz),
+                        float(rng.uniform(0, np.pi)),
+                        0.4,
+                        "bush",
+                        -1,
+                        0.3,
+                    )
+                )
 
     # Scenery rows are relative to the ground under their centre; one batched lookup places them all.
     # Static actors are baked into the scenery too; moving actors are placed per frame.
@@ -386,8 +545,13 @@ def populate(rng: np.random.Generator, layout: Layout, style: str) -> Population
     zs = hdmap.ground_height(np.array([a.x for a in still]), np.array([a.y for a in still])) if still else []
     static_parts = [a.parts.placed(a.x, a.y, float(z), a.yaw) for a, z in zip(still, zs, strict=True)]
     scenery = Shapes.concat([rel, Shapes.from_rows(building_rows), *static_parts])
-    logger.debug("populated %s: %d actors (%d moving), %d static solids", style, len(actors),
-                 sum(a.moving for a in actors), len(scenery))
+    logger.debug(
+        "populated %s: %d actors (%d moving), %d static solids",
+        style,
+        len(actors),
+        sum(a.moving for a in actors),
+        len(scenery),
+    )
     return Population(actors=actors, scenery=scenery)
 
 
@@ -397,13 +561,30 @@ def _tree(rng: np.random.Generator, x: float, y: float) -> list[tuple]:
     r = float(rng.uniform(0.12, 0.3))
     rxy = float(rng.uniform(1.5, 3.8))
     rz = float(rng.uniform(1.5, 3.5))
-    return [_row(CYLINDER, (x, y, z + trunk_h / 2 + 0.3), (r, r, trunk_h / 2 + 0.3), 0.0, 0.25, "tree", -1),
-            _row(ELLIPSOID, (x, y, z + trunk_h + rz * 0.85), (rxy, rxy * rng.uniform(0.8, 1.0), rz),
-                 float(rng.uniform(0, np.pi)), 0.45, "tree", -1, 0.35)]
+    return [
+        _row(CYLINDER, (x, y, z + trunk_h / 2 + 0.3), (r, r, trunk_h / 2 + 0.3), 0.0, 0.25, "tree", -1),
+        _row(
+            ELLIPSOID,
+            (x, y, z + trunk_h + rz * 0.85),
+            (rxy, rxy * rng.uniform(0.8, 1.0), rz),
+            float(rng.uniform(0, np.pi)),
+            0.45,
+            "tree",
+            -1,
+            0.35,
+        ),
+    ]
 
 
-def _wall_along(line: np.ndarray, height: float, thickness: float, cls: str, refl: float,
-                porosity: float, segment: float = 12.0) -> list[tuple]:
+def _wall_along(
+    line: np.ndarray,
+    height: float,
+    thickness: float,
+    cls: str,
+    refl: float,
+    porosity: float,
+    segment: float = 12.0,
+) -> list[tuple]:
     """Straight box segments approximating a wall or fence along a (possibly curved) line."""
     rows = []
     cum = arc_lengths(line)
@@ -413,9 +594,18 @@ def _wall_along(line: np.ndarray, height: float, thickness: float, cls: str, ref
         mid = p.mean(axis=0)
         d = p[1] - p[0]
         z = -0.2
-        rows.append(_row(BOX, (mid[0], mid[1], z + (height + 0.2) / 2),
-                         (np.linalg.norm(d) / 2 + 0.05, thickness / 2, (height + 0.2) / 2),
-                         float(np.arctan2(d[1], d[0])), refl, cls, -1, porosity))
+        rows.append(
+            _row(
+                BOX,
+                (mid[0], mid[1], z + (height + 0.2) / 2),
+                (np.linalg.norm(d) / 2 + 0.05, thickness / 2, (height + 0.2) / 2),
+                float(np.arctan2(d[1], d[0])),
+                refl,
+                cls,
+                -1,
+                porosity,
+            )
+        )
     return rows
 
 

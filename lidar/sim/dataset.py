@@ -63,9 +63,14 @@ def sequence_spec(seed: int, index: int) -> SequenceSpec:
     """What sequence `index` of a dataset with `seed` is: world, style, action and seeds (pure function)."""
     rng = np.random.default_rng(np.random.SeedSequence([int(seed), int(index), 0x51A]))
     style = str(rng.choice(STYLES, p=[STYLE_WEIGHTS[s] for s in STYLES]))
-    return SequenceSpec(index=int(index), world_seed=int(rng.integers(0, 2**31 - 1)), style=style,
-                        action=str(rng.choice(ACTIONS)), drive_seed=int(rng.integers(0, 2**31 - 1)),
-                        sim_seed=int(rng.integers(0, 2**31 - 1)))
+    return SequenceSpec(
+        index=int(index),
+        world_seed=int(rng.integers(0, 2**31 - 1)),
+        style=style,
+        action=str(rng.choice(ACTIONS)),
+        drive_seed=int(rng.integers(0, 2**31 - 1)),
+        sim_seed=int(rng.integers(0, 2**31 - 1)),
+    )
 
 
 def generate_sequence(spec: SequenceSpec, sensor: Sensor, frames: int) -> SimSequence:
@@ -93,7 +98,9 @@ def sequence_arrays(seq: SimSequence, with_points: bool = False) -> dict[str, np
     }
     if with_points:
         out["points"] = np.concatenate([f.points for f in seq.frames]).astype(np.float32)
-        out["point_offsets"] = np.concatenate([[0], np.cumsum([len(f.points) for f in seq.frames])]).astype(np.int64)
+        out["point_offsets"] = np.concatenate([[0], np.cumsum([len(f.points) for f in seq.frames])]).astype(
+            np.int64
+        )
     return out
 
 
@@ -112,18 +119,35 @@ def _write_one(args: tuple[str, int, int, dict, int, bool]) -> dict[str, Any]:
     seq = generate_sequence(spec, Sensor.from_dict(sensor_dict), frames)
     name = f"seq_{index:05d}.npz"
     _write_npz(Path(out_dir) / name, sequence_arrays(seq, with_points))
-    return {"file": name, "index": index, "world_seed": spec.world_seed, "style": spec.style,
-            "action": spec.action, "drive_seed": spec.drive_seed, "sim_seed": spec.sim_seed, "frames": frames}
+    return {
+        "file": name,
+        "index": index,
+        "world_seed": spec.world_seed,
+        "style": spec.style,
+        "action": spec.action,
+        "drive_seed": spec.drive_seed,
+        "sim_seed": spec.sim_seed,
+        "frames": frames,
+    }
 
 
-def write_dataset(out_dir: str | Path, sensor: Sensor, sequences: int, frames: int, seed: int = 0,
-                  with_points: bool = False, workers: int = 1) -> Path:
+def write_dataset(
+    out_dir: str | Path,
+    sensor: Sensor,
+    sequences: int,
+    frames: int,
+    seed: int = 0,
+    with_points: bool = False,
+    workers: int = 1,
+) -> Path:
     """Generate `sequences` drives of `frames` frames into `out_dir`; the manifest is written last."""
     if sequences < 1 or frames < 1:
         raise ValueError(f"need sequences >= 1 and frames >= 1, got sequences={sequences}, frames={frames}")
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    jobs = [(str(out), int(seed), i, sensor.to_dict(), int(frames), bool(with_points)) for i in range(sequences)]
+    jobs = [
+        (str(out), int(seed), i, sensor.to_dict(), int(frames), bool(with_points)) for i in range(sequences)
+    ]
     t0 = time.perf_counter()
     if workers > 1:
         import multiprocessing as mp
@@ -136,15 +160,24 @@ def write_dataset(out_dir: str | Path, sensor: Sensor, sequences: int, frames: i
             entries.append(_write_one(job))
             logger.info("wrote %s (%d/%d)", entries[-1]["file"], len(entries), sequences)
     manifest = {
-        "format": FORMAT, "version": FORMAT_VERSION, "seed": int(seed), "frame_rate_hz": FRAME_RATE_HZ,
-        "sensor": sensor.to_dict(), "map_classes": list(MAP_CLASSES), "object_classes": list(OBJECT_CLASSES),
-        "point_classes": list(POINT_CLASSES), "frame_keys": list(FRAME_KEYS), "with_points": bool(with_points),
+        "format": FORMAT,
+        "version": FORMAT_VERSION,
+        "seed": int(seed),
+        "frame_rate_hz": FRAME_RATE_HZ,
+        "sensor": sensor.to_dict(),
+        "map_classes": list(MAP_CLASSES),
+        "object_classes": list(OBJECT_CLASSES),
+        "point_classes": list(POINT_CLASSES),
+        "frame_keys": list(FRAME_KEYS),
+        "with_points": bool(with_points),
         "sequences": entries,
     }
     tmp = out / (MANIFEST + ".tmp")
     tmp.write_text(json.dumps(manifest, indent=1))
     os.replace(tmp, out / MANIFEST)
-    logger.info("dataset %s: %d sequences x %d frames in %.1f s", out, sequences, frames, time.perf_counter() - t0)
+    logger.info(
+        "dataset %s: %d sequences x %d frames in %.1f s", out, sequences, frames, time.perf_counter() - t0
+    )
     return out / MANIFEST
 
 
@@ -169,7 +202,9 @@ class SimDataset(Dataset):
         self.root = Path(root)
         path = self.root / MANIFEST
         if not path.is_file():
-            raise FileNotFoundError(f"{path} not found; expected a dataset written by `python -m lidar.sim --out DIR`")
+            raise FileNotFoundError(
+                f"{path} not found; expected a dataset written by `python -m lidar.sim --out DIR`"
+            )
         self.manifest = json.loads(path.read_text())
         if self.manifest.get("format") != FORMAT:
             raise ValueError(f"{path}: format {self.manifest.get('format')!r} is not {FORMAT!r}")
@@ -215,8 +250,16 @@ class OnTheFlySimDataset(IterableDataset):
     Yields the same items as SimDataset (every window of each sequence).
     """
 
-    def __init__(self, sensor: Sensor, frames: int, seed: int = 0, window: int = 1, rank: int = 0,
-                 world_size: int = 1, num_sequences: int | None = None) -> None:
+    def __init__(
+        self,
+        sensor: Sensor,
+        frames: int,
+        seed: int = 0,
+        window: int = 1,
+        rank: int = 0,
+        world_size: int = 1,
+        num_sequences: int | None = None,
+    ) -> None:
         if not 0 <= rank < world_size:
             raise ValueError(f"rank must be in [0, world_size={world_size}), got {rank}")
         if window < 1 or frames < window:

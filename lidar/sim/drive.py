@@ -64,8 +64,9 @@ def _lane_between(world: World, road: int, from_node: int, lane: int) -> np.ndar
     return point_at(line, np.linspace(s0, max(s1, s0 + 1.0), n), cum)[0]
 
 
-def _route(world: World, road: int, from_node: int, action: str,
-           min_length: float) -> tuple[np.ndarray, float] | None:
+def _route(
+    world: World, road: int, from_node: int, action: str, min_length: float
+) -> tuple[np.ndarray, float] | None:
     """Polyline from the start of a lane through the first junction (with `action`), extended straight on.
 
     Returns the route and the arc length at which the first junction is entered, or None when the
@@ -106,8 +107,14 @@ def _route(world: World, road: int, from_node: int, action: str,
     return line[keep], float(first_junction or 0.0)
 
 
-def plan_drive(world: World, action: str, frames: int, seed: int = 0, speed: float | None = None,
-               mount_height: float = DEFAULT_MOUNT_HEIGHT) -> np.ndarray:
+def plan_drive(
+    world: World,
+    action: str,
+    frames: int,
+    seed: int = 0,
+    speed: float | None = None,
+    mount_height: float = DEFAULT_MOUNT_HEIGHT,
+) -> np.ndarray:
     """(frames, 4, 4) float64 world_from_sensor poses at 10 Hz for `action` in `world`.
 
     A turn happens at the next intersection ahead of the start; the start is placed so the turn falls
@@ -122,7 +129,11 @@ def plan_drive(world: World, action: str, frames: int, seed: int = 0, speed: flo
     if speed is not None and not 0.0 <= speed <= 40.0:
         raise ValueError(f"speed must be in [0, 40] m/s, got {speed}")
     rng = np.random.default_rng(np.random.SeedSequence([int(seed), world.seed, ACTIONS.index(action)]))
-    v = float(speed) if speed is not None else float(rng.uniform(5.0, 8.0) if action != "straight" else rng.uniform(7.0, 12.0))
+    v = (
+        float(speed)
+        if speed is not None
+        else float(rng.uniform(5.0, 8.0) if action != "straight" else rng.uniform(7.0, 12.0))
+    )
     if world.style == "highway" and speed is None and action == "straight":
         v = float(rng.uniform(18.0, 28.0))
     travel = v * (frames - 1) / FRAME_RATE_HZ
@@ -139,7 +150,11 @@ def plan_drive(world: World, action: str, frames: int, seed: int = 0, speed: flo
         line, junction = res
         # Start before the junction: turns land in the first half of the drive, straights anywhere.
         frac = rng.uniform(0.15, 0.45) if action != "straight" else rng.uniform(0.0, 1.0)
-        lead = min(junction, max(frac * travel, 0.0)) if action != "straight" else frac * max(junction - 5.0, 0.0)
+        lead = (
+            min(junction, max(frac * travel, 0.0))
+            if action != "straight"
+            else frac * max(junction - 5.0, 0.0)
+        )
         start = max(junction - lead, 0.0)
         if arc_lengths(line)[-1] - start >= travel:
             best = (line, start)

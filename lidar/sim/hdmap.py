@@ -78,16 +78,22 @@ class HDMap:
 
     def __post_init__(self) -> None:
         if self.raster.dtype != np.uint8 or self.raster.ndim != 2:
-            raise ValueError(f"HDMap.raster must be a 2-D uint8 class raster, got {self.raster.dtype} {self.raster.shape}")
+            raise ValueError(
+                f"HDMap.raster must be a 2-D uint8 class raster, got {self.raster.dtype} {self.raster.shape}"
+            )
         if self.raster.size and int(self.raster.max()) >= len(MAP_CLASSES):
-            raise ValueError(f"HDMap.raster holds class {int(self.raster.max())}; expected < {len(MAP_CLASSES)}")
+            raise ValueError(
+                f"HDMap.raster holds class {int(self.raster.max())}; expected < {len(MAP_CLASSES)}"
+            )
         lut = np.zeros(256, dtype=np.float32)
         for name in RAISED_CLASSES:
             lut[MAP_CLASS_INDEX[name]] = CURB_HEIGHT
         self._raised_lut = lut
         t = self.terrain.astype(np.float64)
         h00, h01, h10, h11 = t[:-1, :-1], t[:-1, 1:], t[1:, :-1], t[1:, 1:]
-        self._terrain_coef = np.stack([h00, h01 - h00, h10 - h00, h11 - h10 - h01 + h00], axis=-1).reshape(-1, 4)
+        self._terrain_coef = np.stack([h00, h01 - h00, h10 - h00, h11 - h10 - h01 + h00], axis=-1).reshape(
+            -1, 4
+        )
 
     # ----------------------------------------------------------------------------------------- lookups
     @property
@@ -115,8 +121,12 @@ class HDMap:
         """
         ty, tx = self.terrain.shape
         inv = 1.0 / self.terrain_resolution
-        fx = np.minimum(np.maximum((np.asarray(x, dtype=np.float64) - self.terrain_origin[0]) * inv, 0.0), tx - 1.000001)
-        fy = np.minimum(np.maximum((np.asarray(y, dtype=np.float64) - self.terrain_origin[1]) * inv, 0.0), ty - 1.000001)
+        fx = np.minimum(
+            np.maximum((np.asarray(x, dtype=np.float64) - self.terrain_origin[0]) * inv, 0.0), tx - 1.000001
+        )
+        fy = np.minimum(
+            np.maximum((np.asarray(y, dtype=np.float64) - self.terrain_origin[1]) * inv, 0.0), ty - 1.000001
+        )
         ix = fx.astype(np.int64)
         iy = fy.astype(np.int64)
         u = fx - ix
@@ -133,8 +143,9 @@ class HDMap:
         return self.terrain_height(x, y) + self._raised_lut[self.class_at(x, y)]
 
     # ----------------------------------------------------------------------------------------- ray casts
-    def intersect_terrain(self, origin: np.ndarray, dirs: np.ndarray, max_range: float,
-                          iterations: int = 4) -> np.ndarray:
+    def intersect_terrain(
+        self, origin: np.ndarray, dirs: np.ndarray, max_range: float, iterations: int = 4
+    ) -> np.ndarray:
         """Ray parameter where each ray meets the smooth terrain; inf where it does not within range.
 
         Newton's method on f(t) = o_z + t d_z - h(o + t d), started from the flat plane through
@@ -183,8 +194,13 @@ class HDMap:
         return out.reshape(sensor.shape)
 
     # ----------------------------------------------------------------------------------------- rasters
-    def bev_raster(self, resolution: float = 0.5, extent: float | None = None,
-                   center: tuple[float, float] | None = None, pose: np.ndarray | None = None) -> np.ndarray:
+    def bev_raster(
+        self,
+        resolution: float = 0.5,
+        extent: float | None = None,
+        center: tuple[float, float] | None = None,
+        pose: np.ndarray | None = None,
+    ) -> np.ndarray:
         """Class raster resampled to `resolution` (nearest), as an image: row 0 is the far/top edge.
 
         Without `pose`: world axes, +y up and +x right, covering `extent` metres either side of `center`
@@ -229,8 +245,13 @@ class HDMap:
         features = []
         for layer, feats in self.layers.items():
             for f in feats:
-                features.append({"type": "Feature", "geometry": f["geometry"],
-                                 "properties": {"layer": layer, **f.get("properties", {})}})
+                features.append(
+                    {
+                        "type": "Feature",
+                        "geometry": f["geometry"],
+                        "properties": {"layer": layer, **f.get("properties", {})},
+                    }
+                )
         return {"type": "FeatureCollection", "crs": {"type": "local", "units": "m"}, "features": features}
 
     def to_dict(self) -> dict[str, Any]:
@@ -249,7 +270,9 @@ class HDMap:
     def from_dict(cls, data: dict[str, Any]) -> HDMap:
         missing = [k for k in ("map_raster", "map_origin", "map_resolution", "map_terrain") if k not in data]
         if missing:
-            raise ValueError(f"HDMap.from_dict: missing keys {missing}; expected the output of HDMap.to_dict()")
+            raise ValueError(
+                f"HDMap.from_dict: missing keys {missing}; expected the output of HDMap.to_dict()"
+            )
         return cls(
             layers=json.loads(str(data["map_vectors"])) if "map_vectors" in data else {},
             raster=np.asarray(data["map_raster"], dtype=np.uint8),

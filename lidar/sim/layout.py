@@ -40,7 +40,10 @@ class Footprint:
 
     def corners(self) -> np.ndarray:
         c, s = np.cos(self.yaw), np.sin(self.yaw)
-        local = np.array([[1, 1], [-1, 1], [-1, -1], [1, -1]], dtype=np.float64) * [self.half_length, self.half_width]
+        local = np.array([[1, 1], [-1, 1], [-1, -1], [1, -1]], dtype=np.float64) * [
+            self.half_length,
+            self.half_width,
+        ]
         return local @ np.array([[c, s], [-s, c]]) + [self.cx, self.cy]
 
 
@@ -97,8 +100,10 @@ def _square(c: np.ndarray, half: float) -> np.ndarray:
 
 
 def _feature(geom_type: str, coords, **props) -> dict:
-    return {"geometry": {"type": geom_type, "coordinates": np.round(np.asarray(coords), 3).tolist()},
-            "properties": props}
+    return {
+        "geometry": {"type": geom_type, "coordinates": np.round(np.asarray(coords), 3).tolist()},
+        "properties": props,
+    }
 
 
 def _ring(pts: np.ndarray) -> list:
@@ -132,11 +137,25 @@ def build_layout(rng: np.random.Generator, graph: RoadGraph, style: str) -> Layo
     nodes = graph.nodes
     lo = nodes.min(axis=0) - MAP_MARGIN
     hi = nodes.max(axis=0) + MAP_MARGIN
-    shape = (int(np.ceil((hi[1] - lo[1]) / RASTER_RESOLUTION)), int(np.ceil((hi[0] - lo[0]) / RASTER_RESOLUTION)))
+    shape = (
+        int(np.ceil((hi[1] - lo[1]) / RASTER_RESOLUTION)),
+        int(np.ceil((hi[0] - lo[0]) / RASTER_RESOLUTION)),
+    )
     origin = (float(lo[0]), float(lo[1]))
     paint = _Painter(origin, shape, RASTER_RESOLUTION)
-    layers: dict[str, list[dict]] = {k: [] for k in ("road", "lane_marking", "crosswalk", "intersection",
-                                                      "parking", "sidewalk", "building", "vegetation")}
+    layers: dict[str, list[dict]] = {
+        k: []
+        for k in (
+            "road",
+            "lane_marking",
+            "crosswalk",
+            "intersection",
+            "parking",
+            "sidewalk",
+            "building",
+            "vegetation",
+        )
+    }
     radius = [graph.node_radius(n) for n in range(len(nodes))]
     crossings: list[np.ndarray] = []
 
@@ -150,10 +169,20 @@ def build_layout(rng: np.random.Generator, graph: RoadGraph, style: str) -> Layo
     for r in graph.roads:
         if r.sidewalk > 0:
             paint.line(r.centre, 2 * (r.half_width + r.sidewalk), "sidewalk")
-            layers["sidewalk"].append(_feature("LineString", offset_line(r.centre, r.half_width + r.sidewalk / 2),
-                                               width=round(r.sidewalk, 2)))
-            layers["sidewalk"].append(_feature("LineString", offset_line(r.centre, -r.half_width - r.sidewalk / 2),
-                                               width=round(r.sidewalk, 2)))
+            layers["sidewalk"].append(
+                _feature(
+                    "LineString",
+                    offset_line(r.centre, r.half_width + r.sidewalk / 2),
+                    width=round(r.sidewalk, 2),
+                )
+            )
+            layers["sidewalk"].append(
+                _feature(
+                    "LineString",
+                    offset_line(r.centre, -r.half_width - r.sidewalk / 2),
+                    width=round(r.sidewalk, 2),
+                )
+            )
     for r in graph.roads:
         paint.line(r.centre, 2 * (r.half_width + 0.3), "curb")
     for n in range(len(nodes)):
@@ -161,8 +190,19 @@ def build_layout(rng: np.random.Generator, graph: RoadGraph, style: str) -> Layo
             paint.polygon(_square(nodes[n], radius[n] - 1.0 + 0.3), "curb")
     for i, r in enumerate(graph.roads):
         paint.line(r.centre, 2 * r.half_width, "road")
-        layers["road"].append(_feature("LineString", r.centre, id=i, a=r.a, b=r.b, lanes=r.lanes,
-                                       lane_width=r.lane_width, half_width=round(r.half_width, 2), kind=r.kind))
+        layers["road"].append(
+            _feature(
+                "LineString",
+                r.centre,
+                id=i,
+                a=r.a,
+                b=r.b,
+                lanes=r.lanes,
+                lane_width=r.lane_width,
+                half_width=round(r.half_width, 2),
+                kind=r.kind,
+            )
+        )
     for n in range(len(nodes)):
         if graph.degree(n) >= 2:
             sq = _square(nodes[n], radius[n] - 1.0)
@@ -170,8 +210,7 @@ def build_layout(rng: np.random.Generator, graph: RoadGraph, style: str) -> Layo
         if graph.degree(n) >= 3:
             sq = _square(nodes[n], radius[n])
             paint.polygon(sq, "intersection")
-            layers["intersection"].append(_feature("Polygon", _ring(sq), node=n,
-                                                   degree=graph.degree(n)))
+            layers["intersection"].append(_feature("Polygon", _ring(sq), node=n, degree=graph.degree(n)))
 
     # 2. Parking strips, markings and crosswalks, all kept clear of the intersection boxes.
     for r in graph.roads:
@@ -209,7 +248,9 @@ def build_layout(rng: np.random.Generator, graph: RoadGraph, style: str) -> Layo
             band = sub_line(r.centre, s_a, s_b, spacing=0.5)
             for off in np.arange(-r.half_width + 0.5, r.half_width - 0.25, 1.0):
                 paint.line(offset_line(band, off), 0.5, "crosswalk")
-            outline = np.concatenate([offset_line(band, r.half_width), offset_line(band, -r.half_width)[::-1]])
+            outline = np.concatenate(
+                [offset_line(band, r.half_width), offset_line(band, -r.half_width)[::-1]]
+            )
             layers["crosswalk"].append(_feature("Polygon", _ring(outline)))
             mid = band[len(band) // 2]
             tangent = band[-1] - band[0]
@@ -234,14 +275,21 @@ def build_layout(rng: np.random.Generator, graph: RoadGraph, style: str) -> Layo
                 normal = np.array([-tan[0, 1], tan[0, 0]]) * side
                 off = r.half_width + r.sidewalk + rng.uniform(*setback) + dpt / 2
                 c = pos[0] + normal * off
-                fp = Footprint(float(c[0]), float(c[1]), w / 2, dpt / 2, float(np.arctan2(tan[0, 1], tan[0, 0])),
-                               float(rng.uniform(*heights)))
+                fp = Footprint(
+                    float(c[0]),
+                    float(c[1]),
+                    w / 2,
+                    dpt / 2,
+                    float(np.arctan2(tan[0, 1], tan[0, 0])),
+                    float(rng.uniform(*heights)),
+                )
                 cls = paint.classes_at(_points_in(fp, pad=0.6))
                 if np.isin(cls, _FREE).all():
                     buildings.append(fp)
                     paint.polygon(fp.corners(), "building")
-                    layers["building"].append(_feature("Polygon", _ring(fp.corners()),
-                                                       height=round(fp.height, 2)))
+                    layers["building"].append(
+                        _feature("Polygon", _ring(fp.corners()), height=round(fp.height, 2))
+                    )
                 s += w + rng.uniform(*gaps)
 
     # 4. Back-lot buildings on free land away from the streets: the skyline a street view ends in.
@@ -252,9 +300,14 @@ def build_layout(rng: np.random.Generator, graph: RoadGraph, style: str) -> Layo
     for _ in range(n_back * 4):
         if placed >= n_back:
             break
-        fp = Footprint(float(rng.uniform(xmin, xmax)), float(rng.uniform(ymin, ymax)), float(rng.uniform(6, 20)),
-                       float(rng.uniform(6, 15)), float(rng.choice([0.0, np.pi / 2]) + rng.normal(0, 0.05)),
-                       float(rng.uniform(heights[0], heights[1] * 1.3)))
+        fp = Footprint(
+            float(rng.uniform(xmin, xmax)),
+            float(rng.uniform(ymin, ymax)),
+            float(rng.uniform(6, 20)),
+            float(rng.uniform(6, 15)),
+            float(rng.choice([0.0, np.pi / 2]) + rng.normal(0, 0.05)),
+            float(rng.uniform(heights[0], heights[1] * 1.3)),
+        )
         if np.isin(paint.classes_at(_points_in(fp, step=1.5, pad=3.0)), _FREE).all():
             buildings.append(fp)
             paint.polygon(fp.corners(), "building")
@@ -267,8 +320,13 @@ def build_layout(rng: np.random.Generator, graph: RoadGraph, style: str) -> Layo
     for _ in range(n_green * 3):
         if len(green) >= n_green:
             break
-        fp = Footprint(float(rng.uniform(xmin, xmax)), float(rng.uniform(ymin, ymax)), float(rng.uniform(6, 25)),
-                       float(rng.uniform(5, 18)), float(rng.uniform(0, np.pi)))
+        fp = Footprint(
+            float(rng.uniform(xmin, xmax)),
+            float(rng.uniform(ymin, ymax)),
+            float(rng.uniform(6, 25)),
+            float(rng.uniform(5, 18)),
+            float(rng.uniform(0, np.pi)),
+        )
         cls = paint.classes_at(_points_in(fp, step=2.0, pad=1.0))
         if (cls == MAP_CLASS_INDEX["terrain"]).all():
             green.append(fp)
@@ -276,7 +334,16 @@ def build_layout(rng: np.random.Generator, graph: RoadGraph, style: str) -> Layo
             layers["vegetation"].append(_feature("Polygon", _ring(fp.corners())))
 
     terrain = _terrain(rng, (xmin, ymin, xmax, ymax), STYLE_PARAMS[style]["terrain_std"])
-    hdmap = HDMap(layers=layers, raster=paint.raster(), origin=origin, resolution=RASTER_RESOLUTION,
-                  terrain=terrain, terrain_origin=origin, terrain_resolution=TERRAIN_RESOLUTION)
-    logger.debug("layout %s: raster %s, %d buildings, %d green areas", style, shape, len(buildings), len(green))
+    hdmap = HDMap(
+        layers=layers,
+        raster=paint.raster(),
+        origin=origin,
+        resolution=RASTER_RESOLUTION,
+        terrain=terrain,
+        terrain_origin=origin,
+        terrain_resolution=TERRAIN_RESOLUTION,
+    )
+    logger.debug(
+        "layout %s: raster %s, %d buildings, %d green areas", style, shape, len(buildings), len(green)
+    )
     return Layout(hdmap=hdmap, graph=graph, buildings=buildings, green=green, crossings=crossings)

@@ -23,17 +23,22 @@ from lidar.sim.world import World, make_world
 logger = logging.getLogger(__name__)
 
 
-def world_preview(world: World, poses: np.ndarray, sensor: Sensor = HDL32, resolution: float = 0.25,
-                  extent: float = 70.0) -> Image.Image:
+def world_preview(
+    world: World, poses: np.ndarray, sensor: Sensor = HDL32, resolution: float = 0.25, extent: float = 70.0
+) -> Image.Image:
     """Map classes (MAP_COLORS) around the drive, the path in red, the last pose's sweep in white."""
     centre = poses[:, :2, 3].mean(axis=0)
     half = extent + float(np.abs(poses[:, :2, 3] - centre).max())
-    classes = world.hdmap.bev_raster(resolution=resolution, extent=half, center=(float(centre[0]), float(centre[1])))
+    classes = world.hdmap.bev_raster(
+        resolution=resolution, extent=half, center=(float(centre[0]), float(centre[1]))
+    )
     img = Image.fromarray(HDMap.colorize(classes))
     n = classes.shape[0]
 
     def px(xy: np.ndarray) -> np.ndarray:
-        return np.stack([(xy[:, 0] - centre[0] + half) / resolution, (centre[1] + half - xy[:, 1]) / resolution], 1)
+        return np.stack(
+            [(xy[:, 0] - centre[0] + half) / resolution, (centre[1] + half - xy[:, 1]) / resolution], 1
+        )
 
     scan = LidarSimulator(sensor, seed=world.seed).scan(world, poses[-1], (len(poses) - 1) * 0.1)
     pts = scan.points[:, :3].astype(np.float64) @ poses[-1][:3, :3].T + poses[-1][:3, 3]
@@ -43,7 +48,9 @@ def world_preview(world: World, poses: np.ndarray, sensor: Sensor = HDL32, resol
     arr[p[ok, 1], p[ok, 0]] = (255, 255, 255)
     img = Image.fromarray(arr)
     draw = ImageDraw.Draw(img)
-    draw.line([tuple(q) for q in px(poses[:, :2, 3])], fill=(230, 30, 30), width=max(2, round(0.6 / resolution)))
+    draw.line(
+        [tuple(q) for q in px(poses[:, :2, 3])], fill=(230, 30, 30), width=max(2, round(0.6 / resolution))
+    )
     return img
 
 

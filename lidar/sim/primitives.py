@@ -34,8 +34,16 @@ class Shapes:
 
     @classmethod
     def empty(cls) -> Shapes:
-        return cls(np.zeros(0, np.int8), np.zeros((0, 3)), np.zeros((0, 3)), np.zeros(0), np.zeros(0, np.float32),
-                   np.zeros(0, np.int16), np.zeros(0, np.int32), np.zeros(0, np.float32))
+        return cls(
+            np.zeros(0, np.int8),
+            np.zeros((0, 3)),
+            np.zeros((0, 3)),
+            np.zeros(0),
+            np.zeros(0, np.float32),
+            np.zeros(0, np.int16),
+            np.zeros(0, np.int32),
+            np.zeros(0, np.float32),
+        )
 
     @classmethod
     def from_rows(cls, rows: list[tuple]) -> Shapes:
@@ -43,9 +51,16 @@ class Shapes:
         if not rows:
             return cls.empty()
         k, c, s, y, r, lab, a, p = zip(*rows, strict=True)
-        return cls(np.array(k, np.int8), np.array(c, np.float64).reshape(-1, 3), np.array(s, np.float64).reshape(-1, 3),
-                   np.array(y, np.float64), np.array(r, np.float32), np.array(lab, np.int16), np.array(a, np.int32),
-                   np.array(p, np.float32))
+        return cls(
+            np.array(k, np.int8),
+            np.array(c, np.float64).reshape(-1, 3),
+            np.array(s, np.float64).reshape(-1, 3),
+            np.array(y, np.float64),
+            np.array(r, np.float32),
+            np.array(lab, np.int16),
+            np.array(a, np.int32),
+            np.array(p, np.float32),
+        )
 
     def __len__(self) -> int:
         return len(self.kind)
@@ -67,8 +82,16 @@ class Shapes:
         cen[:, 0] = x + c * self.center[:, 0] - s * self.center[:, 1]
         cen[:, 1] = y + s * self.center[:, 0] + c * self.center[:, 1]
         cen[:, 2] = z + self.center[:, 2]
-        return Shapes(self.kind, cen, self.size, self.yaw + yaw, self.reflectivity, self.label, self.actor,
-                      self.porosity)
+        return Shapes(
+            self.kind,
+            cen,
+            self.size,
+            self.yaw + yaw,
+            self.reflectivity,
+            self.label,
+            self.actor,
+            self.porosity,
+        )
 
     def footprint_radius(self) -> np.ndarray:
         """Horizontal radius of a disc containing each solid's footprint."""
@@ -158,7 +181,9 @@ def intersect_boxes(origin, dirs, center, half, yaw) -> tuple[np.ndarray, np.nda
 def intersect_cylinders(origin, dirs, center, size) -> tuple[np.ndarray, np.ndarray]:
     """Per (ray, vertical cylinder) pair; size is (radius, radius, half height)."""
     loc = _Local.of(np.asarray(origin, np.float64), center, np.zeros(len(center)))
-    return _cylinder_kernel(loc.ox, loc.oy, loc.oz, dirs[:, 0], dirs[:, 1], dirs[:, 2], size[:, 0], size[:, 2])
+    return _cylinder_kernel(
+        loc.ox, loc.oy, loc.oz, dirs[:, 0], dirs[:, 1], dirs[:, 2], size[:, 0], size[:, 2]
+    )
 
 
 def intersect_ellipsoids(origin, dirs, center, radii, yaw) -> tuple[np.ndarray, np.ndarray]:
@@ -169,8 +194,15 @@ def intersect_ellipsoids(origin, dirs, center, radii, yaw) -> tuple[np.ndarray, 
     return _ellipsoid_kernel(loc.ox, loc.oy, loc.oz, lx, ly, dirs[:, 2], inv[:, 0], inv[:, 1], inv[:, 2])
 
 
-def angular_windows(shapes: Shapes, origin: np.ndarray, yaw0: float, tilt: float, elevations: np.ndarray,
-                    width: int, max_range: float) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+def angular_windows(
+    shapes: Shapes,
+    origin: np.ndarray,
+    yaw0: float,
+    tilt: float,
+    elevations: np.ndarray,
+    width: int,
+    max_range: float,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """Beam-row and column window (r0, nr, u0, nu) each solid can cover, seen from `origin`.
 
     Bounds are conservative. The footprint is the yawed rectangle of half extents size[:2] (it contains
@@ -214,8 +246,17 @@ def angular_windows(shapes: Shapes, origin: np.ndarray, yaw0: float, tilt: float
     return r0.astype(np.int64), nr.astype(np.int64), np.mod(u_lo, width), nu.astype(np.int64)
 
 
-def cast(shapes: Shapes, origin: np.ndarray, dirs_world: np.ndarray, yaw0: float, tilt: float,
-         elevations: np.ndarray, width: int, max_range: float, rng: np.random.Generator | None = None):
+def cast(
+    shapes: Shapes,
+    origin: np.ndarray,
+    dirs_world: np.ndarray,
+    yaw0: float,
+    tilt: float,
+    elevations: np.ndarray,
+    width: int,
+    max_range: float,
+    rng: np.random.Generator | None = None,
+):
     """Nearest hit per ray among `shapes`. Returns (t, cos_incidence, shape_index) per ray, inf/-1 on a miss.
 
     `dirs_world` is (H*W, 3) in range-image order. Pairs are generated solid by solid, so per-solid values
@@ -253,8 +294,9 @@ def cast(shapes: Shapes, origin: np.ndarray, dirs_world: np.ndarray, yaw0: float
         if kind == CYLINDER:
             t, cos = _cylinder_kernel(ox, oy, oz, lx, ly, dz, rep(shapes.size[:, 0]), rep(shapes.size[:, 2]))
         elif kind == BOX:
-            t, cos = _box_kernel(ox, oy, oz, lx, ly, dz, rep(shapes.size[:, 0]), rep(shapes.size[:, 1]),
-                                 rep(shapes.size[:, 2]))
+            t, cos = _box_kernel(
+                ox, oy, oz, lx, ly, dz, rep(shapes.size[:, 0]), rep(shapes.size[:, 1]), rep(shapes.size[:, 2])
+            )
         else:
             inv = 1.0 / shapes.size
             t, cos = _ellipsoid_kernel(ox, oy, oz, lx, ly, dz, rep(inv[:, 0]), rep(inv[:, 1]), rep(inv[:, 2]))

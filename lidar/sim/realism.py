@@ -57,10 +57,14 @@ def scan_stats(image: RangeImage, sensor: Sensor) -> ScanStats:
     rh = np.histogram(np.clip(r, 0, 100.0), RANGE_BINS)[0].astype(np.float64)
     ih = np.histogram(inten, INTENSITY_BINS)[0].astype(np.float64)
     return ScanStats(
-        returns=int(mask.sum()), beam_rate=mask.mean(axis=1), range_hist=rh / max(rh.sum(), 1.0),
-        range_pct=np.percentile(r, [10, 50, 90]) if len(r) else np.zeros(3), ring_radius=np.array(rings),
+        returns=int(mask.sum()),
+        beam_rate=mask.mean(axis=1),
+        range_hist=rh / max(rh.sum(), 1.0),
+        range_pct=np.percentile(r, [10, 50, 90]) if len(r) else np.zeros(3),
+        ring_radius=np.array(rings),
         intensity_hist=ih / max(ih.sum(), 1.0),
-        intensity_pct=np.percentile(inten, [10, 50, 90]) if len(inten) else np.zeros(3))
+        intensity_pct=np.percentile(inten, [10, 50, 90]) if len(inten) else np.zeros(3),
+    )
 
 
 def real_images(sensor_name: str, real_dir: Path = REAL_DIR) -> list[RangeImage]:
@@ -90,8 +94,13 @@ def sim_images(sensor: Sensor, worlds: int = 4, frames: int = 3, seed: int = 0) 
     out = []
     for i in range(worlds):
         world = make_world(seed + i, ("urban", "suburban")[i % 2])
-        poses = plan_drive(world, ("straight", "turn_left", "turn_right")[i % 3], frames * 5, seed=i,
-                           mount_height=sensor.mount_height)
+        poses = plan_drive(
+            world,
+            ("straight", "turn_left", "turn_right")[i % 3],
+            frames * 5,
+            seed=i,
+            mount_height=sensor.mount_height,
+        )
         sim = LidarSimulator(sensor, seed=seed + i)
         out += [sim.scan(world, poses[k], k * 0.1).image for k in range(0, frames * 5, 5)]
     return out
@@ -99,10 +108,12 @@ def sim_images(sensor: Sensor, worlds: int = 4, frames: int = 3, seed: int = 0) 
 
 def _fmt(vals: list[float], digits: int = 2) -> str:
     lo, hi = min(vals), max(vals)
-    return f"{lo:.{digits}f}" if abs(hi - lo) < 10 ** -digits else f"{lo:.{digits}f}-{hi:.{digits}f}"
+    return f"{lo:.{digits}f}" if abs(hi - lo) < 10**-digits else f"{lo:.{digits}f}-{hi:.{digits}f}"
 
 
-def compare(real: list[ScanStats], sim: list[ScanStats], rel_tol: float = 0.2) -> list[tuple[str, str, str, str]]:
+def compare(
+    real: list[ScanStats], sim: list[ScanStats], rel_tol: float = 0.2
+) -> list[tuple[str, str, str, str]]:
     """Rows (statistic, real min-max, sim min-max, verdict).
 
     The verdict says whether the sim mean lies in the real spread, else whether it is within `rel_tol`
@@ -126,7 +137,7 @@ def compare(real: list[ScanStats], sim: list[ScanStats], rel_tol: float = 0.2) -
     add("return rate, all beams", lambda s: s.beam_rate.mean())
     h = len(real[0].beam_rate)
     add("return rate, upper half", lambda s: s.beam_rate[: h // 2].mean())
-    add("return rate, lower half", lambda s: s.beam_rate[h // 2:].mean())
+    add("return rate, lower half", lambda s: s.beam_rate[h // 2 :].mean())
     for i, q in enumerate(("p10", "median", "p90")):
         add(f"range {q} (m)", lambda s, i=i: s.range_pct[i], 1)
     for b in range(RING_BEAMS):
@@ -134,9 +145,11 @@ def compare(real: list[ScanStats], sim: list[ScanStats], rel_tol: float = 0.2) -
     for i, q in enumerate(("p10", "median", "p90")):
         add(f"intensity {q}", lambda s, i=i: s.intensity_pct[i], 3)
     # Distribution distances: real-to-real spread vs sim-to-real (lower is better; "in spread" if no worse).
-    for name, key in (("range-histogram JSD to real mean", "range_hist"),
-                      ("intensity-histogram JSD to real mean", "intensity_hist"),
-                      ("per-beam return rate, mean abs diff to real", "beam_rate")):
+    for name, key in (
+        ("range-histogram JSD to real mean", "range_hist"),
+        ("intensity-histogram JSD to real mean", "intensity_hist"),
+        ("per-beam return rate, mean abs diff to real", "beam_rate"),
+    ):
         ref = np.mean([getattr(s, key) for s in real], axis=0)
 
         def dist(s, key=key, ref=ref):
@@ -149,8 +162,10 @@ def compare(real: list[ScanStats], sim: list[ScanStats], rel_tol: float = 0.2) -
 
 
 def markdown_table(sensor_label: str, real_label: str, rows) -> str:
-    lines = [f"| {sensor_label} | {real_label} (real, min-max) | simulated (min-max) | sim mean vs real |",
-             "|---|---|---|---|"]
+    lines = [
+        f"| {sensor_label} | {real_label} (real, min-max) | simulated (min-max) | sim mean vs real |",
+        "|---|---|---|---|",
+    ]
     lines += [f"| {name} | {r} | {s} | {v} |" for name, r, s, v in rows]
     return "\n".join(lines)
 

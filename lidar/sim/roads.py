@@ -19,12 +19,42 @@ STYLES = ("urban", "suburban", "highway")
 
 #: Per-style generation parameters; ranges are sampled uniformly.
 STYLE_PARAMS: dict[str, dict] = {
-    "urban": dict(nodes=(4, 5), spacing=(60.0, 100.0), lanes=(1, 2), lane_width=3.3, sidewalk=(2.5, 4.0),
-                  parking=0.6, curve_p=0.25, curve_amp=(3.0, 8.0), remove_p=0.2, terrain_std=0.4),
-    "suburban": dict(nodes=(3, 4), spacing=(90.0, 140.0), lanes=(1, 1), lane_width=3.2, sidewalk=(1.5, 2.5),
-                     parking=0.3, curve_p=0.5, curve_amp=(5.0, 14.0), remove_p=0.3, terrain_std=1.2),
-    "highway": dict(nodes=(4, 5), spacing=(180.0, 260.0), lanes=(3, 3), lane_width=3.6, sidewalk=(0.0, 0.0),
-                    parking=0.0, curve_p=0.6, curve_amp=(8.0, 18.0), remove_p=0.0, terrain_std=2.0),
+    "urban": dict(
+        nodes=(4, 5),
+        spacing=(60.0, 100.0),
+        lanes=(1, 2),
+        lane_width=3.3,
+        sidewalk=(2.5, 4.0),
+        parking=0.6,
+        curve_p=0.25,
+        curve_amp=(3.0, 8.0),
+        remove_p=0.2,
+        terrain_std=0.4,
+    ),
+    "suburban": dict(
+        nodes=(3, 4),
+        spacing=(90.0, 140.0),
+        lanes=(1, 1),
+        lane_width=3.2,
+        sidewalk=(1.5, 2.5),
+        parking=0.3,
+        curve_p=0.5,
+        curve_amp=(5.0, 14.0),
+        remove_p=0.3,
+        terrain_std=1.2,
+    ),
+    "highway": dict(
+        nodes=(4, 5),
+        spacing=(180.0, 260.0),
+        lanes=(3, 3),
+        lane_width=3.6,
+        sidewalk=(0.0, 0.0),
+        parking=0.0,
+        curve_p=0.6,
+        curve_amp=(8.0, 18.0),
+        remove_p=0.0,
+        terrain_std=2.0,
+    ),
 }
 
 #: Straight stretch kept at each end of a curved road so junctions stay square.
@@ -214,9 +244,18 @@ def generate_road_graph(rng: np.random.Generator, style: str) -> RoadGraph:
         amp = 0.0
         if rng.random() < p["curve_p"]:
             amp = float(rng.uniform(*p["curve_amp"]) * rng.choice([-1.0, 1.0]))
-        roads.append(Road(a=a, b=b, centre=_curved_centre(nodes[a], nodes[b], amp), lanes=lanes,
-                          lane_width=p["lane_width"], sidewalk=float(rng.uniform(*p["sidewalk"])),
-                          parking=bool(rng.random() < p["parking"]), kind="street"))
+        roads.append(
+            Road(
+                a=a,
+                b=b,
+                centre=_curved_centre(nodes[a], nodes[b], amp),
+                lanes=lanes,
+                lane_width=p["lane_width"],
+                sidewalk=float(rng.uniform(*p["sidewalk"])),
+                parking=bool(rng.random() < p["parking"]),
+                kind="street",
+            )
+        )
     return RoadGraph(nodes=nodes, roads=roads, style=style)
 
 
@@ -227,16 +266,39 @@ def _highway_graph(rng: np.random.Generator, p: dict) -> RoadGraph:
     nodes = [(x, 0.0) for x in xs]
     roads = []
     for i in range(n - 1):
-        amp = float(rng.uniform(*p["curve_amp"]) * rng.choice([-1.0, 1.0])) if rng.random() < p["curve_p"] else 0.0
-        roads.append(Road(a=i, b=i + 1, centre=_curved_centre(np.array(nodes[i]), np.array(nodes[i + 1]), amp),
-                          lanes=p["lanes"][0], lane_width=p["lane_width"], sidewalk=0.0, parking=False,
-                          kind="highway"))
+        amp = (
+            float(rng.uniform(*p["curve_amp"]) * rng.choice([-1.0, 1.0]))
+            if rng.random() < p["curve_p"]
+            else 0.0
+        )
+        roads.append(
+            Road(
+                a=i,
+                b=i + 1,
+                centre=_curved_centre(np.array(nodes[i]), np.array(nodes[i + 1]), amp),
+                lanes=p["lanes"][0],
+                lane_width=p["lane_width"],
+                sidewalk=0.0,
+                parking=False,
+                kind="highway",
+            )
+        )
     # Side roads (ramps to local streets) at interior junctions: one side gives a T, both a 4-way.
     for i in range(1, n - 1):
         sides = [-1.0, 1.0] if rng.random() < 0.3 else [float(rng.choice([-1.0, 1.0]))]
         for side in sides:
             nodes.append((xs[i], side * float(rng.uniform(90.0, 130.0))))
             k = len(nodes) - 1
-            roads.append(Road(a=i, b=k, centre=_curved_centre(np.array(nodes[i]), np.array(nodes[k]), 0.0),
-                              lanes=1, lane_width=3.5, sidewalk=1.5, parking=False, kind="street"))
+            roads.append(
+                Road(
+                    a=i,
+                    b=k,
+                    centre=_curved_centre(np.array(nodes[i]), np.array(nodes[k]), 0.0),
+                    lanes=1,
+                    lane_width=3.5,
+                    sidewalk=1.5,
+                    parking=False,
+                    kind="street",
+                )
+            )
     return RoadGraph(nodes=np.array(nodes, dtype=np.float64), roads=roads, style="highway")

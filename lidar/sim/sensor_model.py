@@ -33,8 +33,18 @@ POINT_CLASSES: tuple[str, ...] = MAP_CLASSES + OBJECT_CLASSES
 
 #: Diffuse near-infrared reflectivity of each ground layer (asphalt is dark, paint and grass are bright).
 GROUND_REFLECTIVITY = np.zeros(256, dtype=np.float32)
-for _name, _refl in {"road": 0.12, "lane_marking": 0.6, "crosswalk": 0.6, "intersection": 0.12, "parking": 0.13,
-                     "sidewalk": 0.28, "curb": 0.3, "terrain": 0.25, "vegetation": 0.4, "building": 0.3}.items():
+for _name, _refl in {
+    "road": 0.12,
+    "lane_marking": 0.6,
+    "crosswalk": 0.6,
+    "intersection": 0.12,
+    "parking": 0.13,
+    "sidewalk": 0.28,
+    "curb": 0.3,
+    "terrain": 0.25,
+    "vegetation": 0.4,
+    "building": 0.3,
+}.items():
     GROUND_REFLECTIVITY[MAP_CLASS_INDEX[_name]] = _refl
 
 
@@ -77,8 +87,16 @@ class SensorModelConfig:
     ego_boxes: tuple[tuple[float, float, float, float], ...] = ((-1.8, 0.8, 0.8, 0.45),)
 
     def __post_init__(self) -> None:
-        for name in ("range_noise", "attenuation", "intensity_noise", "drop_intensity_limit", "grazing_cos",
-                     "intensity_gain", "intensity_gamma", "intensity_floor"):
+        for name in (
+            "range_noise",
+            "attenuation",
+            "intensity_noise",
+            "drop_intensity_limit",
+            "grazing_cos",
+            "intensity_gain",
+            "intensity_gamma",
+            "intensity_floor",
+        ):
             if getattr(self, name) < 0:
                 raise ValueError(f"SensorModelConfig.{name} must be >= 0, got {getattr(self, name)}")
         for name in ("drop_general", "drop_zero_intensity", "binning_loss"):
@@ -95,11 +113,24 @@ class SensorModelConfig:
 SENSOR_PROFILES: dict[str, SensorModelConfig] = {
     # KITTI reflectance is nearly flat in incidence and compressed, and weak (mostly far) returns read 0;
     # the roof rack hides the lowest beams over part of the sweep.
-    "hdl64": SensorModelConfig(intensity_gain=1.05, intensity_gamma=0.52, incidence_power=0.2, attenuation=0.02,
-                               intensity_floor=0.031, drop_general=0.07, ego_boxes=((-1.2, 0.4, 0.9, 0.4),)),
+    "hdl64": SensorModelConfig(
+        intensity_gain=1.05,
+        intensity_gamma=0.52,
+        incidence_power=0.2,
+        attenuation=0.02,
+        intensity_floor=0.031,
+        drop_general=0.07,
+        ego_boxes=((-1.2, 0.4, 0.9, 0.4),),
+    ),
     # nuScenes intensity is close to linear in the return signal; the Zoe's roof shadows the low beams.
-    "hdl32": SensorModelConfig(intensity_gain=0.69, intensity_gamma=1.0, incidence_power=0.5, drop_general=0.01,
-                               binning_loss=0.14, ego_boxes=((-2.0, 1.3, 0.75, 0.6),)),
+    "hdl32": SensorModelConfig(
+        intensity_gain=0.69,
+        intensity_gamma=1.0,
+        incidence_power=0.5,
+        drop_general=0.01,
+        binning_loss=0.14,
+        ego_boxes=((-2.0, 1.3, 0.75, 0.6),),
+    ),
     # Ouster's calibrated reflectivity (fitted on the OS1-128 sample recording, whose rig hides no beams);
     # OS1-64 shares the family's scale.
     "os1-128": SensorModelConfig(intensity_gain=0.24, intensity_gamma=0.88, drop_general=0.02, ego_boxes=()),
@@ -150,7 +181,11 @@ class LidarSimulator:
         return mask.reshape(self.sensor.shape)
 
     def _rng(self, time_s: float, pose: np.ndarray) -> np.random.Generator:
-        key = [self.seed, round(time_s * 1e6) & 0xFFFFFFFF, *(np.round(pose[:3, 3] * 1000).astype(np.int64) & 0xFFFFFFFF)]
+        key = [
+            self.seed,
+            round(time_s * 1e6) & 0xFFFFFFFF,
+            *(np.round(pose[:3, 3] * 1000).astype(np.int64) & 0xFFFFFFFF),
+        ]
         return np.random.default_rng(np.random.SeedSequence([int(k) for k in key]))
 
     def scan(self, world: World, pose: np.ndarray, time_s: float = 0.0) -> SimScan:
@@ -169,10 +204,12 @@ class LidarSimulator:
         yaw, tilt = _rotation_yaw_tilt(pose)
 
         # 1. Solids near the sensor (culling grid + moving actors), minus traffic the ego would overlap.
-        shapes = world.at_time(time_s).shapes_near(float(origin[0]), float(origin[1]), sensor.max_range + 5.0,
-                                                   clearance=EGO_CLEARANCE)
-        t_obj, cos_obj, idx_obj = cast(shapes, origin, dirs, yaw, tilt + 0.01, sensor.elevations, w,
-                                       sensor.max_range, rng)
+        shapes = world.at_time(time_s).shapes_near(
+            float(origin[0]), float(origin[1]), sensor.max_range + 5.0, clearance=EGO_CLEARANCE
+        )
+        t_obj, cos_obj, idx_obj = cast(
+            shapes, origin, dirs, yaw, tilt + 0.01, sensor.elevations, w, sensor.max_range, rng
+        )
 
         # 2. Ground: carriageway level, then the curb step (raised sidewalks and verges).
         t_ground, cls_ground, cos_ground = self._ground(world, origin, dirs, sensor.max_range)
@@ -198,11 +235,15 @@ class LidarSimulator:
         signal = refl * np.clip(cos, 0.0, 1.0) ** cfg.incidence_power * np.exp(-2.0 * cfg.attenuation * r)
         sig = cfg.intensity_noise
         signal = signal * np.exp(sig * rng.standard_normal(n) - 0.5 * sig * sig)
-        inten = np.where(signal < cfg.intensity_floor, 0.0,
-                         np.clip((cfg.intensity_gain * signal) ** cfg.intensity_gamma, 0.0, 1.0))
+        inten = np.where(
+            signal < cfg.intensity_floor,
+            0.0,
+            np.clip((cfg.intensity_gain * signal) ** cfg.intensity_gamma, 0.0, 1.0),
+        )
         general = 1.0 - (1.0 - cfg.drop_general) * (1.0 - min(cfg.binning_loss * w / 1024.0, 0.9))
         p_drop = general + (1.0 - general) * cfg.drop_zero_intensity * np.clip(
-            1.0 - signal / max(cfg.drop_intensity_limit, 1e-9), 0.0, 1.0)
+            1.0 - signal / max(cfg.drop_intensity_limit, 1e-9), 0.0, 1.0
+        )
         keep = (rng.random(n) >= p_drop) & (cos >= cfg.grazing_cos)
         keep &= (r >= sensor.min_range) & (r <= sensor.max_range)
         pix = hit[keep]
@@ -221,8 +262,9 @@ class LidarSimulator:
         mask = image.mask
         xyz = self._dirs.reshape(h, w, 3)[mask] * image.range[mask, None].astype(np.float64)
         points = np.concatenate([xyz, image.intensity[mask, None]], axis=1).astype(np.float32)
-        return SimScan(image=image, points=points, labels=label_img[mask], label_image=label_img,
-                       instance_image=inst_img)
+        return SimScan(
+            image=image, points=points, labels=label_img[mask], label_image=label_img, instance_image=inst_img
+        )
 
     @staticmethod
     def _ground(world: World, origin: np.ndarray, dirs: np.ndarray, max_range: float):
@@ -242,7 +284,9 @@ class LidarSimulator:
         lo = t_lo[idx]
         d = dirs[idx]
         # The raised level is CURB_HEIGHT higher: first order from the ray's descent rate over the terrain.
-        _, gx, gy = hdmap.terrain_height(origin[0] + lo * d[:, 0], origin[1] + lo * d[:, 1], with_gradient=True)
+        _, gx, gy = hdmap.terrain_height(
+            origin[0] + lo * d[:, 0], origin[1] + lo * d[:, 1], with_gradient=True
+        )
         descent = np.minimum(d[:, 2] - gx * d[:, 0] - gy * d[:, 1], -1e-4)
         hi = np.maximum(lo + CURB_HEIGHT / descent, 0.0)
         raised_lut = hdmap._raised_lut > 0

@@ -33,16 +33,24 @@ class SimSequence:
         return len(self.frames)
 
 
-def simulate_sequence(world: World, poses: np.ndarray, sensor: Sensor, seed: int = 0,
-                      times: np.ndarray | None = None, config: SensorModelConfig | None = None,
-                      box_range: float | None = None) -> SimSequence:
+def simulate_sequence(
+    world: World,
+    poses: np.ndarray,
+    sensor: Sensor,
+    seed: int = 0,
+    times: np.ndarray | None = None,
+    config: SensorModelConfig | None = None,
+    box_range: float | None = None,
+) -> SimSequence:
     """Scan `world` from each pose (times default to 10 Hz from 0). Any pose list works, not only plan_drive's.
 
     Boxes are kept for actors within `box_range` (default: the sensor's max range) of each pose.
     """
     poses = np.asarray(poses, dtype=np.float64)
     if poses.ndim != 3 or poses.shape[1:] != (4, 4) or len(poses) == 0:
-        raise ValueError(f"poses must be a non-empty (T, 4, 4) array of world_from_sensor matrices, got {poses.shape}")
+        raise ValueError(
+            f"poses must be a non-empty (T, 4, 4) array of world_from_sensor matrices, got {poses.shape}"
+        )
     times = np.arange(len(poses)) / FRAME_RATE_HZ if times is None else np.asarray(times, dtype=np.float64)
     if times.shape != (len(poses),):
         raise ValueError(f"times must have one entry per pose ({len(poses)}), got shape {times.shape}")
@@ -57,5 +65,12 @@ def simulate_sequence(world: World, poses: np.ndarray, sensor: Sensor, seed: int
         near = np.hypot(b["boxes"][:, 0] - pose[0, 3], b["boxes"][:, 1] - pose[1, 3]) <= limit
         boxes.append({k: v[near] for k, v in b.items()})
     logger.info("simulated %d frames of %s in %.2f s", len(poses), sensor.name, time.perf_counter() - t0)
-    return SimSequence(frames=frames, poses=poses, times=times, map_classes=np.stack(classes), boxes=boxes,
-                       hdmap=world.hdmap, sensor=sensor)
+    return SimSequence(
+        frames=frames,
+        poses=poses,
+        times=times,
+        map_classes=np.stack(classes),
+        boxes=boxes,
+        hdmap=world.hdmap,
+        sensor=sensor,
+    )

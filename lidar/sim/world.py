@@ -72,7 +72,9 @@ class CullingGrid:
         ys = np.arange(iy0, iy1 + 1)
         cx = self.origin[0] + (xs + 0.5) * cell
         cy = self.origin[1] + (ys + 0.5) * cell
-        near = (np.abs(cx[None, :] - x) - cell / 2).clip(0) ** 2 + (np.abs(cy[:, None] - y) - cell / 2).clip(0) ** 2
+        near = (np.abs(cx[None, :] - x) - cell / 2).clip(0) ** 2 + (np.abs(cy[:, None] - y) - cell / 2).clip(
+            0
+        ) ** 2
         ids = (ys[:, None] * nx + xs[None, :])[near <= radius * radius]
         starts, ends = self.offsets[ids], self.offsets[ids + 1]
         if not len(ids) or int((ends - starts).sum()) == 0:
@@ -136,8 +138,11 @@ class World:
         x, y, z, yaw = tab.poses(t)
         size = tab.size[boxed]
         rows = np.column_stack([x[boxed], y[boxed], z[boxed] + size[:, 2] / 2, size, yaw[boxed]])
-        return {"boxes": rows.astype(np.float32).reshape(-1, 7), "box_class": tab.cls[boxed].astype(np.int16),
-                "box_id": tab.ids[boxed].astype(np.int32)}
+        return {
+            "boxes": rows.astype(np.float32).reshape(-1, 7),
+            "box_class": tab.cls[boxed].astype(np.int16),
+            "box_id": tab.ids[boxed].astype(np.int32),
+        }
 
 
 def make_world(seed: int, style: str = "urban") -> World:
@@ -152,8 +157,15 @@ def make_world(seed: int, style: str = "urban") -> World:
     graph = generate_road_graph(np.random.default_rng(road_ss), style)
     layout = build_layout(np.random.default_rng(layout_ss), graph, style)
     pop = populate(np.random.default_rng(actor_ss), layout, style)
-    world = World(seed=int(seed), style=style, hdmap=layout.hdmap, graph=graph, actors=pop.actors,
-                  scenery=pop.scenery)
-    logger.info("make_world(seed=%d, style=%s): %d actors, %d solids in %.2f s", seed, style, len(pop.actors),
-                len(pop.scenery), time.perf_counter() - t0)
+    world = World(
+        seed=int(seed), style=style, hdmap=layout.hdmap, graph=graph, actors=pop.actors, scenery=pop.scenery
+    )
+    logger.info(
+        "make_world(seed=%d, style=%s): %d actors, %d solids in %.2f s",
+        seed,
+        style,
+        len(pop.actors),
+        len(pop.scenery),
+        time.perf_counter() - t0,
+    )
     return world
