@@ -41,6 +41,30 @@ def test_simulated_sweep_round_trips_within_a_centimetre(sensor):
     np.testing.assert_allclose(back[:, 3], points[:, 3], atol=1e-6)
 
 
+@pytest.fixture(scope="module")
+def sim_world():
+    from lidar.sim import make_world
+
+    return make_world(seed=1, style="urban")
+
+
+@pytest.mark.parametrize("sensor", [HDL64, HDL32, VLP16, OS1_64, OS1_128], ids=lambda s: s.name)
+def test_lidar_sim_sweep_round_trips_every_point_within_a_centimetre(sim_world, sensor):
+    from lidar.sim import LidarSimulator, plan_drive
+
+    sensor = sensor.with_width(512)
+    pose = plan_drive(sim_world, "straight", 1, seed=0, mount_height=sensor.mount_height)[0]
+    points = LidarSimulator(sensor, seed=0).scan(sim_world, pose, 0.0).points
+    assert len(points) > 1000
+    image = project(points, sensor)
+    assert image.mask.sum() == len(points), "every simulated return keeps its own pixel"
+    pixel = beam_rows(points, sensor) * sensor.width + azimuth_columns(points[:, :2], sensor.width)
+    back = unproject(image, sensor)  # in pixel order
+    original = points[np.argsort(pixel)]
+    assert np.linalg.norm(back[:, :3] - original[:, :3], axis=1).max() < 0.01
+    np.testing.assert_allclose(back[:, 3], original[:, 3], atol=1e-6)
+
+
 def test_ring_path_round_trips_too():
     sensor = OS1_64.with_width(256)
     points, mask = simulated(sensor, seed=1)
