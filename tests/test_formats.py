@@ -216,6 +216,21 @@ def test_header_announcing_too_many_points_is_refused_without_reading_the_body(t
         read_points(path)
 
 
+def test_npy_and_las_announcing_too_many_points_are_refused_from_the_header(tmp_path, cloud):
+    npy = tmp_path / "big.npy"
+    with npy.open("wb") as f:
+        np.lib.format.write_array_header_1_0(f, {"descr": "<f4", "fortran_order": False, "shape": (6_000_000, 4)})
+        f.write(b"\0" * 64)
+    with pytest.raises(PointCloudError, match=r"big\.npy.*6,000,000 points"):
+        read_points(npy)
+    blob = bytearray(write_points(tmp_path / "a.las", cloud[0]).read_bytes())
+    struct.pack_into("<I", blob, 107, 6_000_000)  # legacy point count
+    struct.pack_into("<Q", blob, 247, 6_000_000)  # LAS 1.4 64-bit point count
+    (tmp_path / "big.las").write_bytes(bytes(blob))
+    with pytest.raises(PointCloudError, match=r"big\.las.*6,000,000 points"):
+        read_points(tmp_path / "big.las")
+
+
 @pytest.mark.parametrize("name", ["a.bin", "a.pcd.bin", "a.pcd", "a.ply", "a.npy", "a.npz", "a.las", "a.laz"])
 def test_truncated_or_corrupted_files_raise_only_point_cloud_errors(tmp_path, cloud, name):
     points, ring = cloud
