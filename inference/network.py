@@ -178,8 +178,10 @@ class Attention(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         b, c, h, w = x.shape
-        q, k, v = self.qkv(self.norm(x)).reshape(b, 3, self.heads, c // self.heads, h * w).unbind(1)
-        a = F.scaled_dot_product_attention(q.transpose(-1, -2), k.transpose(-1, -2), v.transpose(-1, -2))
+        qkv = self.qkv(self.norm(x)).reshape(b, 3, self.heads, c // self.heads, h * w)
+        # (3, B, heads, pixels, dim), contiguous: CPU attention is 2x slower on transposed views
+        q, k, v = qkv.permute(1, 0, 2, 4, 3).contiguous().unbind(0)
+        a = F.scaled_dot_product_attention(q, k, v)
         return x + self.out(a.transpose(-1, -2).reshape(b, c, h, w))
 
 
