@@ -26,6 +26,7 @@ from lidar.formats import (
     read_points,
     write_points,
 )
+from lidar.formats.io import format_for
 from lidar.range_image import beam_rows, point_elevations, project
 from lidar.sensors import PRESETS, Sensor, get_sensor
 
@@ -43,6 +44,16 @@ class _Parser(argparse.ArgumentParser):
 
 def _sensor_arg(name: str | None) -> Sensor | None:
     return None if name is None else get_sensor(name)
+
+
+def _positive_metres(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"expected a positive number of metres, got {text!r}")
+    return value
 
 
 def summarize(scan: Scan, sensor: Sensor | None = None) -> dict[str, Any]:
@@ -118,6 +129,7 @@ def cmd_info(args: argparse.Namespace) -> int:
 
 
 def cmd_convert(args: argparse.Namespace) -> int:
+    format_for(args.output, None)  # an unwritable extension fails before the input is read
     sensor = _sensor_arg(args.sensor)
     scan = read_points(args.input, sensor=sensor)
     points, ring = scan.points, scan.ring
@@ -139,9 +151,22 @@ def cmd_convert(args: argparse.Namespace) -> int:
     return 0
 
 
+def _check_picture_path(out: Path) -> None:
+    """Refuse an --out Pillow cannot write before the scan is read, naming what would work."""
+    from PIL import Image
+
+    suffix = out.suffix.lower()
+    if Image.registered_extensions().get(suffix) not in Image.SAVE:
+        raise ValueError(
+            f"{out}: cannot save a picture as {suffix or 'a file without an extension'}; "
+            "expected --out ending in .png (or another image type such as .jpg or .webp)"
+        )
+
+
 def cmd_render(args: argparse.Namespace) -> int:
     from lidar.render import bev_image, range_image_png  # Pillow drawing only when rendering
 
+    _check_picture_path(args.out)
     sensor = _sensor_arg(args.sensor)
     scan = read_points(args.file, sensor=sensor)
     _print_notes(scan)
@@ -181,7 +206,7 @@ def build_parser() -> argparse.ArgumentParser:
     render.add_argument("--out", type=Path, required=True, help="output picture (.png)")
     render.add_argument("--view", choices=("bev", "range"), default="bev")
     render.add_argument("--sensor", help=f"{sensors} for the range view (default: detected)")
-    render.add_argument("--extent", type=float, default=50.0, help="BEV half-width in metres (default 50)")
+    render.add_argument("--extent", type=_positive_metres, default=50.0, help="BEV half-width in metres (default 50)")
     render.add_argument("--color-by", choices=("height", "density", "intensity"), default="height")
     render.set_defaults(func=cmd_render)
     return parser

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -124,6 +125,30 @@ def test_errors_are_one_line_on_stderr_with_exit_status_2(args, expected):
     assert "Traceback" not in result.stderr
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("lidar: error:") and expected in lines[0]
+
+
+@pytest.mark.parametrize(
+    ("args", "expected"),
+    [
+        (["render", "{src}", "--out", "{tmp}/picture.bin"], r"picture\.bin: cannot save a picture as \.bin; expected --out ending in \.png"),
+        (["render", "{src}", "--out", "{tmp}"], "without an extension; expected --out ending in .png"),
+        (["info", "{src}", "--sensor", "hdl99"], "unknown sensor 'hdl99'; expected one of"),
+        (["render", "{src}", "--out", "{tmp}/b.png", "--extent", "-5"], "argument --extent: expected a positive number of metres, got '-5'"),
+        (["convert", "{src}", "{tmp}/out.xyz"], r"out\.xyz: cannot tell the format from the extension \.xyz; expected one of"),
+        (["info", "{tmp}"], "not a regular file; expected a point-cloud file"),
+    ],
+)
+def test_bad_arguments_name_what_was_wrong_and_what_was_expected(hdl32_bin, tmp_path, capsys, args, expected):
+    argv = [a.format(src=hdl32_bin, tmp=tmp_path) for a in args]
+    try:
+        status = main(argv)
+    except SystemExit as exit_:  # argparse's usage errors leave through SystemExit
+        status = exit_.code
+    assert status == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and err.startswith("lidar: error:")
+    assert re.search(expected, err), err
+    assert not (tmp_path / "b.png").exists()
 
 
 def test_module_entry_point_runs_info(hdl32_bin):
