@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import logging
 import sys
 from pathlib import Path
 from typing import Any, NoReturn
@@ -29,8 +28,6 @@ from lidar.formats import (
 from lidar.formats.io import format_for
 from lidar.range_image import beam_rows, point_elevations, project
 from lidar.sensors import PRESETS, Sensor, get_sensor
-
-logger = logging.getLogger(__name__)
 
 EXIT_USAGE = 2
 

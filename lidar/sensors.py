@@ -59,6 +59,7 @@ class Sensor:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Sensor:
+        """Rebuild from a `config.json` entry; unknown keys are refused so a typo never falls back to a default."""
         known = {"name", "elevations_deg", "width", "min_range", "max_range", "mount_height"}
         unknown = set(data) - known
         if unknown:
@@ -66,6 +67,7 @@ class Sensor:
         return cls(**{**data, "elevations_deg": tuple(data["elevations_deg"])})
 
     def to_dict(self) -> dict[str, Any]:
+        """JSON-ready fields (elevations as a list), the form a model's `config.json` stores."""
         out = asdict(self)
         out["elevations_deg"] = list(self.elevations_deg)
         return out

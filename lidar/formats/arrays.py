@@ -61,6 +61,7 @@ def _load(path: Path, arr: np.ndarray, fmt: str, sensor: Sensor | None) -> Scan:
 
 
 def read_npy(path: Path, sensor: Sensor | None) -> Scan:
+    """Load a plain or structured array without unpickling (a .npy can carry code)."""
     check_point_count(path, _npy_rows(path))
     try:
         arr = np.load(path, allow_pickle=False)
@@ -70,6 +71,7 @@ def read_npy(path: Path, sensor: Sensor | None) -> Scan:
 
 
 def read_npz(path: Path, sensor: Sensor | None) -> Scan:
+    """Load 'points' (with an optional 'ring'), the only array, or x/y/z field arrays, without unpickling."""
     try:
         archive = np.load(path, allow_pickle=False)
         arrays = {k: archive[k] for k in archive.files}
@@ -97,11 +99,13 @@ def read_npz(path: Path, sensor: Sensor | None) -> Scan:
 
 
 def write_npy(path: Path, points: np.ndarray, ring: np.ndarray | None) -> None:
+    """(N, 4) float32, or (N, 5) with the ring as the 5th column, the same order a raw `.bin` uses."""
     data = points if ring is None else np.concatenate([points, ring[:, None].astype(np.float32)], axis=1)
     np.save(path, data.astype(np.float32))
 
 
 def write_npz(path: Path, points: np.ndarray, ring: np.ndarray | None) -> None:
+    """Compressed 'points' plus an integer 'ring', so the ring keeps its dtype."""
     arrays = {"points": points.astype(np.float32)}
     if ring is not None:
         arrays["ring"] = ring.astype(np.int64)

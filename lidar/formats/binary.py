@@ -33,6 +33,8 @@ _BLOCK_ROWS = 1_000
 
 @dataclass(frozen=True)
 class Layout:
+    """One way to cut a headerless file into rows; `name` becomes `Scan.format`."""
+
     name: str
     dtype: str
     columns: int
@@ -72,7 +74,7 @@ def score_layout(data: np.ndarray) -> tuple[float, bool, str]:
             "negative or huge intensity": 1 - (finite & inten_ok).mean(),
         }
         if data.shape[1] > 4 and extra_column_kind(data[:, 4].astype(np.float64)) == "unknown":
-            ok &= False
+            ok = np.zeros_like(ok)
             reasons["5th column is neither an integral ring nor a small time offset"] = 1.0
         pair_ok = ok[1:] & ok[:-1]
         continuous = False

@@ -47,6 +47,7 @@ def _check_header(path: Path, size: int) -> None:
 
 
 def read_las(path: Path, sensor: Sensor | None) -> Scan:
+    """Read x, y, z, intensity and any extra dimensions (a `ring` extra byte is recognised) through laspy."""
     _check_header(path, path.stat().st_size)
     try:
         with laspy.open(path) as reader:

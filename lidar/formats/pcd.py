@@ -6,7 +6,6 @@ decoder is small enough to carry here rather than add a dependency.
 
 from __future__ import annotations
 
-import logging
 from pathlib import Path
 
 import numpy as np
@@ -14,8 +13,6 @@ import numpy as np
 from lidar.formats.fields import split_fields
 from lidar.formats.scan import PointCloudError, Scan, build_scan, check_point_count
 from lidar.sensors import Sensor
-
-logger = logging.getLogger(__name__)
 
 _TYPES = {("F", 4): "f4", ("F", 8): "f8", ("F", 2): "f2", ("I", 1): "i1", ("I", 2): "i2", ("I", 4): "i4",
           ("I", 8): "i8", ("U", 1): "u1", ("U", 2): "u2", ("U", 4): "u4", ("U", 8): "u8"}
@@ -92,6 +89,7 @@ def _dtype(path: Path, header: dict[str, list[str]]) -> np.dtype:
 
 
 def read_pcd(path: Path, sensor: Sensor | None) -> Scan:
+    """Decode any PCD v0.7 body; the header's point count is checked against the limit before the body is parsed."""
     blob = path.read_bytes()
     header, offset = _parse_header(path, blob)
     dtype = _dtype(path, header)
@@ -148,6 +146,7 @@ def _read_compressed(path: Path, body: bytes, dtype: np.dtype, n: int) -> np.nda
 
 
 def write_pcd(path: Path, points: np.ndarray, ring: np.ndarray | None, binary: bool = True) -> None:
+    """Write float32 x, y, z, intensity (+ uint16 ring) as PCL does; binary by default, ASCII for humans and diffs."""
     fields = [("x", "<f4"), ("y", "<f4"), ("z", "<f4"), ("intensity", "<f4")]
     if ring is not None:
         fields.append(("ring", "<u2"))

@@ -52,6 +52,7 @@ def _parse_header(path: Path, blob: bytes) -> tuple[str, list[tuple[str, int, li
 
 
 def read_ply(path: Path, sensor: Sensor | None) -> Scan:
+    """Read the vertex element of any ASCII or binary PLY (meshes included) as a point cloud."""
     blob = path.read_bytes()
     fmt, elements, offset = _parse_header(path, blob)
     names = [e[0] for e in elements]
@@ -90,6 +91,10 @@ def read_ply(path: Path, sensor: Sensor | None) -> Scan:
 
 
 def write_ply(path: Path, points: np.ndarray, ring: np.ndarray | None, binary: bool = True) -> None:
+    """Write x, y, z and intensity (+ ring) so CloudCompare, Open3D and MeshLab keep the LiDAR fields.
+
+    (`lidar.render.ply_bytes` writes the other PLY: coloured, y-up, for Gradio's viewer.)
+    """
     props = [("x", "float"), ("y", "float"), ("z", "float"), ("intensity", "float")]
     if ring is not None:
         props.append(("ring", "ushort"))
