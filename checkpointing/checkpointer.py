@@ -29,6 +29,7 @@ from checkpointing.atomic import (
     atomic_write_text,
     fsync_dir,
     remove_stale_tmp_files,
+    tensor_bytes,
 )
 from checkpointing.callbacks import CallBackGroup
 from checkpointing.config import CheckpointConfig, JobConfig
@@ -106,16 +107,6 @@ class _StagingBuffers:
         if isinstance(obj, list | tuple):
             return type(obj)(self.stage(v, (*path, i)) for i, v in enumerate(obj))
         return copy.deepcopy(obj)
-
-
-def _tensor_bytes(obj: Any) -> int:
-    if isinstance(obj, torch.Tensor):
-        return obj.numel() * obj.element_size()
-    if isinstance(obj, dict):
-        return sum(_tensor_bytes(v) for v in obj.values())
-    if isinstance(obj, list | tuple):
-        return sum(_tensor_bytes(v) for v in obj)
-    return 0
 
 
 class FSDPCheckpointer:
@@ -420,7 +411,7 @@ class FSDPCheckpointer:
 
     def _disk_shortfall(self, files: list[tuple[str, Any]], iteration: int, primary: bool) -> str | None:
         """A message if this rank's share would not fit; estimated from the state and the previous generation."""
-        estimate = sum(_tensor_bytes(obj) for _, obj in files)
+        estimate = sum(tensor_bytes(obj) for _, obj in files)
         basis = "the state being saved"
         if primary:
             previous = [g for g in list_generations(self.checkpoint_dir_local) if g.manifest is not None]
