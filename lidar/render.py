@@ -10,12 +10,15 @@ from __future__ import annotations
 import logging
 import math
 from pathlib import Path
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 import numpy as np
 from PIL import Image, ImageDraw, ImageFont
 
 from lidar.range_image import RangeImage, encode_range
+
+if TYPE_CHECKING:
+    import plotly.graph_objects as go
 
 logger = logging.getLogger(__name__)
 
@@ -284,11 +287,12 @@ def write_ply_for_viewer(
 
 def scatter3d_figure(
     points: np.ndarray, max_points: int = 60_000, color_by: ColorBy = "height", seed: int = 0
-):  # -> plotly.graph_objects.Figure (imported lazily: plotly is slow to import and only the UI needs it)
+) -> go.Figure:
     """An interactive plotly Scatter3d of a cloud: float32 arrays, 1.5 px markers, true aspect, dark scene.
 
     Colours are float32 scalars on plotly's Turbo scale (same map as the PNGs) rather than per-point
-    strings, which keeps the figure JSON small enough to ship to a browser.
+    strings, which keeps the figure JSON small enough to ship to a browser. plotly is imported here, not
+    at module level, because it is slow to import and only the UI needs it.
     """
     import plotly.graph_objects as go
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 from PIL import Image
@@ -200,6 +202,8 @@ def test_scatter3d_uses_float32_small_markers_and_true_aspect():
     assert 1 <= trace.marker.size <= 2
     assert fig.layout.scene.aspectmode == "data"
     assert fig.layout.scene.bgcolor == "#000000"
+    shipped = json.loads(fig.to_json())["data"][0]  # what the browser receives: typed float32 arrays
+    assert [shipped[a]["dtype"] for a in "xyz"] == ["f4"] * 3 and shipped["marker"]["color"]["dtype"] == "f4"
 
 
 @pytest.mark.parametrize("suffix", [".gif", ".png"])
