@@ -12,7 +12,7 @@ import logging
 
 import numpy as np
 
-from lidar.formats.scan import PointCloudError, Scan
+from lidar.formats.scan import STANDARD_WIDTHS, PointCloudError, Scan
 from lidar.range_image import azimuth_columns, beam_rows, point_elevations
 from lidar.sensors import PRESETS, Sensor
 
@@ -24,8 +24,6 @@ _TOP_TOLERANCE_DEG = 2.5
 _TIE_DEG = 1.0
 #: A preset is ruled out when more than this fraction of far returns lies outside its beams.
 _MAX_OUTSIDE = 0.08
-#: Standard range-image widths; a scan gets the narrowest that holds one column per return of a beam.
-_WIDTHS = (512, 1024, 2048, 4096)
 #: The most beams any spinning LiDAR has (Ouster and Hesai top out at 128; leave room for 256-channel designs).
 _MAX_BEAMS = 256
 #: Returns nearer than this are skipped: the sensor's blind zone and, for some drivers, offsets from its origin.
@@ -41,7 +39,8 @@ def azimuth_coverage_deg(points: np.ndarray) -> int:
 
 
 def _width(points_per_beam: float) -> int:
-    return next((w for w in _WIDTHS if w >= 0.95 * points_per_beam), _WIDTHS[-1])
+    """The narrowest standard width that holds one column per return of a beam (5% slack for binning)."""
+    return next((w for w in STANDARD_WIDTHS if w >= 0.95 * points_per_beam), STANDARD_WIDTHS[-1])
 
 
 def _from_rings(scan: Scan, far: np.ndarray, elev: np.ndarray) -> Sensor | None:

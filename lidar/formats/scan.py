@@ -25,9 +25,10 @@ MAX_FILE_BYTES = 200_000_000
 
 #: Intensity scales recognised by their maximum: reflectance in [0, 1], 8-bit, and 16-bit counters (Ouster signal, LAS).
 _INTENSITY_SCALES = (1.0, 255.0, 65535.0)
-#: Organised scans (one return per pixel, no ring column) come in these beam counts and widths.
+#: Range-image widths drivers and datasets use: organised dumps come in them, detected sensors get one.
+STANDARD_WIDTHS = (512, 1024, 2048, 4096)
+#: Organised scans (one return per pixel, no ring column) come in these beam counts.
 _ORGANISED_HEIGHTS = (128, 64, 32, 16)
-_ORGANISED_WIDTHS = (512, 1024, 2048, 4096)
 #: A scan in its sensor's frame has at least this fraction of far returns this far below the horizon (the road).
 _BELOW_HORIZON_DEG = 5.0
 _MIN_BELOW_HORIZON = 0.02
@@ -116,7 +117,7 @@ def organised_ring(xyz: np.ndarray, sensor: Sensor | None) -> tuple[np.ndarray |
     elev = np.degrees(point_elevations(xyz))
     index = np.arange(n)
     for height in dict.fromkeys(heights):
-        if n % height or n // height not in _ORGANISED_WIDTHS:
+        if n % height or n // height not in STANDARD_WIDTHS:
             continue
         width = n // height
         for layout, ring in (("column-major", index % height), ("row-major", index // width)):
