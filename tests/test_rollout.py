@@ -17,6 +17,15 @@ from lidar.sensors import VLP16
 SENSOR = VLP16.with_width(64)
 
 
+@pytest.fixture(autouse=True, scope="module")
+def one_torch_thread():
+    """Tiny models gain nothing from a second thread, and on a shared 2-core box two threads stall each other."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
 @pytest.fixture(scope="module")
 def model() -> WorldModel:
     config = WorldModelConfig(
