@@ -118,9 +118,9 @@ def resolve_source(
     if source is None:
         env = os.environ.get(MODEL_ENV, "").strip()
         source = env or DEFAULT_MODEL
-        if not env and not DEFAULT_MODEL.is_dir():
+        if not env and not (DEFAULT_MODEL / WEIGHTS_NAME).is_file():
             raise ModelSourceError(
-                f"no model source given and the embedded default {DEFAULT_MODEL} is missing; pass --model SRC "
+                f"no model source given and the embedded default {DEFAULT_MODEL} holds no {WEIGHTS_NAME}; pass --model SRC "
                 f"(or set ${MODEL_ENV}) to {_EXPECTED}, or export a release there with "
                 "`python -m training.export JOB_DIR weights/default`"
             )

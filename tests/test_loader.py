@@ -18,6 +18,7 @@ import torch
 from safetensors.torch import save_file
 
 from checkpointing import CheckpointConfig, FSDPCheckpointer, JobConfig, ModelWithEMA
+from inference import loader
 from inference.loader import (
     CONFIG_NAME,
     MODEL_ENV,
@@ -128,6 +129,15 @@ def test_no_source_uses_the_environment_variable(release, monkeypatch):
     resolved = resolve_source(None)
     assert resolved.weights_path == folder / WEIGHTS_NAME
     assert resolved.source == str(folder)
+
+
+def test_no_source_without_a_default_release_says_how_to_get_one(tmp_path, monkeypatch):
+    monkeypatch.delenv(MODEL_ENV, raising=False)
+    monkeypatch.setattr(loader, "DEFAULT_MODEL", tmp_path / "weights" / "default")
+    with pytest.raises(
+        ModelSourceError, match=r"embedded default .* holds no model\.safetensors.*training\.export"
+    ):
+        resolve_source(None)
 
 
 def test_single_safetensors_file_takes_config_beside_it_or_passed_in(release, tmp_path):
