@@ -386,6 +386,13 @@ def test_pcd_without_fields_line_is_refused(tmp_path):
         read_points(path)
 
 
+def test_pcd_whose_header_lines_disagree_says_how_many_entries_each_has(tmp_path):
+    path = tmp_path / "short.pcd"
+    path.write_text("VERSION 0.7\nFIELDS x y z\nSIZE 4 4\nTYPE F F F\nPOINTS 1\nDATA ascii\n1 2 3\n")
+    with pytest.raises(PointCloudError, match=r"short\.pcd.*list 3, 2, 3 and 3 entries; expected one entry per field"):
+        read_points(path)
+
+
 def test_ply_big_endian_with_a_face_element_after_the_vertices(tmp_path):
     pts = np.array([[1.0, 2.0, 3.0, 10.0], [4.0, 5.0, 6.0, 20.0], [7.0, 8.0, 9.0, 30.0]], dtype=">f4")
     header = (

@@ -77,7 +77,10 @@ def _dtype(path: Path, header: dict[str, list[str]]) -> np.dtype:
     names = header["FIELDS"]
     counts = [int(c) for c in header.get("COUNT", ["1"] * len(names))]
     if not (len(names) == len(header["SIZE"]) == len(header["TYPE"]) == len(counts)):
-        raise PointCloudError(f"{path}: PCD FIELDS, SIZE, TYPE and COUNT have different lengths")
+        raise PointCloudError(
+            f"{path}: PCD FIELDS, SIZE, TYPE and COUNT list {len(names)}, {len(header['SIZE'])}, "
+            f"{len(header['TYPE'])} and {len(counts)} entries; expected one entry per field in each"
+        )
     fields = []
     for k, (name, size, typ, count) in enumerate(zip(names, header["SIZE"], header["TYPE"], counts, strict=True)):
         key = (typ.upper(), int(size))
