@@ -456,7 +456,7 @@ class RolloutView:
                                          elem_id=f"{prefix}-bev")
                 range_animation = gr.Image(label="Range image, frame by frame", type="filepath", elem_id=f"{prefix}-range")
         with gr.Row():
-            with gr.Column(scale=3), gr.Group():
+            with gr.Column(scale=3):
                 slider = gr.Slider(0, max(MAX_FRAMES - 1, 1), value=0, step=1, label="Frame viewer", interactive=False)
                 with gr.Row():
                     frame_bev = gr.Image(label="Frame BEV", height=300, scale=2)
