@@ -101,6 +101,8 @@ def project(points: np.ndarray, sensor: Sensor, ring: np.ndarray | None = None) 
     pts = np.asarray(points, dtype=np.float64)
     if pts.ndim != 2 or pts.shape[1] < 3:
         raise ValueError(f"points must be an (N, 3+) array, got shape {pts.shape}")
+    if ring is not None and np.shape(ring) != (len(pts),):
+        raise ValueError(f"ring has shape {np.shape(ring)} for {len(pts)} points; expected one beam index per point")
     height, width = sensor.shape
     rng = np.linalg.norm(pts[:, :3], axis=1)
     rows = rows_from_ring(pts, ring, sensor) if ring is not None else beam_rows(pts, sensor)

@@ -151,6 +151,8 @@ def test_wrong_shapes_are_refused():
         project(np.zeros((5, 2)), sensor)
     with pytest.raises(ValueError, match=r"\(N, 3\+\)"):
         project(np.zeros(12), sensor)
+    with pytest.raises(ValueError, match=r"ring has shape \(5,\) for 10 points; expected one beam index per point"):
+        project(np.ones((10, 4)), sensor, ring=np.arange(5))
     with pytest.raises(ValueError, match="matching"):
         RangeImage(np.zeros((32, 64)), np.zeros((32, 65)))
     with pytest.raises(ValueError, match="sensor 'hdl32' is"):
