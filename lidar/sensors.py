@@ -64,6 +64,9 @@ class Sensor:
         unknown = set(data) - known
         if unknown:
             raise ValueError(f"unknown sensor fields {sorted(unknown)}; expected a subset of {sorted(known)}")
+        missing = {"name", "elevations_deg"} - set(data)
+        if missing:
+            raise ValueError(f"sensor fields {sorted(missing)} are missing; expected at least name and elevations_deg")
         return cls(**{**data, "elevations_deg": tuple(data["elevations_deg"])})
 
     def to_dict(self) -> dict[str, Any]:

@@ -69,6 +69,8 @@ def test_sensor_survives_json_and_rejects_unknown_fields():
         assert Sensor.from_dict(json.loads(json.dumps(sensor.to_dict()))) == sensor
     with pytest.raises(ValueError, match="unknown sensor fields"):
         Sensor.from_dict({**HDL32.to_dict(), "fov": 40})
+    with pytest.raises(ValueError, match=r"\['elevations_deg'\] are missing"):
+        Sensor.from_dict({"name": "no-beams", "width": 512})
 
 
 def test_get_sensor_by_name_or_alias():
