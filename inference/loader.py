@@ -143,6 +143,16 @@ def _resolve_folder(path: Path, source: str, override: dict[str, Any] | None) ->
         return _resolve_release(path, source, "release", override)
     if _holds_checkpoints(path):
         return _resolve_job(path, source, override)
+    if (path / CONFIG_NAME).is_file():
+        data = _read_json(path / CONFIG_NAME)
+        if "data_root" in data:  # a TrainConfig: the job dir of a run that has not saved yet
+            raise ModelSourceError(
+                f"training job {path} has no checkpoint yet (no checkpoints/ folder); wait for its first save "
+                f"(every save_iter={data.get('save_iter', '?')} iterations), or point at a release folder"
+            )
+        raise ModelSourceError(
+            f"release folder {path} has {CONFIG_NAME} but no {WEIGHTS_NAME}; expected both"
+        )
     listing = sorted(p.name for p in path.iterdir())[:8]
     held = f"it holds {listing}" if listing else "it is empty"
     raise ModelSourceError(f"model folder {path} is not a model: {held}; expected {_EXPECTED}")
@@ -388,12 +398,19 @@ def _model_section(data: Any, where: str) -> dict[str, Any]:
 
 
 def _read_config(path: Path) -> dict[str, Any]:
+    return _model_section(_read_json(path), f"config {path}")
+
+
+def _read_json(path: Path) -> dict[str, Any]:
     try:
-        return _model_section(json.loads(path.read_text()), f"config {path}")
+        data = json.loads(path.read_text())
     except FileNotFoundError:
         raise ModelSourceError(f"config {path} does not exist; expected a config.json") from None
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise ModelSourceError(f"config {path} is not valid JSON ({exc})") from None
+    if not isinstance(data, dict):
+        raise ModelSourceError(f"config {path} must hold a JSON object, got {type(data).__name__}")
+    return data
 
 
 def _config_beside(weights: Path, meta: dict[str, str]) -> dict[str, Any]:

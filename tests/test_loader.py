@@ -305,6 +305,23 @@ def test_empty_folder_says_it_is_empty(tmp_path):
         resolve_source(tmp_path)
 
 
+def test_job_that_has_not_made_its_checkpoints_folder_yet_says_to_wait(tmp_path):
+    job = tmp_path / "job"
+    job.mkdir()
+    (job / CONFIG_NAME).write_text(
+        TrainConfig(model=tiny_config().to_dict(), data_root="data", save_iter=100).to_json()
+    )
+    with pytest.raises(ModelSourceError, match=r"training job .* has no checkpoint yet.*save_iter=100"):
+        resolve_source(job)
+
+
+def test_release_folder_without_weights_names_the_missing_file(release):
+    folder, _ = release
+    (folder / WEIGHTS_NAME).unlink()
+    with pytest.raises(ModelSourceError, match=r"has config\.json but no model\.safetensors"):
+        resolve_source(folder)
+
+
 def test_unknown_file_suffix_is_refused(tmp_path):
     path = tmp_path / "weights.ckpt"
     path.write_bytes(b"x")
