@@ -140,6 +140,16 @@ def test_kitti_file_whose_size_also_fits_five_columns_is_still_kitti(tmp_path, c
     assert read_points(path).format == "kitti-bin"
 
 
+def test_nuscenes_file_whose_size_also_fits_four_columns_is_still_nuscenes(tmp_path, cloud):
+    points, ring = cloud
+    n = len(points) // 4 * 4  # N*20 divisible by 16 as well
+    path = write_points(tmp_path / "scan.pcd.bin", points[:n], ring=ring[:n])
+    assert path.stat().st_size % 16 == 0
+    scan = read_points(path)
+    assert scan.format == "nuscenes-bin"
+    np.testing.assert_array_equal(scan.ring, ring[:n])
+
+
 def test_shuffled_kitti_file_still_loads_when_only_one_layout_is_plausible(tmp_path, cloud):
     points, _ = cloud
     shuffled = points[np.random.default_rng(2).permutation(len(points))]
