@@ -53,7 +53,7 @@ def test_lidar_sim_sweep_round_trips_every_point_within_a_centimetre(sim_world, 
     from lidar.sim import LidarSimulator, plan_drive
 
     sensor = sensor.with_width(512)
-    pose = plan_drive(sim_world, "straight", 1, seed=0, mount_height=sensor.mount_height)[0]
+    pose = plan_drive(sim_world, "straight", 1, seed=0)[0]
     points = LidarSimulator(sensor, seed=0).scan(sim_world, pose, 0.0).points
     assert len(points) > 1000
     image = project(points, sensor)
