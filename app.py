@@ -40,7 +40,8 @@ from PIL import Image, ImageDraw
 
 from inference import MAX_FRAMES as PIPELINE_MAX_FRAMES
 from inference import MAX_STEPS as PIPELINE_MAX_STEPS
-from inference import ModelSourceError, load_pipeline, write_rollout
+from inference import LidarVersePipeline, ModelSourceError, RolloutResult, load_pipeline, write_rollout
+from inference import Progress as RolloutProgress
 from inference.cache import transform_points
 from lidar import render
 from lidar.formats import PointCloudError, check_sensor, detect_sensor, read_points, write_points
@@ -56,7 +57,6 @@ MAX_STEPS = min(50, PIPELINE_MAX_STEPS)
 MAX_UPLOAD_MB = 50
 MAX_SEED = 2**31 - 1
 MAX_GUIDANCE = 10.0
-DEFAULT_GUIDANCE = 1.5
 # Generation holds the model: one at a time per replica, and a bounded wait list so memory stays bounded.
 GENERATION_CONCURRENCY = 1
 QUEUE_MAX_SIZE = 16
@@ -74,21 +74,14 @@ APP_DIR = Path(__file__).resolve().parent
 REAL_SCANS_DIR = APP_DIR.parent / "shared" / "data" / "real_scans"
 
 
-@dataclass
-class AppState:
-    """The loaded pipeline; swapped whole by the Model tab, read by every generation request."""
-
-    pipeline: Any
-    source: str | None
+#: The loaded model. Swapped whole by the Model tab; each request reads it once, at its start.
+PIPELINE: LidarVersePipeline | None = None
 
 
-STATE: AppState | None = None
-
-
-def _pipeline() -> Any:
-    if STATE is None:
+def _pipeline() -> LidarVersePipeline:
+    if PIPELINE is None:
         raise gr.Error("No model is loaded yet; start the app with `python app.py` or load one in the Model tab.")
-    return STATE.pipeline
+    return PIPELINE
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -121,11 +114,11 @@ def _choice(value: Any, name: str, choices: dict[str, str] | tuple[str, ...]) ->
     return choices[value] if isinstance(choices, dict) else value
 
 
-def _upload_path(upload: Any) -> Path:
+def _upload_path(upload: str | Path | None) -> Path:
     """The uploaded file's path, after the checks that need no parsing: present, size, extension."""
     if upload is None:
         raise gr.Error("No scan uploaded: drop a .bin, .pcd, .ply, .npy or .las file on 'Scan'.")
-    path = Path(upload if isinstance(upload, str | Path) else getattr(upload, "name", upload["path"]))
+    path = Path(upload)
     if not path.is_file():
         raise gr.Error(f"The uploaded file {path.name!r} could not be found on the server; upload it again.")
     size = path.stat().st_size
@@ -156,10 +149,10 @@ def _request_dir() -> Iterator[Path]:
         shutil.rmtree(path, ignore_errors=True)
 
 
-def _progress_callback(progress: gr.Progress, label: str) -> Callable[[Any], None]:
+def _progress_callback(progress: gr.Progress, label: str) -> Callable[[RolloutProgress], None]:
     """Adapt the pipeline's per-step callback (frame, frames, step, steps, fraction) to Gradio's bar."""
 
-    def callback(p: Any) -> None:
+    def callback(p: RolloutProgress) -> None:
         progress(p.fraction, desc=f"{label}: frame {p.frame + 1}/{p.frames}, step {p.step}/{p.steps}")
 
     return callback
@@ -188,7 +181,7 @@ class Presented:
         return (self.viewer_ply, self.bev_animation, self.range_animation, self.stats, self.downloads, self.frame_pngs)
 
 
-def _present(result: Any, out: Path, pipe: Any, request: dict[str, Any], stats: dict[str, Any],
+def _present(result: RolloutResult, out: Path, pipe: LidarVersePipeline, request: dict[str, Any], stats: dict[str, Any],
              observed: np.ndarray | None = None) -> Presented:
     """Write the files for one rollout into `out` and collect what the page shows."""
     sensor, provenance = pipe.sensor, pipe.provenance
@@ -232,14 +225,14 @@ def _present(result: Any, out: Path, pipe: Any, request: dict[str, Any], stats: 
     )
 
 
-def _rollout_stats(result: Any, seconds: float) -> dict[str, Any]:
-    """Points, time and frames/s as a visitor reads them (wall time includes map building and checks)."""
+def _rollout_stats(result: RolloutResult, seconds: float, pipe: LidarVersePipeline) -> dict[str, Any]:
+    """Time and frames/s as a visitor reads them (wall time includes checks and building the cache)."""
     timings = result.timings
     return {
         "seconds": round(seconds, 3),
         "frames/s": round(float(timings["frames_per_second"]), 3),
         "seconds per frame": round(float(np.mean(timings["per_frame"])), 3),
-        "device": str(_pipeline().provenance.device),
+        "device": str(pipe.provenance.device),
     }
 
 
@@ -309,7 +302,7 @@ def generate_world(
     with _request_dir() as out:
         request = {"map_seed": map_seed, "style": style, "action": action, "frames": frames, "steps": steps,
                    "seed": seed, "guidance": guidance}
-        presented = _present(result, out, pipe, request, _rollout_stats(result, seconds))
+        presented = _present(result, out, pipe, request, _rollout_stats(result, seconds, pipe))
         yield presented.outputs()
 
 
@@ -355,7 +348,7 @@ def forecast_from_scan(
     except ValueError as err:
         raise gr.Error(f"Cannot forecast from {path.name!r}: {str(err).replace(str(path), path.name)}") from None
     seconds = time.perf_counter() - start
-    stats = {**_rollout_stats(result, seconds), "input": path.name, "input points": len(scan.points),
+    stats = {**_rollout_stats(result, seconds, pipe), "input": path.name, "input points": len(scan.points),
              "input sensor": sensor.name, "input notes": scan.notes}
     with _request_dir() as out:
         request = {"input": path.name, "input_sensor": sensor.name, "action": action, "frames": frames,
@@ -385,13 +378,12 @@ def model_info() -> dict[str, Any]:
     return json.loads(json.dumps(_pipeline().provenance.to_dict(), default=str))
 
 
-def load_model(source: str | None) -> AppState:
+def load_model(source: str | None) -> LidarVersePipeline:
     """Load a pipeline and make it the one every tab uses (startup and the Model tab)."""
-    global STATE
-    pipe = load_pipeline(source)
-    STATE = AppState(pipeline=pipe, source=source)
-    logger.info("model loaded: %s", pipe.provenance.to_dict())
-    return STATE
+    global PIPELINE
+    PIPELINE = load_pipeline(source)
+    logger.info("model loaded: %s", PIPELINE.provenance.to_dict())
+    return PIPELINE
 
 
 def reload_model(source: Any) -> tuple[dict[str, Any], str]:
@@ -470,7 +462,7 @@ class RolloutView:
         slider.release(show_frame, [slider, frame_pngs], [frame_bev, frame_range], api_visibility="private")
         return cls(viewer, bev_animation, range_animation, stats, downloads, frame_pngs, slider, frame_bev, frame_range)
 
-    def wire(self, event: Any) -> None:
+    def wire(self, event: gr.events.Dependency) -> None:
         """After a rollout event, point the frame viewer at the new frames."""
         event.then(reset_frame_viewer, self.frame_pngs, [self.slider, self.frame_bev, self.frame_range],
                    api_visibility="private")
@@ -493,7 +485,8 @@ def known_sources() -> list[str]:
 
 
 def build_demo() -> gr.Blocks:
-    """The page. Callbacks read the model from `STATE` at request time, so the Model tab can swap it."""
+    """The page. Callbacks read the model from `PIPELINE` at request time, so the Model tab can swap it."""
+    guidance_default = _pipeline().config.default_guidance  # 1 = no guidance; the model card says what it was tuned for
     with gr.Blocks(title="LidarVerse", delete_cache=(600, 1800)) as demo:
         gr.Markdown(
             "# LidarVerse\nGenerate a 360° LiDAR world around a driving car, continue a real scan, "
@@ -511,15 +504,15 @@ def build_demo() -> gr.Blocks:
                     with gr.Row():
                         seed = gr.Number(0, label="Seed", precision=0, minimum=0, maximum=MAX_SEED, scale=3)
                         dice = gr.Button("Random seed", scale=1, min_width=40)
-                    guidance = gr.Slider(0.0, MAX_GUIDANCE, value=DEFAULT_GUIDANCE, step=0.1, label="Guidance")
+                    guidance = gr.Slider(0.0, MAX_GUIDANCE, value=guidance_default, step=0.1, label="Guidance")
                     generate = gr.Button("Generate", variant="primary", elem_id="generate")
                 with gr.Column(scale=1):
                     map_preview = gr.Image(label="HD map (BEV)", height=340, elem_id="map-preview")
             world_view = RolloutView.build("world")
             gr.Examples(
-                [[3, "urban", "Turn left", 8, 4, 0, DEFAULT_GUIDANCE],
-                 [11, "suburban", "Straight", 8, 4, 1, DEFAULT_GUIDANCE],
-                 [7, "highway", "Turn right", 8, 4, 2, DEFAULT_GUIDANCE]],
+                [[3, "urban", "Turn left", 8, 4, 0, guidance_default],
+                 [11, "suburban", "Straight", 8, 4, 1, guidance_default],
+                 [7, "highway", "Turn right", 8, 4, 2, guidance_default]],
                 [map_seed, style, action, frames, steps, seed, guidance],
             )
         with gr.Tab("Forecast from a scan"):

@@ -60,10 +60,12 @@ def tiny_release(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module", autouse=True)
 def loaded(tiny_release: Path):
-    previous = app.STATE
-    state = app.load_model(str(tiny_release))
-    yield state
-    app.STATE = previous
+    # One torch thread: on a busy 2-core box a tiny model's convolutions run ~10x slower with a thread pool.
+    previous, threads = app.PIPELINE, torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield app.load_model(str(tiny_release))
+    app.PIPELINE = previous
+    torch.set_num_threads(threads)
 
 
 def first_yield(gen):
@@ -284,7 +286,7 @@ def test_model_info_reports_the_loaded_release(tiny_release):
     info = app.model_info()
     assert info["iteration"] == 7 and info["weights"] == "ema"
     assert Path(info["resolved_path"]).resolve().is_relative_to(tiny_release.resolve())
-    assert info["parameters"] == sum(p.numel() for p in app.STATE.pipeline.model.parameters())
+    assert info["parameters"] == sum(p.numel() for p in app.PIPELINE.model.parameters())
     assert info["device"] == "cpu"
     assert json.dumps(info)  # what /model_info returns must be plain JSON
 
