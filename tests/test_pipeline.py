@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 from inference import MAX_FRAMES, MAX_STEPS, LidarVersePipeline, load_pipeline
+from inference.loader import DEFAULT_MODEL, MODEL_ENV, WEIGHTS_NAME
 from inference.pipeline import FORECAST_SPEED, action_poses, write_rollout
 from inference.rollout import Frame, RolloutResult
 from lidar.formats import read_points
@@ -195,3 +196,19 @@ def test_bf16_pipeline_returns_float32_points(tmp_path):
     assert pipe.provenance.dtype == "bfloat16"
     out = pipe.sample_sweep(steps=1, seed=0)
     assert out.frames[0].points.dtype == np.float32 and len(out.frames[0].points) > 0
+
+
+def test_embedded_default_loads_with_no_arguments(monkeypatch):
+    """The laptop path: `load_pipeline()` offline, from weights/default, as shipped."""
+    monkeypatch.delenv(MODEL_ENV, raising=False)
+    if not (DEFAULT_MODEL / WEIGHTS_NAME).is_file():
+        pytest.skip(
+            f"{DEFAULT_MODEL} holds no release yet (python -m training.export JOB_DIR weights/default)"
+        )
+    pipe = load_pipeline()
+    assert (pipe.provenance.kind, pipe.provenance.weights) == ("release", "ema")
+    assert pipe.provenance.iteration is not None and pipe.provenance.resolved_path == str(
+        DEFAULT_MODEL / WEIGHTS_NAME
+    )
+    out = pipe.sample_sweep(steps=1, seed=0)
+    assert out.frames[0].range_image.shape == pipe.sensor.shape and len(out.frames[0].points) > 0
