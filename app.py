@@ -473,9 +473,12 @@ def _on_gpu(fn: Callable) -> Callable:
     return spaces.GPU(duration=120)(fn) if spaces is not None else fn
 
 
-def example_scans() -> list[Path]:
-    """The shared real scans that ship beside the repository, when they are there."""
-    return sorted(REAL_SCANS_DIR.glob("*.bin")) if REAL_SCANS_DIR.is_dir() else []
+@functools.cache
+def example_scans() -> tuple[Path, ...]:
+    """The shared real scans beside the repository (when there) that a forecast can start from: those in
+    their sensor's frame (PandaSet's are in the ego frame, which the pipeline refuses with a message)."""
+    paths = sorted(REAL_SCANS_DIR.glob("*.bin")) if REAL_SCANS_DIR.is_dir() else []
+    return tuple(p for p in paths if read_points(p).sensor_frame)
 
 
 def known_sources() -> list[str]:

@@ -302,8 +302,20 @@ def test_reload_switches_the_model_and_a_bad_source_keeps_the_old_one(tmp_path, 
 
 
 @needs_real_scans
-def test_the_shared_real_scans_are_offered_as_examples():
-    assert KITTI_SCAN in app.example_scans()
+def test_every_real_scan_offered_as_an_example_can_be_forecast():
+    examples = app.example_scans()
+    assert KITTI_SCAN in examples and not any(p.name.startswith("pandaset") for p in examples)
+    for path in examples:
+        gen = app.forecast_from_scan(str(path), app.AUTO_SENSOR, "Turn right", 1, 1, 0)
+        stats = first_yield(gen)[3]
+        gen.close()
+        assert stats["frames"] == 1 and stats["input sensor"], path.name
+
+
+@needs_real_scans
+def test_a_scan_outside_its_sensor_frame_is_refused_with_the_reason():
+    with pytest.raises(gr.Error, match=r"pandaset_bynow76_000000\.bin.*sensor frame"):
+        _forecast(REAL_SCANS / "pandaset_bynow76_000000.bin")
 
 
 @needs_real_scans
