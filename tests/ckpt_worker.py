@@ -6,6 +6,7 @@ Scenarios:
   resume   FSDP2 model on any world size: load, report the restored state, keep training.
   replica  seed-protocol model with an EMA replica on rank 1: replica success callbacks, replica files
            gating the pointer, and an injected write failure surfacing on every rank.
+  ddp      DDP-wrapped model: save on 2 ranks, resume into a fresh DDP model.
   crash    one process resuming and saving in a loop until it is SIGKILLed at a random moment.
 Each rank writes what it observed to <out>/rank<k>.pt. Run as a server (see serve()).
 """
@@ -35,6 +36,7 @@ from torch.distributed.checkpoint.state_dict import (
     get_optimizer_state_dict,
 )
 from torch.distributed.fsdp import fully_shard
+from torch.nn.parallel import DistributedDataParallel
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -200,6 +202,30 @@ def run_replica(args: argparse.Namespace, rank: int, out: dict) -> None:
     out["loaded_ema_weight"] = fresh.ema.weight.detach().clone()
 
 
+def run_ddp(args: argparse.Namespace, rank: int, out: dict) -> None:
+    """DDP through the same API: files hold bare names (no `module.`), a fresh DDP model resumes from them."""
+
+    def build() -> tuple[nn.Module, torch.optim.Optimizer]:
+        torch.manual_seed(0)
+        model = DistributedDataParallel(nn.Sequential(nn.Linear(6, 10), nn.Tanh(), nn.Linear(10, 2)))
+        return model, torch.optim.Adam(model.parameters(), lr=0.05)
+
+    model, optimizer = build()
+    torch.manual_seed(rank)
+    for _ in range(3):
+        model(torch.randn(4, 6)).pow(2).mean().backward()
+        optimizer.step()
+        optimizer.zero_grad()
+    job = JobConfig(path_local=args.job)
+    FSDPCheckpointer(CheckpointConfig(keep_last_checkpoints=1), job).save(
+        model, optimizer, None, None, 3, False
+    )
+    fresh, fresh_optimizer = build()
+    out["start"] = FSDPCheckpointer(CheckpointConfig(), job).load(fresh, fresh_optimizer)
+    out["saved"] = full_state(model, optimizer)
+    out["loaded"] = full_state(fresh, fresh_optimizer)
+
+
 def run_crash(args: argparse.Namespace, rank: int, out: dict) -> None:
     """Resume, check the generation is whole, then save in a loop until SIGKILLed by the server.
 
@@ -230,7 +256,13 @@ def run_crash(args: argparse.Namespace, rank: int, out: dict) -> None:
         ckpt.save(model, optimizer, None, None, iteration, async_saving=iteration % 2 == 0)
 
 
-SCENARIOS = {"train": run_train, "resume": run_resume, "replica": run_replica, "crash": run_crash}
+SCENARIOS = {
+    "train": run_train,
+    "resume": run_resume,
+    "replica": run_replica,
+    "ddp": run_ddp,
+    "crash": run_crash,
+}
 
 
 def run_rank(argv: list[str], rank: int, world_size: int, ready_fd: int) -> None:

@@ -126,6 +126,20 @@ def test_ema_replicas_and_async_failures_across_ranks(ranks, tmp_path):
     assert "iter_000000001_RANK1_ema_model.pt" in manifest.files
 
 
+def test_ddp_goes_through_the_same_api(ranks, tmp_path):
+    out = tmp_path / "out"
+    out.mkdir()
+    assert ranks.run(["ddp", "--job", str(tmp_path / "job"), "--out", str(out)], world_size=2)["codes"] == [
+        0,
+        0,
+    ]
+    for result in _outputs(out, 2):
+        assert result["start"] == 3
+        _assert_same_tree(result["loaded"], result["saved"], "ddp")
+    weights = torch.load(tmp_path / "job" / "checkpoints" / "iter_000000003_reg_model.pt", weights_only=True)
+    assert sorted(weights) == ["0.bias", "0.weight", "2.bias", "2.weight"]
+
+
 def _assert_crash_trials(ranks, tmp_path: Path, trials: int, seed: int) -> None:
     summary = crash_trials(ranks, tmp_path, trials, seed)
     assert summary["died_before_resuming"] == 0, "a run died before resuming; see stderr"
