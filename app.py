@@ -332,11 +332,14 @@ def forecast_from_scan(
             check_sensor(scan, sensor)
     except PointCloudError as err:  # the message names the file by its server path; the user knows its name
         raise gr.Error(str(err).replace(str(path), path.name)) from None
+    if not scan.sensor_frame:  # no sensor choice helps: the model needs rays from the LiDAR's origin
+        why = "; ".join(note for note in scan.notes if "sensor frame" in note)
+        raise gr.Error(f"{path.name!r} is {why or 'not in the sensor frame'}. Forecasting needs a sweep whose "
+                       "origin is the LiDAR (e.g. KITTI velodyne .bin, nuScenes LIDAR_TOP, an Ouster frame).")
     if sensor is None:
         sensor = detect_sensor(scan)
         if sensor is None:
-            why = "".join(f" ({note})" for note in scan.notes if "sensor frame" in note)
-            raise gr.Error(f"Could not tell which sensor recorded {path.name!r}{why}; choose it under 'Sensor'.")
+            raise gr.Error(f"Could not tell which sensor recorded {path.name!r}; choose it under 'Sensor'.")
 
     progress(0.0, desc="Forecasting")
     start = time.perf_counter()
