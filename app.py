@@ -24,7 +24,7 @@ import io
 import json
 import logging
 import math
-import random
+import secrets
 import shutil
 import tempfile
 import time
@@ -44,7 +44,7 @@ from inference import LidarVersePipeline, ModelSourceError, RolloutResult, load_
 from inference import Progress as RolloutProgress
 from inference.cache import transform_points
 from lidar import render
-from lidar.formats import PointCloudError, check_sensor, detect_sensor, read_points, write_points
+from lidar.formats import check_sensor, detect_sensor, read_points, write_points
 from lidar.sensors import PRESETS, get_sensor
 from lidar.sim import HDMap, World, make_world, plan_drive
 
@@ -129,6 +129,22 @@ def _upload_path(upload: str | Path | None) -> Path:
     if path.suffix.lower() not in SCAN_SUFFIXES:
         raise gr.Error(f"{path.name!r} has an unsupported extension; expected one of {', '.join(SCAN_SUFFIXES)}.")
     return path
+
+
+@contextlib.contextmanager
+def _user_errors(what: str, path: Path | None = None) -> Iterator[None]:
+    """The UI boundary: input errors become a message for the visitor, anything else is logged with its
+    traceback and reported without one, so a failure never takes the server down or leaks internals."""
+    try:
+        yield
+    except gr.Error:
+        raise
+    except ValueError as err:  # the pipeline's and the readers' input checks (PointCloudError included)
+        message = str(err) if path is None else str(err).replace(str(path), path.name)
+        raise gr.Error(f"{what}: {message}") from None
+    except Exception as err:
+        logger.exception("%s failed", what)
+        raise gr.Error(f"{what} failed on the server ({type(err).__name__}); the details are in the server log.") from None
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -291,15 +307,13 @@ def generate_world(
 
     progress(0.0, desc="Generating")
     start = time.perf_counter()
-    try:
+    with _user_errors("Cannot generate this world"):
         result = pipe.generate_world(
             map=_world(map_seed, style), action=action, frames=frames, steps=steps, seed=seed, guidance=guidance,
             callback=_progress_callback(progress, "Generating"),
         )
-    except ValueError as err:
-        raise gr.Error(f"Cannot generate this world: {err}") from None
     seconds = time.perf_counter() - start
-    with _request_dir() as out:
+    with _request_dir() as out, _user_errors("Writing the results"):
         request = {"map_seed": map_seed, "style": style, "action": action, "frames": frames, "steps": steps,
                    "seed": seed, "guidance": guidance}
         presented = _present(result, out, pipe, request, _rollout_stats(result, seconds, pipe))
@@ -326,12 +340,10 @@ def forecast_from_scan(
     seed = _whole_number(seed, "Seed", 0, MAX_SEED)
 
     sensor = None if sensor_name == AUTO_SENSOR else get_sensor(sensor_name)
-    try:
+    with _user_errors("Cannot read the scan", path):  # messages name the file by its name, not its server path
         scan = read_points(path, sensor)
         if sensor is not None:
             check_sensor(scan, sensor)
-    except PointCloudError as err:  # the message names the file by its server path; the user knows its name
-        raise gr.Error(str(err).replace(str(path), path.name)) from None
     if not scan.sensor_frame:  # no sensor choice helps: the model needs rays from the LiDAR's origin
         why = "; ".join(note for note in scan.notes if "sensor frame" in note)
         raise gr.Error(f"{path.name!r} is {why or 'not in the sensor frame'}. Forecasting needs a sweep whose "
@@ -343,17 +355,15 @@ def forecast_from_scan(
 
     progress(0.0, desc="Forecasting")
     start = time.perf_counter()
-    try:
+    with _user_errors(f"Cannot forecast from {path.name!r}", path):
         result = pipe.forecast(
             [scan], action=action, frames=frames, steps=steps, seed=seed,
             callback=_progress_callback(progress, "Forecasting"),
         )
-    except ValueError as err:
-        raise gr.Error(f"Cannot forecast from {path.name!r}: {str(err).replace(str(path), path.name)}") from None
     seconds = time.perf_counter() - start
     stats = {**_rollout_stats(result, seconds, pipe), "input": path.name, "input points": len(scan.points),
              "input sensor": sensor.name, "input notes": scan.notes}
-    with _request_dir() as out:
+    with _request_dir() as out, _user_errors("Writing the results"):
         request = {"input": path.name, "input_sensor": sensor.name, "action": action, "frames": frames,
                    "steps": steps, "seed": seed}
         presented = _present(result, out, pipe, request, stats, observed=scan.points)
@@ -395,15 +405,14 @@ def reload_model(source: Any) -> tuple[dict[str, Any], str]:
     if source is not None and (APP_DIR / source).exists():  # "weights/default" and job dirs, from any cwd
         source = str(APP_DIR / source)
     start = time.perf_counter()
-    try:
+    with _user_errors(f"Could not load {source or 'the default model'!r}"):
         load_model(source)
-    except (ModelSourceError, OSError) as err:
-        raise gr.Error(f"Could not load {source or 'the default model'!r}: {err}") from None
     return model_info(), f"Loaded **{source or 'the default model'}** in {time.perf_counter() - start:.1f} s."
 
 
 def random_seed() -> int:
-    return random.randint(0, MAX_SEED)
+    """A fresh seed for the dice button: deliberately unseeded (the seed itself is what the user keeps)."""
+    return secrets.randbelow(MAX_SEED + 1)
 
 
 # ----------------------------------------------------------------------------------------------------------

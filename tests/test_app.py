@@ -194,6 +194,17 @@ def test_out_of_range_inputs_are_refused_with_a_clear_message(args, expected):
         first_yield(app.generate_world(**call))
 
 
+def test_an_unexpected_failure_is_reported_without_internals_and_logged(monkeypatch, caplog):
+    def explode(**_):
+        raise RuntimeError("CUDA error at /srv/secret/kernel.cu:42")
+
+    monkeypatch.setattr(app.PIPELINE, "generate_world", explode)
+    with pytest.raises(gr.Error) as info:
+        first_yield(app.generate_world(3, "urban", "Straight", 1, 1, 0, 1.0))
+    assert "failed on the server (RuntimeError)" in str(info.value) and "/srv/secret" not in str(info.value)
+    assert "CUDA error at /srv/secret/kernel.cu:42" in caplog.text, "the server log keeps the details"
+
+
 # ----------------------------------------------------------------------------------------------------------
 # Forecast from a scan
 
