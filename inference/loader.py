@@ -293,6 +293,7 @@ def _resolve_hub(
         else (constants.HF_HUB_OFFLINE or _env_flag("HF_HUB_OFFLINE"))
     )
     cache = Path(cache_dir or os.environ.get("HF_HUB_CACHE") or constants.HF_HUB_CACHE).expanduser()
+    endpoint = os.environ.get("HF_ENDPOINT") or None  # a mirror or a private Hub; None: huggingface.co
     where = f"Hub repo {repo!r} at revision {revision!r}"
     local_hint = "" if source.startswith(HUB_PREFIX) else f" (no local path {spec!r} exists either)"
     files: dict[str, Path] = {}
@@ -301,7 +302,9 @@ def _resolve_hub(
     for name in (CONFIG_NAME, WEIGHTS_NAME):
         try:
             files[name] = Path(
-                hf_hub_download(repo, name, revision=pinned, cache_dir=cache, local_files_only=offline)
+                hf_hub_download(
+                    repo, name, revision=pinned, cache_dir=cache, local_files_only=offline, endpoint=endpoint
+                )
             )
             pinned = files[name].parent.name  # .../snapshots/<commit>/<name>
         except GatedRepoError:
