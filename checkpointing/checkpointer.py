@@ -130,7 +130,9 @@ class FSDPCheckpointer:
         self.save_thread: threading.Thread | None = None
         self._failure: BaseException | None = None  # the last save's failure (this rank's own exception)
         self._failure_message = ""  # the same failure as every rank describes it
-        self._group = collectives.new_checkpoint_group(config_checkpoint.replica_timeout_s)
+        self._group = collectives.new_checkpoint_group(
+            config_checkpoint.replica_timeout_s
+        )  # None: no dist yet
         self._staging = _StagingBuffers()
         self._source_decided = False
         self._source: _Source | None = None
@@ -149,6 +151,7 @@ class FSDPCheckpointer:
         if self._source_decided:
             return self._source
         self._join()
+        self._ensure_group()
         outcome: _Source | BaseException | None = None
         if collectives.rank() == 0:
             try:
@@ -175,6 +178,12 @@ class FSDPCheckpointer:
             raise outcome
         self._source, self._source_decided = outcome, True
         return outcome
+
+    def _ensure_group(self) -> None:
+        """Create the checkpoint group if the process group appeared after construction (collective
+        like the save/load that calls it); the writer thread must never use the default group."""
+        if self._group is None and collectives.initialized():
+            self._group = collectives.new_checkpoint_group(self.config.replica_timeout_s)
 
     def _checked_load_path(self) -> Path:
         path = Path(self.load_path)
@@ -345,6 +354,7 @@ class FSDPCheckpointer:
         of that write is raised by the next save() or finalize() on every rank."""
         # 1. finish the previous save and surface its failure everywhere
         self._finish_inflight()
+        self._ensure_group()
         self.callbacks.on_save_checkpoint_start(model, iteration)
         # 2. gather full state (collective) and decide who writes what
         role = save_role(model)
