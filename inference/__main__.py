@@ -23,7 +23,14 @@ import numpy as np
 import psutil
 
 from inference.loader import ModelSourceError
-from inference.pipeline import MAX_FRAMES, MAX_STEPS, LidarVersePipeline, load_pipeline, write_rollout
+from inference.pipeline import (
+    MAX_FRAMES,
+    MAX_STEPS,
+    POSES_NAME,
+    LidarVersePipeline,
+    load_pipeline,
+    write_rollout,
+)
 from inference.rollout import Progress, RolloutResult
 from lidar.formats import read_points
 from lidar.sim import ACTIONS, STYLES
@@ -46,6 +53,7 @@ def main(argv: list[str] | None = None, started: float | None = None) -> int:
 
 
 def _generate(args: argparse.Namespace, started: float) -> int:
+    _check_out(args)
     pipe = _load(args)
     ready = time.perf_counter() - started
     out = pipe.generate_world(
@@ -63,6 +71,7 @@ def _generate(args: argparse.Namespace, started: float) -> int:
 
 
 def _forecast(args: argparse.Namespace, started: float) -> int:
+    _check_out(args)
     scans = [read_points(path) for path in args.prefix]  # fail on a bad file before loading the model
     prefix_poses = _read_poses(args.prefix_poses, len(scans)) if args.prefix_poses else None
     pipe = _load(args)
@@ -98,6 +107,14 @@ def _info(args: argparse.Namespace, started: float) -> int:
     return 0
 
 
+def _check_out(args: argparse.Namespace) -> None:
+    """Refuse to overwrite an earlier rollout before minutes are spent generating the new one."""
+    if (args.out / POSES_NAME).exists() and not args.overwrite:
+        raise ValueError(
+            f"{args.out} already holds a rollout ({POSES_NAME}); choose another --out or pass --overwrite"
+        )
+
+
 def _load(args: argparse.Namespace) -> LidarVersePipeline:
     return load_pipeline(args.model, device=args.device, dtype=args.dtype, config=args.config)
 
@@ -131,7 +148,13 @@ def _write(
         "guidance": args.guidance,
     }
     meta = write_rollout(
-        args.out, out, args.format, sensor=pipe.sensor, provenance=pipe.provenance, request=request
+        args.out,
+        out,
+        args.format,
+        sensor=pipe.sensor,
+        provenance=pipe.provenance,
+        request=request,
+        overwrite=args.overwrite,
     )
     steps = args.steps or pipe.config.default_steps
     print(f"wrote {len(out.frames)} frames + {meta['world']} ({len(out.world)} points) to {args.out}")
@@ -194,6 +217,7 @@ def _parser() -> argparse.ArgumentParser:
         )
         p.add_argument("--out", type=Path, required=True, help="output folder")
         p.add_argument("--format", default="bin", choices=FORMATS, help="point file format")
+        p.add_argument("--overwrite", action="store_true", help="replace a rollout already in --out")
 
     gen = sub.add_parser("generate", help="roll out a drive through a procedural world")
     common(gen)

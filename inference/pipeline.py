@@ -366,13 +366,23 @@ def write_rollout(
     sensor: Sensor,
     provenance: Provenance | None = None,
     request: dict[str, Any] | None = None,
+    overwrite: bool = False,
 ) -> dict[str, Any]:
     """Write `frame_XXX.<fmt>` per frame (sensor frame), `world.<fmt>` (world frame) and `poses.json`.
 
     The one poses.json layout the CLI and the app's download share; returns its content. A frame without
-    returns gets no file (`"file": null`), since point formats cannot hold an empty cloud.
+    returns gets no file (`"file": null`), since point formats cannot hold an empty cloud. A folder that
+    already holds a rollout is refused unless `overwrite`, which first removes the files its poses.json
+    lists, so a shorter run never leaves stale frames beside the new ones.
     """
     folder = Path(folder)
+    previous = folder / POSES_NAME
+    if previous.exists():
+        if not overwrite:
+            raise ValueError(
+                f"{folder} already holds a rollout ({POSES_NAME}); choose another folder or overwrite it"
+            )
+        _remove_rollout(folder)
     folder.mkdir(parents=True, exist_ok=True)
     start = time.perf_counter()
     records = []
@@ -413,6 +423,20 @@ def write_rollout(
         "wrote %d frames and %s to %s in %.2fs", len(records), world, folder, meta["timings"]["write"]
     )
     return meta
+
+
+def _remove_rollout(folder: Path) -> None:
+    """Delete the files an earlier `write_rollout` listed in its poses.json (and nothing else)."""
+    try:
+        meta = json.loads((folder / POSES_NAME).read_text())
+        names = [f["file"] for f in meta["frames"]] + [meta["world"], POSES_NAME]
+    except (json.JSONDecodeError, KeyError, TypeError) as exc:
+        raise ValueError(
+            f"{folder / POSES_NAME} is not a poses.json written by write_rollout ({exc}); remove it"
+        ) from None
+    for name in names:
+        if isinstance(name, str) and Path(name).name == name:  # plain names inside the folder only
+            (folder / name).unlink(missing_ok=True)
 
 
 def action_poses(

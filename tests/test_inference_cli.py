@@ -122,10 +122,15 @@ def test_forecast_from_a_real_scan_file(release, tmp_path, capsys):
             ["forecast", "--model", "{release}", "--prefix", "{tmp}/empty.bin", "--out", "{tmp}/o"],
             "the file is empty",
         ),
+        (
+            ["generate", "--model", "{release}", "--out", "{tmp}"],
+            "already holds a rollout (poses.json); choose another --out or pass --overwrite",
+        ),
     ],
 )
 def test_bad_input_is_one_line_on_stderr_and_exit_2(release, tmp_path, capsys, args, message):
     (tmp_path / "empty.bin").write_bytes(b"")
+    (tmp_path / "poses.json").write_text("{}")
     argv = [a.format(tmp=tmp_path, release=release) for a in args]
     assert main(argv) == 2
     err = capsys.readouterr().err.strip().splitlines()

@@ -189,6 +189,14 @@ def test_write_rollout_writes_frames_world_and_poses_json(pipe, tmp_path):
     assert meta["frames"][1]["pose"] == pose.tolist() and meta["request"] == {"seed": 1}
     assert meta["model"]["source"] == pipe.provenance.source and meta["world_points"] == 2
 
+    (tmp_path / "mine.txt").write_text("not ours")
+    with pytest.raises(ValueError, match=r"already holds a rollout \(poses\.json\)"):
+        write_rollout(tmp_path, result, "bin", sensor=pipe.sensor)
+    shorter = RolloutResult(frames[1:], pts, {"total": 0.1}, cache=None)
+    write_rollout(tmp_path, shorter, "bin", sensor=pipe.sensor, overwrite=True)
+    # the earlier rollout's files are gone, the user's own file stays
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["mine.txt", "poses.json", "world.bin"]
+
 
 def test_bf16_pipeline_returns_float32_points(tmp_path):
     """bf16 is the CUDA default; the same plumbing must hold on CPU (points stay float32 for the writers)."""
