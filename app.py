@@ -4,7 +4,7 @@ UI only. The model (inference), maps (lidar.sim), pictures and viewer files (lid
 files (lidar.formats) are other packages' business; this file holds the page layout, the per-request limits,
 the per-request scratch folder and the small formatting that turns a rollout into Gradio outputs.
 
-    python app.py [--model SRC] [--host H] [--port P] [--share]
+    python app.py [--model SRC] [--host H] [--port P] [--share] [--threads N]
 """
 
 from __future__ import annotations
@@ -36,6 +36,7 @@ from typing import Any
 
 import gradio as gr
 import numpy as np
+import torch
 from PIL import Image, ImageDraw
 
 from inference import MAX_FRAMES as PIPELINE_MAX_FRAMES
@@ -176,7 +177,7 @@ def _progress_callback(progress: gr.Progress, label: str) -> Callable[[RolloutPr
 
 def _png_bytes(image: Image.Image) -> bytes:
     buf = io.BytesIO()
-    image.save(buf, format="PNG")
+    image.save(buf, format="PNG", compress_level=1)  # session state, not a download: speed over size
     return buf.getvalue()
 
 
@@ -223,7 +224,7 @@ def _present(result: RolloutResult, out: Path, pipe: LidarVersePipeline, request
     folder = out / "frames_kitti"
     write_rollout(folder, result, "bin", sensor=sensor, provenance=provenance, request=request)
     frames_zip = out / "frames_kitti.zip"
-    with zipfile.ZipFile(frames_zip, "w", compression=zipfile.ZIP_DEFLATED) as zf:
+    with zipfile.ZipFile(frames_zip, "w", zipfile.ZIP_DEFLATED, compresslevel=1) as zf:
         for path in sorted(folder.iterdir()):
             zf.write(path, f"{folder.name}/{path.name}")
     shutil.rmtree(folder)
@@ -586,8 +587,14 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--host", default=None, help="interface to bind (default: $GRADIO_SERVER_NAME, else 127.0.0.1)")
     parser.add_argument("--port", type=int, default=None, help="port (default: $GRADIO_SERVER_PORT, else 7860)")
     parser.add_argument("--share", action="store_true", help="also serve through a public gradio.live link")
+    parser.add_argument("--threads", type=int, default=None,
+                        help="CPU threads for the model (default: torch's choice; 1 is fastest on a busy machine)")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if args.threads is not None:
+        if args.threads < 1:
+            parser.error(f"--threads must be >= 1, got {args.threads}")
+        torch.set_num_threads(args.threads)
 
     try:
         load_model(args.model)
