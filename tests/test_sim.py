@@ -16,6 +16,7 @@ from lidar.sim import (
     MAP_CLASSES,
     LidarSimulator,
     SensorModelConfig,
+    SimScan,
     make_world,
     plan_drive,
     simulate_sequence,
@@ -23,6 +24,8 @@ from lidar.sim import (
 from lidar.sim.dataset import OnTheFlySimDataset, SimDataset, generate_sequence, sequence_spec
 from lidar.sim.hdmap import MAP_CLASS_INDEX, HDMap
 from lidar.sim.primitives import BOX, Shapes, intersect_boxes, intersect_cylinders, intersect_ellipsoids
+from lidar.sim.roads import RoadGraph
+from lidar.sim.sensor_model import GROUND_REFLECTIVITY
 from lidar.sim.world import World
 
 NOISELESS = SensorModelConfig(range_noise=0.0, intensity_noise=0.0, drop_general=0.0, drop_zero_intensity=0.0)
@@ -41,20 +44,22 @@ def urban():
     return make_world(7, "urban")
 
 
-def _flat_world(shapes: Shapes) -> World:
-    """A flat, all-road world holding only `shapes`: ranges are known in closed form."""
+def _flat_world(shapes: Shapes, grade: float = 0.0) -> World:
+    """An all-road world holding only `shapes` on a plane rising `grade` per metre of +x: ranges are known in
+    closed form (the bilinear height field reproduces a plane exactly)."""
     raster = np.full((1000, 1000), MAP_CLASS_INDEX["road"], dtype=np.uint8)
+    xs = -120.0 + 8.0 * np.arange(40)
     hdmap = HDMap(
         layers={},
         raster=raster,
         origin=(-100.0, -100.0),
         resolution=0.2,
-        terrain=np.zeros((30, 30), np.float32),
+        terrain=np.tile(grade * xs, (40, 1)).astype(np.float32),
         terrain_origin=(-120.0, -120.0),
         terrain_resolution=8.0,
     )
-    world = make_world(0, "highway")
-    return World(seed=0, style="test", hdmap=hdmap, graph=world.graph, actors=[], scenery=shapes)
+    graph = RoadGraph(nodes=np.zeros((0, 2)), roads=[], style="test")
+    return World(seed=0, style="test", hdmap=hdmap, graph=graph, actors=[], scenery=shapes)
 
 
 def test_same_seed_gives_identical_world_and_scans(urban):
@@ -110,6 +115,95 @@ def test_cylinder_and_ellipsoid_intersections_at_known_range():
         origin, np.array([[0.0, 1.0, 0.0]]), np.array([[10.0, 0.0, 0.0]]), np.array([[0.5, 0.5, 2.0]])
     )
     assert np.isinf(t[0])
+
+
+def _flat_scan(shapes: Shapes, sensor: Sensor, grade: float = 0.0, **config) -> SimScan:
+    """One sweep from 1.8 m above the origin of `_flat_world`, noiseless and ego-free unless `config` says."""
+    pose = np.eye(4)
+    pose[2, 3] = 1.8
+    sim = LidarSimulator(sensor, seed=0, config=replace(NOISELESS, ego_boxes=(), **config))
+    return sim.scan(_flat_world(shapes, grade), pose, 0.0)
+
+
+def _wall(reflectivity: float, half_width: float = 10.0) -> Shapes:
+    """A box wall whose near face is the plane x = 19 m, facing the sensor."""
+    return Shapes.from_rows([(BOX, (20.0, 0.0, 5.0), (1.0, half_width, 6.0), 0.0, reflectivity, 0, -1, 0.0)])
+
+
+def test_rays_meet_a_sloped_height_field_at_the_known_range():
+    # Ground rising 5 % towards +x: a ray d from 1.8 m above it lands at t = 1.8 / (-d_z + 0.05 d_x).
+    sensor = Sensor.from_angles("test", [-10.0], width=64, max_range=100.0, mount_height=1.8)
+    scan = _flat_scan(Shapes.empty(), sensor, grade=0.05)
+    d = sensor.ray_directions()
+    assert scan.image.mask.all()
+    np.testing.assert_allclose(scan.image.range, 1.8 / (-d[..., 2] + 0.05 * d[..., 0]), atol=1e-3)
+    assert scan.image.range[0, 32] < 9.0 < 14.0 < scan.image.range[0, 0], "uphill ahead is nearer than behind"
+
+
+def test_intensity_is_reflectivity_times_incidence_times_range_attenuation():
+    sensor = Sensor.from_angles("test", [0.0, -30.0], width=256, max_range=100.0, mount_height=1.8)
+    terms = dict(incidence_power=2.0, attenuation=0.01, intensity_gain=1.5, intensity_gamma=0.8)
+    scan = _flat_scan(_wall(0.5), sensor, **terms)
+    d = sensor.ray_directions()
+    r = scan.image.range
+    assert (r[0] > 0).sum() > 20 and (r[1] > 0).all(), "row 0 sees the wall, row 1 the road"
+    # Row 0 meets the wall's x-facing front, row 1 the flat road (normal +z).
+    refl = np.stack(
+        [np.full(sensor.width, 0.5), np.full(sensor.width, GROUND_REFLECTIVITY[MAP_CLASS_INDEX["road"]])]
+    )
+    cos = np.stack([np.abs(d[0, :, 0]), np.abs(d[1, :, 2])])
+    signal = refl * cos**2.0 * np.exp(-2.0 * 0.01 * r)
+    expected = np.clip((1.5 * signal) ** 0.8, 0.0, 1.0)
+    mask = scan.image.mask
+    np.testing.assert_allclose(scan.image.intensity[mask], expected[mask], rtol=1e-5)
+    # The device's least count: signals below intensity_floor read 0 (the road here), the returns stay.
+    floored = _flat_scan(_wall(0.5), sensor, **terms, intensity_floor=0.1)
+    np.testing.assert_array_equal(floored.image.mask, mask)
+    assert (floored.image.intensity[1] == 0).all()
+    np.testing.assert_array_equal(floored.image.intensity[0], scan.image.intensity[0])
+
+
+def test_weak_returns_drop_carla_style_and_random_loss_scales_with_width():
+    sensor = Sensor.from_angles(
+        "test", np.linspace(8.0, 0.0, 16), width=1024, max_range=100.0, mount_height=1.8
+    )
+    dark, bright = _wall(0.004, half_width=20.0), _wall(0.5, half_width=20.0)
+    carla = dict(drop_zero_intensity=0.6, drop_intensity_limit=0.01)
+    # Without drop every wall ray returns; its intensity is the signal (gain 1, gamma 1).
+    ref = _flat_scan(dark, sensor)
+    n = int(ref.image.mask.sum())
+    assert n > 3000
+    p_keep = 1.0 - 0.6 * np.clip(1.0 - ref.image.intensity[ref.image.mask] / 0.01, 0.0, 1.0)
+    assert 0.5 < p_keep.mean() < 0.7, (
+        "the dark wall must sit inside the drop ramp for this test to mean anything"
+    )
+    dropped = _flat_scan(dark, sensor, **carla)
+    assert not (dropped.image.mask & ~ref.image.mask).any()
+    assert abs(dropped.image.mask.sum() / n - p_keep.mean()) < 4 * np.sqrt(0.25 / n)
+    # A bright wall is above the limit: nothing is lost.
+    np.testing.assert_array_equal(
+        _flat_scan(bright, sensor, **carla).image.mask, _flat_scan(bright, sensor).image.mask
+    )
+    # drop_general and the width-proportional binning loss are independent random losses.
+    for width in (1024, 512):
+        wide = sensor.with_width(width)
+        full = int(_flat_scan(bright, wide).image.mask.sum())
+        kept = int(_flat_scan(bright, wide, drop_general=0.1, binning_loss=0.2).image.mask.sum())
+        expect = 0.9 * (1.0 - 0.2 * width / 1024)
+        assert abs(kept / full - expect) < 4 * np.sqrt(0.25 / full), (width, kept / full, expect)
+
+
+def test_grazing_rays_are_dropped_and_range_noise_has_the_configured_spread():
+    # Flat ground met at -2 deg has cos(incidence) = sin 2 deg = 0.035, at -4 deg 0.070.
+    sensor = Sensor.from_angles("test", [-2.0, -4.0], width=64, max_range=100.0, mount_height=1.8)
+    grazing = _flat_scan(Shapes.empty(), sensor, grazing_cos=0.05)
+    assert not grazing.image.mask[0].any() and grazing.image.mask[1].all()
+    kept = _flat_scan(Shapes.empty(), sensor, grazing_cos=0.0)
+    np.testing.assert_allclose(kept.image.range[0], 1.8 / np.sin(np.deg2rad(2.0)), rtol=1e-4)
+    # Range noise: Gaussian around the true range with the configured standard deviation.
+    steep = Sensor.from_angles("test", [-30.0], width=4096, max_range=100.0, mount_height=1.8)
+    err = _flat_scan(Shapes.empty(), steep, range_noise=0.05).image.range[0] - 3.6
+    assert abs(err.mean()) < 0.005 and abs(err.std() - 0.05) < 0.005
 
 
 @pytest.mark.parametrize("style,seed", [("urban", 7), ("suburban", 3)])
@@ -245,6 +339,32 @@ def test_dataset_written_and_read_back_identical(tmp_path):
     items = list(stream)
     assert [it["sequence"] for it in items] == [1, 1]
     np.testing.assert_array_equal(items[1]["range"].numpy(), item["range"].numpy())
+
+
+@pytest.mark.parametrize(
+    "args,named",
+    [
+        (["--sensor", "hdl99"], "unknown sensor 'hdl99'"),
+        (["--sequences", "-1"], "sequences=-1"),
+        (["--frames", "0"], "frames=0"),
+        (["--width", "0"], "width"),
+        (["--workers", "0"], "workers"),
+        (["--seed", "-3"], "seed"),
+        (["--out", "{file}/sub"], "not a writable directory"),
+    ],
+)
+def test_cli_bad_input_is_one_error_line_and_exit_status_2(tmp_path, capsys, args, named):
+    from lidar.sim.__main__ import main
+
+    blocker = tmp_path / "file"
+    blocker.write_text("a file where the output folder should go")
+    out = tmp_path / "out"
+    argv = ["--sequences", "1", "--frames", "1", "--width", "64", "--out", str(out)]
+    argv += [a.format(file=blocker) for a in args]
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: ") and named in err[0], err
+    assert not (out / "manifest.json").exists()
 
 
 def test_simulate_sequence_accepts_custom_poses(urban):

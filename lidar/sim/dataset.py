@@ -131,6 +131,21 @@ def _write_one(args: tuple[str, int, int, dict, int, bool]) -> dict[str, Any]:
     }
 
 
+def _writable_dir(out: Path) -> Path:
+    """`out`, created if needed, once a probe file could be written there (else a ValueError naming it)."""
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        probe = out / f".write_probe_{os.getpid()}"
+        probe.write_bytes(b"")
+        probe.unlink()
+    except OSError as exc:
+        raise ValueError(
+            f"output folder {out} is not a writable directory ({exc.strerror or exc}); expected a folder "
+            "this user can create files in"
+        ) from exc
+    return out
+
+
 def write_dataset(
     out_dir: str | Path,
     sensor: Sensor,
@@ -140,11 +155,17 @@ def write_dataset(
     with_points: bool = False,
     workers: int = 1,
 ) -> Path:
-    """Generate `sequences` drives of `frames` frames into `out_dir`; the manifest is written last."""
+    """Generate `sequences` drives of `frames` frames into `out_dir`; the manifest is written last.
+
+    Arguments and the output folder are checked before any simulation, so a typo costs no compute.
+    """
     if sequences < 1 or frames < 1:
         raise ValueError(f"need sequences >= 1 and frames >= 1, got sequences={sequences}, frames={frames}")
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
+    if workers < 1:
+        raise ValueError(f"workers must be >= 1 (processes to simulate with), got {workers}")
+    if int(seed) != seed or seed < 0:
+        raise ValueError(f"seed must be a non-negative integer, got {seed!r}")
+    out = _writable_dir(Path(out_dir))
     jobs = [
         (str(out), int(seed), i, sensor.to_dict(), int(frames), bool(with_points)) for i in range(sequences)
     ]

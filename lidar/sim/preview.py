@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import sys
 
 import numpy as np
 from PIL import Image, ImageDraw
@@ -63,10 +64,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sensor", default="hdl32")
     parser.add_argument("--out", required=True)
     args = parser.parse_args(argv)
-    sensor = get_sensor(args.sensor)
-    world = make_world(args.seed, args.style)
-    poses = plan_drive(world, args.action, args.frames, seed=args.seed, mount_height=sensor.mount_height)
-    world_preview(world, poses, sensor).save(args.out)
+    try:
+        sensor = get_sensor(args.sensor)
+        world = make_world(args.seed, args.style)
+        poses = plan_drive(world, args.action, args.frames, seed=args.seed, mount_height=sensor.mount_height)
+        world_preview(world, poses, sensor).save(args.out)
+    except (ValueError, OSError) as exc:  # bad sensor/seed/frames or an unwritable --out: one line, exit 2
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     print(args.out)
     return 0
 
