@@ -14,6 +14,7 @@ from lidar.range_image import project
 from lidar.sensors import HDL32, Sensor
 from lidar.sim import (
     MAP_CLASSES,
+    OBJECT_CLASSES,
     LidarSimulator,
     SensorModelConfig,
     SimScan,
@@ -24,7 +25,7 @@ from lidar.sim import (
 from lidar.sim.dataset import OnTheFlySimDataset, SimDataset, generate_sequence, sequence_spec
 from lidar.sim.hdmap import MAP_CLASS_INDEX, HDMap
 from lidar.sim.primitives import BOX, Shapes, intersect_boxes, intersect_cylinders, intersect_ellipsoids
-from lidar.sim.roads import RoadGraph
+from lidar.sim.roads import STYLES, RoadGraph, generate_road_graph
 from lidar.sim.sensor_model import GROUND_REFLECTIVITY
 from lidar.sim.world import World
 
@@ -42,6 +43,11 @@ def _turn(poses: np.ndarray) -> float:
 @pytest.fixture(scope="module")
 def urban():
     return make_world(7, "urban")
+
+
+@pytest.fixture(scope="module")
+def suburban():
+    return make_world(3, "suburban")
 
 
 def _flat_world(shapes: Shapes, grade: float = 0.0) -> World:
@@ -206,18 +212,62 @@ def test_grazing_rays_are_dropped_and_range_noise_has_the_configured_spread():
     assert abs(err.mean()) < 0.005 and abs(err.std() - 0.05) < 0.005
 
 
-@pytest.mark.parametrize("style,seed", [("urban", 7), ("suburban", 3)])
-def test_turns_end_at_plus_and_minus_ninety_degrees(style, seed, urban):
-    world = urban if style == "urban" else make_world(seed, style)
+@pytest.mark.parametrize("style", ["urban", "suburban"])
+def test_turns_end_at_plus_and_minus_ninety_degrees(style, urban, suburban):
+    world = urban if style == "urban" else suburban
     left = plan_drive(world, "turn_left", 60, seed=1)
     right = plan_drive(world, "turn_right", 60, seed=1)
+    straight = plan_drive(world, "straight", 60, seed=1)
     assert _turn(left) == pytest.approx(90.0, abs=15.0)
     assert _turn(right) == pytest.approx(-90.0, abs=15.0)
-    for poses in (left, right):
+    assert abs(_turn(straight)) < 45.0, "straight on may follow a bend, never a corner"
+    for poses in (left, right, straight):
         step = np.linalg.norm(np.diff(poses[:, :2, 3], axis=0), axis=1)
         assert 0.4 <= step.mean() <= 1.3  # 4-13 m/s at 10 Hz
         ground = world.hdmap.ground_height(poses[:, 0, 3], poses[:, 1, 3])
         np.testing.assert_allclose(poses[:, 2, 3] - ground, 1.84, atol=0.05)
+
+
+def test_road_networks_have_t_and_four_way_junctions_and_bends():
+    graphs = [
+        generate_road_graph(np.random.default_rng(seed), style) for seed in range(3) for style in STYLES
+    ]
+    degrees = {g.degree(n) for g in graphs for n in range(len(g.nodes))}
+    assert {3, 4} <= degrees
+
+    # A bent road leaves the chord between its junctions by more than a metre.
+    def off_chord(line: np.ndarray) -> float:
+        chord = (line[-1] - line[0]) / np.linalg.norm(line[-1] - line[0])
+        rel = line - line[0]
+        return float(np.abs(chord[0] * rel[:, 1] - chord[1] * rel[:, 0]).max())
+
+    bends = [off_chord(r.centre) for g in graphs for r in g.roads]
+    assert max(bends) > 1.0 and min(bends) < 1e-6
+
+
+def test_worlds_hold_every_object_class_with_realistic_vehicles_in_their_places(urban, suburban):
+    worlds = [urban, suburban, make_world(0, "highway")]
+    seen = {OBJECT_CLASSES[i] for w in worlds for i in np.unique(w.scenery.label)}
+    seen |= {a.cls for w in worlds for a in w.actors}
+    assert seen == set(OBJECT_CLASSES)
+    limits = {
+        "car": ((3.6, 5.2), (1.6, 2.0)),
+        "van": ((4.5, 6.0), (1.8, 2.1)),
+        "truck": ((6.5, 12.0), (2.3, 2.6)),
+    }
+    x, y, _, _ = urban.table.poses(0.0)
+    for i, a in enumerate(urban.actors):
+        if a.cls in limits:
+            (l0, l1), (w0, w1) = limits[a.cls]
+            assert l0 <= a.size[0] <= l1 and w0 <= a.size[1] <= w1, (a.cls, a.size)
+            where = MAP_CLASSES[urban.hdmap.class_at(x[i : i + 1], y[i : i + 1])[0]]
+            allowed = {"road", "lane_marking", "crosswalk", "intersection"} if a.moving else {"parking"}
+            assert where in allowed, (a.cls, a.moving, where)
+    # Terrain slopes gently and buildings carry their heights in the vector layer.
+    grade = np.gradient(urban.hdmap.terrain.astype(np.float64), urban.hdmap.terrain_resolution)
+    assert 0.0 < max(np.abs(g).max() for g in grade) < 0.08
+    heights = [f["properties"]["height"] for f in urban.hdmap.layers["building"]]
+    assert heights and min(heights) > 2.5
 
 
 def test_no_return_beyond_max_range(urban):
@@ -333,7 +383,16 @@ def test_dataset_written_and_read_back_identical(tmp_path):
     item = ds[3]
     assert item["sequence"] == 1 and item["frame"] == 1 and tuple(item["range"].shape) == (2, 32, 128)
     np.testing.assert_array_equal(item["range"].numpy(), arrays["range"][1:3])
-    np.testing.assert_array_equal(HDMap.from_dict(arrays).raster, fresh.hdmap.raster)
+    back = HDMap.from_dict(arrays)
+    np.testing.assert_array_equal(back.raster, fresh.hdmap.raster)
+    np.testing.assert_array_equal(back.terrain, fresh.hdmap.terrain)
+    assert back.to_geojson() == json.loads(json.dumps(fresh.hdmap.to_geojson()))
+    for t, b in enumerate(fresh.boxes):
+        at_t = arrays["box_frame"] == t
+        np.testing.assert_array_equal(arrays["boxes"][at_t], b["boxes"])
+        np.testing.assert_array_equal(arrays["box_class"][at_t], b["box_class"])
+        np.testing.assert_array_equal(arrays["box_id"][at_t], b["box_id"])
+    assert arrays["box_frame"].max() == 2
     # On-the-fly generation deals sequences to ranks deterministically and equals the written data.
     stream = OnTheFlySimDataset(sensor, frames=3, seed=5, window=2, rank=1, world_size=2, num_sequences=2)
     items = list(stream)
