@@ -64,7 +64,7 @@ def test_export_then_load_gives_the_jobs_ema_outputs_exactly(job, tmp_path: Path
 def test_release_is_self_describing(job, tmp_path: Path) -> None:
     job_dir, _, _ = job
     release = tmp_path / "release"
-    export(job_dir, release)
+    export(job_dir, release, notes=["data simulated at commit abc1234"])
     with safe_open(str(release / "model.safetensors"), framework="pt") as f:
         meta = f.metadata()
     assert meta["iteration"] == str(ITERATION)
@@ -79,6 +79,7 @@ def test_release_is_self_describing(job, tmp_path: Path) -> None:
     assert "torchrun --nproc_per_node 2 -m training.train --config c.json --job-dir j" in card
     assert f"iterations: {ITERATION} of 10" in card
     assert "Not evaluated yet" in card
+    assert "## Notes\n\n- data simulated at commit abc1234" in card
 
 
 def test_card_includes_the_evaluation_table_when_given(job, tmp_path: Path) -> None:

@@ -42,7 +42,7 @@ NORMALISATION = {
 }
 
 
-def export(job_dir: Path, out_dir: Path, metrics: dict[str, Any] | None = None) -> Path:
+def export(job_dir: Path, out_dir: Path, metrics: dict[str, Any] | None = None, notes: list[str] | None = None) -> Path:
     """Write the release of the job's newest valid checkpoint into `out_dir`; return the weights path."""
     # 1. The job's own record of how it was trained.
     cfg = TrainConfig.from_json(job_dir / CONFIG_NAME)
@@ -87,7 +87,7 @@ def export(job_dir: Path, out_dir: Path, metrics: dict[str, Any] | None = None) 
         },
     }
     atomic_write_text(out_dir / CONFIG_NAME, json.dumps(release_config, indent=2) + "\n")
-    card = model_card(cfg, progress, dataset, iteration, model.num_parameters(), weights, metrics)
+    card = model_card(cfg, progress, dataset, iteration, model.num_parameters(), weights, metrics, notes or [])
     atomic_write_text(out_dir / CARD_NAME, card)
     logger.info("exported %s (iteration %d, %.1f MB) to %s", source, iteration, weights.stat().st_size / 1e6, out_dir)
     return weights
@@ -150,7 +150,7 @@ def loss_curve_rows(losses: list[list[float]], points: int = 8) -> list[tuple[in
 
 
 def model_card(cfg: TrainConfig, progress: dict[str, Any], dataset: dict[str, Any], iteration: int,
-               parameters: int, weights: Path, metrics: dict[str, Any] | None) -> str:
+               parameters: int, weights: Path, metrics: dict[str, Any] | None, notes: list[str]) -> str:
     sensor = cfg.model["sensor"]
     launches = progress["launches"]
     commands = sorted({launch["command"] for launch in launches})
@@ -224,6 +224,8 @@ def model_card(cfg: TrainConfig, progress: dict[str, Any], dataset: dict[str, An
         lines += ["Not evaluated yet: run `python -m training.evaluate --model weights/default --json`.", ""]
     else:
         lines += evaluation_section(metrics)
+    if notes:
+        lines += ["## Notes", "", *[f"- {note}" for note in notes], ""]
     lines += [
         "## Limitations",
         "",
@@ -248,13 +250,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("job_dir", type=Path, help="training job dir (with config.json and checkpoints/)")
     parser.add_argument("out_dir", type=Path, help="release folder to write (e.g. weights/default)")
     parser.add_argument("--metrics", type=Path, default=None, help="`training.evaluate --json` output for the card")
+    parser.add_argument("--note", action="append", default=[], help="a line for the card's Notes (repeatable)")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     if not (args.job_dir / CONFIG_NAME).is_file():
         print(f"error: {args.job_dir} is not a training job dir: it has no {CONFIG_NAME}", file=sys.stderr)
         return 2
     metrics = json.loads(args.metrics.read_text()) if args.metrics else None
-    export(args.job_dir, args.out_dir, metrics)
+    export(args.job_dir, args.out_dir, metrics, args.note)
     return 0
 
 

@@ -9,6 +9,7 @@ each launch so repeated steps are not counted twice.
 from __future__ import annotations
 
 import json
+import os
 import platform
 import time
 from pathlib import Path
@@ -24,8 +25,17 @@ PROGRESS_NAME = "progress.json"
 def hardware_description(device: torch.device, world_size: int) -> str:
     if device.type == "cuda":
         return f"{world_size} x {torch.cuda.get_device_name(device)}"
-    return (f"{world_size} CPU process(es), {torch.get_num_threads()} torch threads each, "
-            f"{platform.processor() or platform.machine()}")
+    return (f"{world_size} CPU process(es) x {torch.get_num_threads()} torch thread(s) on {_cpu_model()} "
+            f"({os.cpu_count()} logical CPUs, shared)")
+
+
+def _cpu_model() -> str:
+    cpuinfo = Path("/proc/cpuinfo")
+    if cpuinfo.is_file():
+        for line in cpuinfo.read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    return platform.processor() or platform.machine()
 
 
 class Progress:
