@@ -41,7 +41,8 @@ def main(argv: list[str] | None = None) -> int:
             with_points=args.points,
             workers=args.workers,
         )
-    except (ValueError, OSError) as exc:  # bad arguments, or the disk failing mid-write: one line, no traceback
+    # Bad arguments, or the disk failing mid-write: one line, no traceback.
+    except (ValueError, OSError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     print(manifest)

@@ -135,15 +135,7 @@ class ActorTable:
         x, y, z, yaw = self.moving_poses(t)
         sel = np.arange(len(self.part_owner)) if keep is None else np.flatnonzero(keep[self.part_owner])
         own = self.part_owner[sel]
-        p = self.parts.take(sel)
-        c, s = np.cos(yaw[own]), np.sin(yaw[own])
-        cen = p.center.copy()
-        cen[:, 0] = x[own] + c * p.center[:, 0] - s * p.center[:, 1]
-        cen[:, 1] = y[own] + s * p.center[:, 0] + c * p.center[:, 1]
-        cen[:, 2] = z[own] + p.center[:, 2]
-        p.center = cen
-        p.yaw = p.yaw + yaw[own]
-        return p
+        return self.parts.take(sel).placed(x[own], y[own], z[own], yaw[own])
 
 
 def _row(kind, center, size, yaw, refl, cls, actor, porosity=0.0) -> tuple:

@@ -75,8 +75,14 @@ class Shapes:
             return Shapes.empty()
         return Shapes(**{f.name: np.concatenate([getattr(p, f.name) for p in parts]) for f in fields(Shapes)})
 
-    def placed(self, x: float, y: float, z: float, yaw: float) -> Shapes:
-        """These solids (given in an actor frame) moved to a pose on the ground."""
+    def placed(
+        self, x: float | np.ndarray, y: float | np.ndarray, z: float | np.ndarray, yaw: float | np.ndarray
+    ) -> Shapes:
+        """These solids (given in an actor frame) moved to a pose on the ground.
+
+        Scalars place all solids at one pose (a static actor); arrays with one entry per solid place each
+        at its own actor's pose, so every moving actor of a frame is placed in one call.
+        """
         c, s = np.cos(yaw), np.sin(yaw)
         cen = self.center.copy()
         cen[:, 0] = x + c * self.center[:, 0] - s * self.center[:, 1]
@@ -167,14 +173,15 @@ def _ellipsoid_kernel(ox, oy, oz, lx, ly, lz, irx, iry, irz) -> tuple[np.ndarray
     return np.where(hit, t, np.inf), cos
 
 
-def _rotate(loc: _Local, dx, dy):
-    return loc.c * dx + loc.s * dy, -loc.s * dx + loc.c * dy
+def _rotate(c: np.ndarray, s: np.ndarray, dx: np.ndarray, dy: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """World (dx, dy) into a solid's frame, given its cos/sin yaw."""
+    return c * dx + s * dy, -s * dx + c * dy
 
 
 def intersect_boxes(origin, dirs, center, half, yaw) -> tuple[np.ndarray, np.ndarray]:
     """Per (ray, box) pair: entry distance (inf on a miss) and |cos| of the incidence angle."""
     loc = _Local.of(np.asarray(origin, np.float64), center, yaw)
-    lx, ly = _rotate(loc, dirs[:, 0], dirs[:, 1])
+    lx, ly = _rotate(loc.c, loc.s, dirs[:, 0], dirs[:, 1])
     return _box_kernel(loc.ox, loc.oy, loc.oz, lx, ly, dirs[:, 2], half[:, 0], half[:, 1], half[:, 2])
 
 
@@ -189,7 +196,7 @@ def intersect_cylinders(origin, dirs, center, size) -> tuple[np.ndarray, np.ndar
 def intersect_ellipsoids(origin, dirs, center, radii, yaw) -> tuple[np.ndarray, np.ndarray]:
     """Per (ray, yawed ellipsoid) pair."""
     loc = _Local.of(np.asarray(origin, np.float64), center, yaw)
-    lx, ly = _rotate(loc, dirs[:, 0], dirs[:, 1])
+    lx, ly = _rotate(loc.c, loc.s, dirs[:, 0], dirs[:, 1])
     inv = 1.0 / radii
     return _ellipsoid_kernel(loc.ox, loc.oy, loc.oz, lx, ly, dirs[:, 2], inv[:, 0], inv[:, 1], inv[:, 2])
 
@@ -289,8 +296,7 @@ def cast(
         ray = (rep(r0) + k // nu_p) * width + (rep(u0) + k % nu_p) % width
         dx, dy, dz = dxw[ray], dyw[ray], dzw[ray]
         ox, oy, oz = rep(loc.ox), rep(loc.oy), rep(loc.oz)
-        cp, sp = rep(loc.c), rep(loc.s)
-        lx, ly = cp * dx + sp * dy, -sp * dx + cp * dy  # solid frame (a cylinder's yaw is harmless)
+        lx, ly = _rotate(rep(loc.c), rep(loc.s), dx, dy)  # solid frame (a cylinder's yaw is harmless)
         if kind == CYLINDER:
             t, cos = _cylinder_kernel(ox, oy, oz, lx, ly, dz, rep(shapes.size[:, 0]), rep(shapes.size[:, 2]))
         elif kind == BOX:
