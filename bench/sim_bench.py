@@ -1,6 +1,6 @@
 """Simulator speed: HDL-32E sweeps (32x1024) per second on one core, and how cost grows with world size.
 
-    python bench/sim_bench.py [--frames 30]
+    python -m bench.sim_bench [--frames 30]
 
 Prints two tables. The first gives frames/s per world style and its ratio to the issue's target (10
 frames/s) and goal (20). The second tiles one world's solids k x k times: with the culling grid a scan

@@ -22,6 +22,7 @@ import logging
 import os
 import time
 from collections import OrderedDict
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -51,6 +52,8 @@ STYLE_WEIGHTS = {"urban": 0.5, "suburban": 0.3, "highway": 0.2}
 
 @dataclass(frozen=True)
 class SequenceSpec:
+    """Everything that decides one sequence; the manifest stores it so a sequence can be rebuilt alone."""
+
     index: int
     world_seed: int
     style: str
@@ -74,6 +77,7 @@ def sequence_spec(seed: int, index: int) -> SequenceSpec:
 
 
 def generate_sequence(spec: SequenceSpec, sensor: Sensor, frames: int) -> SimSequence:
+    """The one place a spec becomes a drive, shared by the writer and the on-the-fly stream so they agree."""
     world = make_world(spec.world_seed, spec.style)
     poses = plan_drive(world, spec.action, frames, seed=spec.drive_seed, mount_height=sensor.mount_height)
     return simulate_sequence(world, poses, sensor, seed=spec.sim_seed)
@@ -114,6 +118,7 @@ def _write_npz(path: Path, arrays: dict[str, np.ndarray]) -> None:
 
 
 def _write_one(args: tuple[str, int, int, dict, int, bool]) -> dict[str, Any]:
+    """Simulate and write one sequence; takes plain data (a sensor dict) so spawned workers can pickle it."""
     out_dir, seed, index, sensor_dict, frames, with_points = args
     spec = sequence_spec(seed, index)
     seq = generate_sequence(spec, Sensor.from_dict(sensor_dict), frames)
@@ -256,6 +261,7 @@ class SimDataset(Dataset):
         return arrays
 
     def hdmap(self, i: int) -> HDMap:
+        """Sequence i's map, for re-casting `range_view_classes` from augmented poses."""
         return HDMap.from_dict(self.load_sequence(i))
 
     def __getitem__(self, idx: int) -> dict[str, Any]:
@@ -288,7 +294,8 @@ class OnTheFlySimDataset(IterableDataset):
         self.sensor, self.frames, self.seed, self.window = sensor, int(frames), int(seed), int(window)
         self.rank, self.world_size, self.num_sequences = int(rank), int(world_size), num_sequences
 
-    def sequence_indices(self, worker_id: int = 0, num_workers: int = 1):
+    def sequence_indices(self, worker_id: int = 0, num_workers: int = 1) -> Iterator[int]:
+        """Indices of this (rank, worker) shard: round-robin, so shards are disjoint and all equally long."""
         shard = self.rank * num_workers + worker_id
         step = self.world_size * num_workers
         i = shard
@@ -296,7 +303,7 @@ class OnTheFlySimDataset(IterableDataset):
             yield i
             i += step
 
-    def __iter__(self):
+    def __iter__(self) -> Iterator[dict[str, Any]]:
         info = get_worker_info()
         wid, nw = (info.id, info.num_workers) if info is not None else (0, 1)
         for i in self.sequence_indices(wid, nw):

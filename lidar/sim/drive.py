@@ -46,7 +46,8 @@ def _exits(world: World, road: int, node: int) -> dict[str, tuple[int, float]]:
     return out
 
 
-def _bezier(p0, t0, p3, t3, n: int = 24) -> np.ndarray:
+def _bezier(p0: np.ndarray, t0: np.ndarray, p3: np.ndarray, t3: np.ndarray, n: int = 24) -> np.ndarray:
+    """Cubic from p0 (heading t0) to p3 (heading t3): tangent-continuous, so the yaw has no jump at a turn."""
     k = 0.55 * float(np.linalg.norm(p3 - p0))
     p1, p2 = p0 + t0 * k, p3 - t3 * k
     u = np.linspace(0.0, 1.0, n)[:, None]
@@ -176,6 +177,7 @@ def plan_drive(
 
 
 def _poses(world: World, pos: np.ndarray, fwd2: np.ndarray, mount_height: float) -> np.ndarray:
+    """Sensor poses over ground points: the car pitches and rolls with the terrain, so the sensor does too."""
     hdmap = world.hdmap
     _, gx, gy = hdmap.terrain_height(pos[:, 0], pos[:, 1], with_gradient=True)
     z = hdmap.ground_height(pos[:, 0], pos[:, 1])

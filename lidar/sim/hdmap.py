@@ -114,7 +114,9 @@ class HDMap:
             out[off] = MAP_CLASS_INDEX["terrain"]
         return out
 
-    def terrain_height(self, x: np.ndarray, y: np.ndarray, with_gradient: bool = False):
+    def terrain_height(
+        self, x: np.ndarray, y: np.ndarray, with_gradient: bool = False
+    ) -> np.ndarray | tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Smooth terrain height (bilinear) at world points, optionally with its gradient (dz/dx, dz/dy).
 
         Each cell's bilinear patch h = a + b u + c v + d u v is precomputed, so a lookup is one row gather.
@@ -268,6 +270,7 @@ class HDMap:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> HDMap:
+        """Rebuild from `to_dict()` or a dataset .npz, so training can re-cast the map from a jittered pose."""
         missing = [k for k in ("map_raster", "map_origin", "map_resolution", "map_terrain") if k not in data]
         if missing:
             raise ValueError(

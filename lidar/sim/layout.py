@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 from PIL import Image, ImageDraw
@@ -99,7 +100,7 @@ def _square(c: np.ndarray, half: float) -> np.ndarray:
     return c + np.array([[-half, -half], [half, -half], [half, half], [-half, half]])
 
 
-def _feature(geom_type: str, coords, **props) -> dict:
+def _feature(geom_type: str, coords: np.ndarray | list, **props: Any) -> dict:
     return {
         "geometry": {"type": geom_type, "coordinates": np.round(np.asarray(coords), 3).tolist()},
         "properties": props,
@@ -111,7 +112,8 @@ def _ring(pts: np.ndarray) -> list:
     return [[*pts.tolist(), pts[0].tolist()]]
 
 
-def _terrain(rng: np.random.Generator, extent: tuple[float, float, float, float], std: float):
+def _terrain(rng: np.random.Generator, extent: tuple[float, float, float, float], std: float) -> np.ndarray:
+    """Heights on the terrain grid: smoothed noise (cubic zoom keeps slopes gentle) plus a slight tilt."""
     xmin, ymin, xmax, ymax = extent
     nx = int(np.ceil((xmax - xmin) / TERRAIN_RESOLUTION)) + 1
     ny = int(np.ceil((ymax - ymin) / TERRAIN_RESOLUTION)) + 1

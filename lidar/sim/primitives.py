@@ -66,6 +66,7 @@ class Shapes:
         return len(self.kind)
 
     def take(self, idx: np.ndarray) -> Shapes:
+        """The solids at `idx`, copied: culling hands a scan its own table to place and cast."""
         return Shapes(**{f.name: getattr(self, f.name)[idx] for f in fields(self)})
 
     @staticmethod
@@ -125,7 +126,17 @@ def _safe(v: np.ndarray) -> np.ndarray:
     return np.where(np.abs(v) < _EPS, _EPS, v)
 
 
-def _box_kernel(ox, oy, oz, lx, ly, lz, hx, hy, hz) -> tuple[np.ndarray, np.ndarray]:
+def _box_kernel(
+    ox: np.ndarray,
+    oy: np.ndarray,
+    oz: np.ndarray,
+    lx: np.ndarray,
+    ly: np.ndarray,
+    lz: np.ndarray,
+    hx: np.ndarray,
+    hy: np.ndarray,
+    hz: np.ndarray,
+) -> tuple[np.ndarray, np.ndarray]:
     """Slab test in the box frame, one array element per (ray, box) pair."""
     ix, iy, iz = 1.0 / _safe(lx), 1.0 / _safe(ly), 1.0 / _safe(lz)
     ax, bx = (-hx - ox) * ix, (hx - ox) * ix
@@ -140,7 +151,16 @@ def _box_kernel(ox, oy, oz, lx, ly, lz, hx, hy, hz) -> tuple[np.ndarray, np.ndar
     return np.where(hit, t_in, np.inf), cos
 
 
-def _cylinder_kernel(ox, oy, oz, dx, dy, dz, r, hz) -> tuple[np.ndarray, np.ndarray]:
+def _cylinder_kernel(
+    ox: np.ndarray,
+    oy: np.ndarray,
+    oz: np.ndarray,
+    dx: np.ndarray,
+    dy: np.ndarray,
+    dz: np.ndarray,
+    r: np.ndarray,
+    hz: np.ndarray,
+) -> tuple[np.ndarray, np.ndarray]:
     """Vertical capped cylinder: side wall or top/bottom cap, whichever the ray meets first from outside."""
     a = np.maximum(dx * dx + dy * dy, _EPS)
     b = ox * dx + oy * dy
@@ -156,7 +176,17 @@ def _cylinder_kernel(ox, oy, oz, dx, dy, dz, r, hz) -> tuple[np.ndarray, np.ndar
     return np.where(use_cap, tc, ts), np.where(use_cap, np.abs(dz), np.where(side, cos_side, 0.0))
 
 
-def _ellipsoid_kernel(ox, oy, oz, lx, ly, lz, irx, iry, irz) -> tuple[np.ndarray, np.ndarray]:
+def _ellipsoid_kernel(
+    ox: np.ndarray,
+    oy: np.ndarray,
+    oz: np.ndarray,
+    lx: np.ndarray,
+    ly: np.ndarray,
+    lz: np.ndarray,
+    irx: np.ndarray,
+    iry: np.ndarray,
+    irz: np.ndarray,
+) -> tuple[np.ndarray, np.ndarray]:
     """Ray vs ellipsoid (inverse radii given) by scaling to the unit sphere; normal from the gradient."""
     sx, sy, sz = ox * irx, oy * iry, oz * irz
     dx, dy, dz = lx * irx, ly * iry, lz * irz
@@ -178,14 +208,18 @@ def _rotate(c: np.ndarray, s: np.ndarray, dx: np.ndarray, dy: np.ndarray) -> tup
     return c * dx + s * dy, -s * dx + c * dy
 
 
-def intersect_boxes(origin, dirs, center, half, yaw) -> tuple[np.ndarray, np.ndarray]:
+def intersect_boxes(
+    origin: np.ndarray, dirs: np.ndarray, center: np.ndarray, half: np.ndarray, yaw: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
     """Per (ray, box) pair: entry distance (inf on a miss) and |cos| of the incidence angle."""
     loc = _Local.of(np.asarray(origin, np.float64), center, yaw)
     lx, ly = _rotate(loc.c, loc.s, dirs[:, 0], dirs[:, 1])
     return _box_kernel(loc.ox, loc.oy, loc.oz, lx, ly, dirs[:, 2], half[:, 0], half[:, 1], half[:, 2])
 
 
-def intersect_cylinders(origin, dirs, center, size) -> tuple[np.ndarray, np.ndarray]:
+def intersect_cylinders(
+    origin: np.ndarray, dirs: np.ndarray, center: np.ndarray, size: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
     """Per (ray, vertical cylinder) pair; size is (radius, radius, half height)."""
     loc = _Local.of(np.asarray(origin, np.float64), center, np.zeros(len(center)))
     return _cylinder_kernel(
@@ -193,7 +227,9 @@ def intersect_cylinders(origin, dirs, center, size) -> tuple[np.ndarray, np.ndar
     )
 
 
-def intersect_ellipsoids(origin, dirs, center, radii, yaw) -> tuple[np.ndarray, np.ndarray]:
+def intersect_ellipsoids(
+    origin: np.ndarray, dirs: np.ndarray, center: np.ndarray, radii: np.ndarray, yaw: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
     """Per (ray, yawed ellipsoid) pair."""
     loc = _Local.of(np.asarray(origin, np.float64), center, yaw)
     lx, ly = _rotate(loc.c, loc.s, dirs[:, 0], dirs[:, 1])
@@ -263,7 +299,7 @@ def cast(
     width: int,
     max_range: float,
     rng: np.random.Generator | None = None,
-):
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Nearest hit per ray among `shapes`. Returns (t, cos_incidence, shape_index) per ray, inf/-1 on a miss.
 
     `dirs_world` is (H*W, 3) in range-image order. Pairs are generated solid by solid, so per-solid values

@@ -161,7 +161,8 @@ def compare(
     return rows
 
 
-def markdown_table(sensor_label: str, real_label: str, rows) -> str:
+def markdown_table(sensor_label: str, real_label: str, rows: list[tuple[str, str, str, str]]) -> str:
+    """The README table, printed so the numbers there can be regenerated rather than retyped."""
     lines = [
         f"| {sensor_label} | {real_label} (real, min-max) | simulated (min-max) | sim mean vs real |",
         "|---|---|---|---|",

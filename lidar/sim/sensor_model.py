@@ -150,6 +150,7 @@ class SimScan:
 
 
 def _rotation_yaw_tilt(pose: np.ndarray) -> tuple[float, float]:
+    """Heading, and how far the sensor's up axis leans: the caster widens its angular windows by the lean."""
     yaw = float(np.arctan2(pose[1, 0], pose[0, 0]))
     tilt = float(np.arccos(np.clip(pose[2, 2], -1.0, 1.0)))
     return yaw, tilt
@@ -181,6 +182,7 @@ class LidarSimulator:
         return mask.reshape(self.sensor.shape)
 
     def _rng(self, time_s: float, pose: np.ndarray) -> np.random.Generator:
+        """A generator keyed by (seed, time, position to the mm), so a sweep is reproducible on its own."""
         key = [
             self.seed,
             round(time_s * 1e6) & 0xFFFFFFFF,
@@ -267,7 +269,9 @@ class LidarSimulator:
         )
 
     @staticmethod
-    def _ground(world: World, origin: np.ndarray, dirs: np.ndarray, max_range: float):
+    def _ground(
+        world: World, origin: np.ndarray, dirs: np.ndarray, max_range: float
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Ground hit per ray: distance, map class and |cos incidence|; curb faces are found between levels.
 
         The road surface lies on the terrain and raised classes one CURB_HEIGHT above it. A ray first

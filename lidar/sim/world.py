@@ -35,6 +35,7 @@ class CullingGrid:
 
     @classmethod
     def build(cls, shapes: Shapes, cell: float = GRID_CELL) -> CullingGrid:
+        """Bucket once per world, so each scan's `query` costs only the cells within range."""
         if len(shapes) == 0:
             return cls(np.zeros(2), (1, 1), np.zeros(2, np.int64), np.zeros(0, np.int64), cell)
         rad = shapes.footprint_radius()
