@@ -127,7 +127,7 @@ def _flat_scan(shapes: Shapes, sensor: Sensor, grade: float = 0.0, **config) -> 
     """One sweep from 1.8 m above the origin of `_flat_world`, noiseless and ego-free unless `config` says."""
     pose = np.eye(4)
     pose[2, 3] = 1.8
-    sim = LidarSimulator(sensor, seed=0, config=replace(NOISELESS, ego_boxes=(), **config))
+    sim = LidarSimulator(sensor, seed=0, config=replace(NOISELESS, **{"ego_boxes": (), **config}))
     return sim.scan(_flat_world(shapes, grade), pose, 0.0)
 
 
@@ -212,6 +212,16 @@ def test_grazing_rays_are_dropped_and_range_noise_has_the_configured_spread():
     assert abs(err.mean()) < 0.005 and abs(err.std() - 0.05) < 0.005
 
 
+def test_the_ego_body_hides_the_rays_that_meet_it():
+    # A 2 x 2 m roof 0.5 m under the sensor: the -45 deg beam lands on it everywhere, -10 deg clears it.
+    sensor = Sensor.from_angles("test", [-10.0, -45.0], width=64, max_range=100.0, mount_height=1.8)
+    bare = _flat_scan(Shapes.empty(), sensor)
+    assert bare.image.mask.all()
+    car = _flat_scan(Shapes.empty(), sensor, ego_boxes=((-1.0, 1.0, 1.0, 0.5),))
+    assert not car.image.mask[1].any()
+    np.testing.assert_array_equal(car.image.range[0], bare.image.range[0])
+
+
 @pytest.mark.parametrize("style", ["urban", "suburban"])
 def test_turns_end_at_plus_and_minus_ninety_degrees(style, urban, suburban):
     world = urban if style == "urban" else suburban
@@ -275,6 +285,8 @@ def test_no_return_beyond_max_range(urban):
         "short", np.linspace(5.0, -20.0, 16), width=256, max_range=25.0, mount_height=1.8
     )
     poses = plan_drive(urban, "straight", 2, seed=0, mount_height=1.8)
+    ground = urban.hdmap.ground_height(poses[:, 0, 3], poses[:, 1, 3])
+    np.testing.assert_allclose(poses[:, 2, 3] - ground, 1.8, atol=0.05)
     full = LidarSimulator(replace(sensor, max_range=120.0), seed=0).scan(urban, poses[0])
     scan = LidarSimulator(sensor, seed=0).scan(urban, poses[0])
     assert (full.image.range > 25.5).any(), "the scene must reach past 25 m for this test to mean anything"
