@@ -69,6 +69,7 @@ AUTO_SENSOR = "auto-detect"
 BEV_EXTENT_M = 50.0
 ANIMATION_FPS = 5.0
 VIEWER_MAX_POINTS = 400_000
+VIEWER_BACKGROUND = (0.05, 0.05, 0.08, 1.0)  # RGBA; dark, so height colours stand out
 PATH_COLOUR = (0, 220, 255)
 APP_DIR = Path(__file__).resolve().parent
 # The shared real scans sit beside the repository (…/shared/data/real_scans); absent in a bare clone.
@@ -454,7 +455,8 @@ class RolloutView:
         with gr.Row():
             viewer = gr.Model3D(
                 label="Accumulated world (drag to orbit, scroll to zoom)", display_mode="point_cloud",
-                clear_color=(0.05, 0.05, 0.08, 1.0), height=480, scale=3, elem_id=f"{prefix}-viewer",
+                clear_color=VIEWER_BACKGROUND, height=480, scale=3, elem_id=f"{prefix}-viewer",
+                camera_position=(180, 45, None),  # from behind the start, looking forward and down
             )
             with gr.Column(scale=2):
                 bev_animation = gr.Image(label="Bird's-eye view, frame by frame", type="filepath", height=300,

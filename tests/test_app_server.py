@@ -11,6 +11,7 @@ code on the trained default model: `python -m tests.test_app_server docs/screens
 from __future__ import annotations
 
 import contextlib
+import io
 import os
 import shutil
 import socket
@@ -26,11 +27,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
+import numpy as np
 import psutil
 import pytest
 from gradio_client import Client, handle_file
 from gradio_client.exceptions import AppError
+from PIL import Image
 
+import app
 from tests.test_app import KITTI_SCAN, needs_real_scans, write_tiny_release
 
 REPO = Path(__file__).resolve().parents[1]
@@ -39,6 +43,8 @@ CHROMIUM_ARGS = [
     "--no-sandbox", "--enable-unsafe-swiftshader", "--disable-gpu", "--disable-background-networking",
     "--disable-component-update", "--disable-sync", "--no-first-run",
 ]
+#: The 3D viewer's background in 8-bit RGB, as the browser draws it.
+VIEWER_BACKDROP = np.rint(255 * np.array(app.VIEWER_BACKGROUND[:3]))
 pytestmark = pytest.mark.multiprocess
 
 
@@ -212,7 +218,8 @@ def test_eight_concurrent_requests_all_complete_with_bounded_memory(server):
 def generate_in_browser(url: str, screenshot: Path) -> dict[str, float]:
     """Open the page in chromium, click Generate, wait for the 3D canvas and both previews, screenshot.
 
-    Returns the canvas size and the seconds from the click to the previews being shown.
+    Returns the canvas size, how many of its pixels the point cloud lit (from a screenshot of the element,
+    since a WebGL canvas cannot be read back) and the seconds from the click to the previews being shown.
     """
     from playwright.sync_api import sync_playwright
 
@@ -231,15 +238,24 @@ def generate_in_browser(url: str, screenshot: Path) -> dict[str, float]:
                 img = page.wait_for_selector(preview, state="visible", timeout=60_000)
                 page.wait_for_function("img => img.complete && img.naturalWidth > 0", arg=img, timeout=30_000)
             seconds = time.perf_counter() - start
-            canvas = page.query_selector("#world-viewer canvas").bounding_box()
             stats = page.inner_text("#world-stats")
             assert '"frames"' in stats and '"world points"' in stats, stats
-            page.wait_for_timeout(1500)  # let the viewer draw the point cloud before the picture
+            canvas = page.query_selector("#world-viewer canvas")
+            box = canvas.bounding_box()
+            deadline = time.monotonic() + 60
+            while True:  # the viewer fetches and draws the PLY after the canvas appears
+                pixels = np.asarray(Image.open(io.BytesIO(canvas.screenshot())).convert("RGB")).astype(int)
+                scene = pixels[60:-10, 10:-10]  # below the label and buttons drawn over the canvas
+                lit = int((np.abs(scene - VIEWER_BACKDROP).sum(axis=-1) > 60).sum())
+                if lit > 500 or time.monotonic() > deadline:
+                    break
+                page.wait_for_timeout(500)
+            page.wait_for_timeout(500)
             page.screenshot(path=str(screenshot), full_page=True)
             assert errors == [], f"JavaScript errors on the page: {errors}"
         finally:
             browser.close()
-    return {"width": canvas["width"], "height": canvas["height"], "seconds": seconds}
+    return {"width": box["width"], "height": box["height"], "lit_pixels": lit, "seconds": seconds}
 
 
 @pytest.mark.browser
@@ -249,6 +265,7 @@ def test_generate_in_the_browser_shows_the_3d_world_and_the_previews(server, tmp
     shot = tmp_path / "app.png"
     seen = generate_in_browser(server.url, shot)
     assert seen["width"] > 200 and seen["height"] > 200
+    assert seen["lit_pixels"] > 500, "the 3D viewer shows no point cloud"
     assert shot.stat().st_size > 10_000
 
 
