@@ -356,6 +356,14 @@ def test_bad_inputs_are_named(urban):
         plan_drive(urban, "reverse", 10)
     with pytest.raises(ValueError, match="pose"):
         LidarSimulator(HDL32).scan(urban, np.eye(3))
+    for make in (
+        lambda: make_world(-1),
+        lambda: plan_drive(urban, "straight", 3, seed=-2),
+        lambda: LidarSimulator(HDL32, seed=1.5),
+        lambda: OnTheFlySimDataset(HDL32, frames=2, seed=-3),
+    ):
+        with pytest.raises(ValueError, match="seed must be a non-negative integer"):
+            make()
 
 
 def test_dataset_written_and_read_back_identical(tmp_path):

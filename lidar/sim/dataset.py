@@ -38,7 +38,7 @@ from lidar.sim.hdmap import MAP_CLASSES, HDMap
 from lidar.sim.roads import STYLES
 from lidar.sim.sensor_model import POINT_CLASSES
 from lidar.sim.sequence import SimSequence, simulate_sequence
-from lidar.sim.world import make_world
+from lidar.sim.world import check_seed, make_world
 
 logger = logging.getLogger(__name__)
 
@@ -168,8 +168,7 @@ def write_dataset(
         raise ValueError(f"need sequences >= 1 and frames >= 1, got sequences={sequences}, frames={frames}")
     if workers < 1:
         raise ValueError(f"workers must be >= 1 (processes to simulate with), got {workers}")
-    if int(seed) != seed or seed < 0:
-        raise ValueError(f"seed must be a non-negative integer, got {seed!r}")
+    seed = check_seed(seed)
     out = _writable_dir(Path(out_dir))
     jobs = [
         (str(out), int(seed), i, sensor.to_dict(), int(frames), bool(with_points)) for i in range(sequences)
@@ -291,7 +290,7 @@ class OnTheFlySimDataset(IterableDataset):
             raise ValueError(f"rank must be in [0, world_size={world_size}), got {rank}")
         if window < 1 or frames < window:
             raise ValueError(f"need 1 <= window <= frames, got window={window}, frames={frames}")
-        self.sensor, self.frames, self.seed, self.window = sensor, int(frames), int(seed), int(window)
+        self.sensor, self.frames, self.seed, self.window = sensor, int(frames), check_seed(seed), int(window)
         self.rank, self.world_size, self.num_sequences = int(rank), int(world_size), num_sequences
 
     def sequence_indices(self, worker_id: int = 0, num_workers: int = 1) -> Iterator[int]:

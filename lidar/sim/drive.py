@@ -11,7 +11,7 @@ import logging
 import numpy as np
 
 from lidar.sim.roads import arc_lengths, point_at
-from lidar.sim.world import World
+from lidar.sim.world import World, check_seed
 
 logger = logging.getLogger(__name__)
 
@@ -129,7 +129,7 @@ def plan_drive(
         raise ValueError(f"frames must be a positive integer, got {frames!r}")
     if speed is not None and not 0.0 <= speed <= 40.0:
         raise ValueError(f"speed must be in [0, 40] m/s, got {speed}")
-    rng = np.random.default_rng(np.random.SeedSequence([int(seed), world.seed, ACTIONS.index(action)]))
+    rng = np.random.default_rng(np.random.SeedSequence([check_seed(seed), world.seed, ACTIONS.index(action)]))
     v = (
         float(speed)
         if speed is not None

@@ -21,7 +21,7 @@ from lidar.sensors import Sensor
 from lidar.sim.actors import OBJECT_CLASSES
 from lidar.sim.hdmap import CURB_HEIGHT, MAP_CLASS_INDEX, MAP_CLASSES
 from lidar.sim.primitives import cast
-from lidar.sim.world import World
+from lidar.sim.world import World, check_seed
 
 logger = logging.getLogger(__name__)
 
@@ -162,7 +162,7 @@ class LidarSimulator:
 
     def __init__(self, sensor: Sensor, seed: int = 0, config: SensorModelConfig | None = None) -> None:
         self.sensor = sensor
-        self.seed = int(seed)
+        self.seed = check_seed(seed)
         self.config = config or SensorModelConfig.for_sensor(sensor)
         self._dirs = sensor.ray_directions().reshape(-1, 3)
         self._ego_mask = self._ego_body_mask()

@@ -146,12 +146,23 @@ class World:
         }
 
 
+def check_seed(seed: int, name: str = "seed") -> int:
+    """`seed` as an int (whole floats such as a UI's 3.0 are fine), or a ValueError naming it: numpy's own
+    complaint about a negative seed does not say which seed was bad."""
+    try:
+        ok = not isinstance(seed, bool) and int(seed) == seed and seed >= 0
+    except (TypeError, ValueError, OverflowError):
+        ok = False
+    if not ok:
+        raise ValueError(f"{name} must be a non-negative integer, got {seed!r}")
+    return int(seed)
+
+
 def make_world(seed: int, style: str = "urban") -> World:
     """A new world, identical for the same (seed, style). Styles: urban, suburban, highway."""
     if style not in STYLES:
         raise ValueError(f"unknown world style {style!r}; expected one of {STYLES}")
-    if int(seed) != seed or seed < 0:
-        raise ValueError(f"seed must be a non-negative integer, got {seed!r}")
+    seed = check_seed(seed)
     t0 = time.perf_counter()
     # Independent streams per stage, so changing how actors are placed never moves the roads.
     road_ss, layout_ss, actor_ss = np.random.SeedSequence([int(seed), STYLES.index(style)]).spawn(3)
@@ -159,7 +170,7 @@ def make_world(seed: int, style: str = "urban") -> World:
     layout = build_layout(np.random.default_rng(layout_ss), graph, style)
     pop = populate(np.random.default_rng(actor_ss), layout, style)
     world = World(
-        seed=int(seed), style=style, hdmap=layout.hdmap, graph=graph, actors=pop.actors, scenery=pop.scenery
+        seed=seed, style=style, hdmap=layout.hdmap, graph=graph, actors=pop.actors, scenery=pop.scenery
     )
     logger.info(
         "make_world(seed=%d, style=%s): %d actors, %d solids in %.2f s",
