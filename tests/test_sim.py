@@ -364,6 +364,8 @@ def test_bad_inputs_are_named(urban):
     ):
         with pytest.raises(ValueError, match="seed must be a non-negative integer"):
             make()
+    with pytest.raises(ValueError, match="ego_boxes"):
+        SensorModelConfig(ego_boxes=((-1.0, 1.0, 1.0, -0.2),))
 
 
 def test_dataset_written_and_read_back_identical(tmp_path):

@@ -20,7 +20,7 @@ from lidar.range_image import RangeImage
 from lidar.sensors import Sensor
 from lidar.sim.actors import OBJECT_CLASSES
 from lidar.sim.hdmap import CURB_HEIGHT, MAP_CLASS_INDEX, MAP_CLASSES
-from lidar.sim.primitives import cast
+from lidar.sim.primitives import cast, intersect_boxes
 from lidar.sim.world import World, check_seed
 
 logger = logging.getLogger(__name__)
@@ -102,6 +102,13 @@ class SensorModelConfig:
         for name in ("drop_general", "drop_zero_intensity", "binning_loss"):
             if not 0.0 <= getattr(self, name) <= 1.0:
                 raise ValueError(f"SensorModelConfig.{name} is a probability, got {getattr(self, name)}")
+        for box in self.ego_boxes:
+            x0, x1, half_width, below = box
+            if not (x0 < x1 and half_width > 0 and below > 0):
+                raise ValueError(
+                    f"SensorModelConfig.ego_boxes: {box} must be (x0 < x1, half_width > 0, top below the sensor > 0); "
+                    "the sensor sits above its car, never inside it"
+                )
 
     @classmethod
     def for_sensor(cls, sensor: Sensor) -> SensorModelConfig:
@@ -169,16 +176,13 @@ class LidarSimulator:
 
     def _ego_body_mask(self) -> np.ndarray:
         """Rays that hit the car the sensor is mounted on (they never come back as points)."""
-        d = self._dirs
-        inv = 1.0 / np.where(np.abs(d) < 1e-12, 1e-12, d)
-        mask = np.zeros(len(d), dtype=bool)
+        mask = np.zeros(len(self._dirs), dtype=bool)
         for x0, x1, half_w, below in self.config.ego_boxes:
-            lo = np.array([x0, -half_w, -self.sensor.mount_height])
-            hi = np.array([x1, half_w, -below])
-            t1, t2 = lo * inv, hi * inv
-            t_in = np.minimum(t1, t2).max(axis=1)
-            t_out = np.maximum(t1, t2).min(axis=1)
-            mask |= (t_out >= t_in) & (t_out > 0)
+            top, bottom = -below, -self.sensor.mount_height
+            center = np.array([[(x0 + x1) / 2, 0.0, (top + bottom) / 2]])
+            half = np.array([[(x1 - x0) / 2, half_w, (top - bottom) / 2]])
+            t, _ = intersect_boxes(np.zeros(3), self._dirs, center, half, np.zeros(1))
+            mask |= np.isfinite(t)
         return mask.reshape(self.sensor.shape)
 
     def _rng(self, time_s: float, pose: np.ndarray) -> np.random.Generator:
