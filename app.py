@@ -473,7 +473,8 @@ class RolloutView:
                 downloads = gr.File(
                     label="Downloads: frames (KITTI .bin + poses.json), world .ply / .pcd / .las", file_count="multiple",
                 )
-        frame_pngs = gr.State(None, time_to_live=3600)
+        # Kept per session for the frame slider; expires so API clients (no tab to close) cannot pile it up.
+        frame_pngs = gr.State(None, time_to_live=900)
         slider.release(show_frame, [slider, frame_pngs], [frame_bev, frame_range], api_visibility="private")
         return cls(viewer, bev_animation, range_animation, stats, downloads, frame_pngs, slider, frame_bev, frame_range)
 
