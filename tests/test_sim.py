@@ -24,9 +24,18 @@ from lidar.sim import (
 )
 from lidar.sim.dataset import OnTheFlySimDataset, SimDataset, generate_sequence, sequence_spec
 from lidar.sim.hdmap import MAP_CLASS_INDEX, HDMap
-from lidar.sim.primitives import BOX, Shapes, intersect_boxes, intersect_cylinders, intersect_ellipsoids
+from lidar.sim.primitives import (
+    BOX,
+    CYLINDER,
+    ELLIPSOID,
+    Shapes,
+    cast,
+    intersect_boxes,
+    intersect_cylinders,
+    intersect_ellipsoids,
+)
 from lidar.sim.roads import STYLES, RoadGraph, generate_road_graph
-from lidar.sim.sensor_model import GROUND_REFLECTIVITY
+from lidar.sim.sensor_model import GROUND_REFLECTIVITY, _rotation_yaw_tilt
 from lidar.sim.world import World
 
 NOISELESS = SensorModelConfig(range_noise=0.0, intensity_noise=0.0, drop_general=0.0, drop_zero_intensity=0.0)
@@ -294,6 +303,34 @@ def test_no_return_beyond_max_range(urban):
     assert np.linalg.norm(scan.points[:, :3], axis=1).max() <= 25.0 + 1e-3
     classes = urban.hdmap.range_view_classes(poses[0], sensor)
     assert classes[0].max() == 0 and (classes[-1] > 0).all(), "ground beyond max range is no ground"
+
+
+def test_angular_culling_finds_every_hit_brute_force_finds(urban):
+    # The caster only tests the rows and columns each solid can cover; testing every ray against every
+    # solid must find the same nearest hits (porosity off, so no random pass-through).
+    sensor = HDL32.with_width(256)
+    pose = plan_drive(urban, "turn_left", 1, seed=4)[0]
+    near = urban.shapes_near(pose[0, 3], pose[1, 3], 30.0)
+    shapes = replace(near, porosity=np.zeros_like(near.porosity))
+    origin = pose[:3, 3]
+    dirs = sensor.ray_directions().reshape(-1, 3) @ pose[:3, :3].T
+    yaw, tilt = _rotation_yaw_tilt(pose)
+    t, _, _ = cast(shapes, origin, dirs, yaw, tilt + 0.01, sensor.elevations, sensor.width, sensor.max_range)
+    brute = np.full(len(dirs), np.inf)
+    for kind in (BOX, CYLINDER, ELLIPSOID):
+        sel = np.flatnonzero(shapes.kind == kind)
+        ray, prim = np.repeat(np.arange(len(dirs)), len(sel)), np.tile(sel, len(dirs))
+        c, size, yaw_p = shapes.center[prim], shapes.size[prim], shapes.yaw[prim]
+        if kind == BOX:
+            tt, _ = intersect_boxes(origin, dirs[ray], c, size, yaw_p)
+        elif kind == CYLINDER:
+            tt, _ = intersect_cylinders(origin, dirs[ray], c, size)
+        else:
+            tt, _ = intersect_ellipsoids(origin, dirs[ray], c, size, yaw_p)
+        np.minimum.at(brute, ray, tt)
+    assert np.isfinite(brute).sum() > 1000
+    np.testing.assert_array_equal(np.isfinite(t), np.isfinite(brute))
+    np.testing.assert_allclose(t[np.isfinite(t)], brute[np.isfinite(brute)], atol=1e-6)
 
 
 def test_scan_points_round_trip_through_the_range_image(urban):
