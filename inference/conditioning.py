@@ -29,6 +29,8 @@ from lidar.sim.hdmap import MAP_CLASSES
 
 #: Channels of the cache block at the start of the condition.
 CACHE_CHANNELS = 3
+#: The cache's range and intensity channels, in the same encoding as the generated image (`encode_image`).
+CACHE_IMAGE = slice(0, 2)
 #: Beam elevation, sin and cos of azimuth at the end of the condition.
 COORD_CHANNELS = 3
 
@@ -97,7 +99,7 @@ def build_condition(
             f"build_condition: cache points must be (N, 4) x,y,z,intensity, got {cache_pts.shape}"
         )
     image = project(transform_points(cache_pts, np.linalg.inv(pose)), sensor)
-    cond[0:2] = encode_image(image, sensor)
+    cond[CACHE_IMAGE] = encode_image(image, sensor)
     cond[2] = image.mask
 
     # 2. the HD map ray-cast from the new pose, one-hot, plus the map-present flag

@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from inference.conditioning import condition_channels
+from inference.conditioning import CACHE_IMAGE, condition_channels
 from lidar.sensors import HDL32, Sensor
 from lidar.sim.hdmap import MAP_CLASSES
 
@@ -51,6 +51,10 @@ class WorldModelConfig:
     #: What the network outputs: "x0" (the clean image; copying the cache is then an identity map, and
     #: few-step Euler becomes x_next = (t_next/t) x_t + (1 - t_next/t) x0) or "velocity" (noise - x0).
     prediction: str = "x0"
+    #: x0 models only: predict a correction to the cache seen from the new pose (condition channels 0-1,
+    #: already in the image encoding) instead of the image itself. With the zero-initialised head a fresh
+    #: model is exactly the cache-only baseline and training spends itself on holes and the map.
+    cache_residual: bool = False
     #: Default sampling steps and classifier-free guidance scale for rollout.
     default_steps: int = 4
     default_guidance: float = 1.0
@@ -94,6 +98,10 @@ class WorldModelConfig:
         if self.prediction not in ("x0", "velocity"):
             raise ValueError(
                 f"WorldModelConfig.prediction must be 'x0' or 'velocity', got {self.prediction!r}"
+            )
+        if self.cache_residual and self.prediction != "x0":
+            raise ValueError(
+                "WorldModelConfig.cache_residual needs prediction='x0' (it corrects the cached image)"
             )
         if self.default_steps < 1:
             raise ValueError(f"WorldModelConfig.default_steps must be >= 1, got {self.default_steps}")
@@ -239,6 +247,9 @@ class WorldModel(nn.Module):
                 self.up.append(RingConv(c, chans[level - 1]))
                 c = chans[level - 1]
         self.head = nn.Sequential(nn.GroupNorm(groups, c), nn.SiLU(), RingConv(c, IMAGE_CHANNELS))
+        if config.cache_residual:
+            nn.init.zeros_(self.head[-1].weight)
+            nn.init.zeros_(self.head[-1].bias)
 
     @property
     def sensor(self) -> Sensor:
@@ -269,7 +280,10 @@ class WorldModel(nn.Module):
             if i < len(self.up):
                 skip_shape = skips[-1].shape[-2:]
                 hx = F.interpolate(self.up[i](hx), size=skip_shape, mode="nearest")
-        return self.head(hx)
+        out = self.head(hx)
+        if self.config.cache_residual:
+            out = out + cond[:, CACHE_IMAGE].to(out.dtype)
+        return out
 
     def num_parameters(self) -> int:
         return sum(p.numel() for p in self.parameters())

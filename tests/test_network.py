@@ -70,6 +70,17 @@ def test_rolling_input_in_azimuth_rolls_the_output_by_the_same_amount():
     torch.testing.assert_close(rolled, out.roll(shift, dims=-1), atol=1e-4, rtol=1e-4)
 
 
+def test_a_fresh_cache_residual_model_predicts_exactly_the_cached_image():
+    config = tiny_config(cache_residual=True)
+    model = WorldModel(config)
+    h, w = config.sensor_obj.shape
+    cond = torch.randn(2, config.cond_channels, h, w)
+    out = model(torch.randn(2, IMAGE_CHANNELS, h, w), torch.rand(2), cond)
+    torch.testing.assert_close(out, cond[:, :2])
+    with pytest.raises(ValueError, match="cache_residual"):
+        tiny_config(cache_residual=True, prediction="velocity")
+
+
 def test_config_round_trips_through_a_dict_and_rebuilds_the_same_architecture():
     config = tiny_config(num_map_classes=5)
     again = WorldModelConfig.from_dict(config.to_dict())

@@ -6,12 +6,12 @@ import numpy as np
 import pytest
 import torch
 
-from inference.cache import SpatialCache
+from inference.cache import SpatialCache, transform_points
 from inference.conditioning import build_condition
 from inference.network import WorldModel, WorldModelConfig
 from inference.rollout import Progress, cache_from_scans, rollout
 from lidar.formats import read_points
-from lidar.range_image import unproject
+from lidar.range_image import project, unproject
 from lidar.sensors import VLP16
 
 SENSOR = VLP16.with_width(64)
@@ -166,3 +166,26 @@ def test_forecast_from_a_real_kitti_scan_produces_frames_conditioned_on_it(model
     result = rollout(model, poses[1:], cache=cache, seed=0)
     assert len(result.frames) == 2 and all(len(f.points) > 0 for f in result.frames)
     assert len(result.cache) > len(scan.points) // 20
+
+
+def test_a_fresh_cache_residual_model_re_renders_the_cache_from_a_new_pose():
+    """Zero-initialised corrections: the untrained model is the cache-only baseline, exactly."""
+    config = WorldModelConfig(
+        sensor=SENSOR.to_dict(),
+        base_channels=8,
+        channel_mults=(1, 2, 2),
+        strides=((1, 2), (2, 2)),
+        cache_residual=True,
+    )
+    rng = np.random.default_rng(0)
+    r = rng.uniform(5, 40, SENSOR.shape)
+    scan = np.concatenate(
+        [(SENSOR.ray_directions() * r[..., None]).reshape(-1, 3), rng.random((r.size, 1))], 1
+    ).astype(np.float32)
+    poses = straight_poses(2, spacing=0.5)
+    result = rollout(WorldModel(config).eval(), poses[1:], cache=cache_from_scans([scan], poses[:1]), seed=0)
+    expected = project(transform_points(transform_points(scan, poses[0]), np.linalg.inv(poses[1])), SENSOR)
+    got = result.frames[0].range_image
+    np.testing.assert_array_equal(got.mask, expected.mask)
+    np.testing.assert_allclose(got.range, expected.range, rtol=1e-4)
+    np.testing.assert_allclose(got.intensity, expected.intensity, atol=1e-4)
