@@ -386,6 +386,34 @@ def test_moving_actors_move_and_map_exports(urban):
         assert ego[i, j] == urban.hdmap.class_at(xy[:1], xy[1:])[0]
 
 
+def test_scanned_moving_actors_lie_inside_their_boxes_at_each_frame_time(urban):
+    # Boxes and the solids a sweep sees are placed by the same clock: a moving actor's returns at t = 1 s
+    # fall inside its t = 1 s box, which lies elsewhere than its t = 0 box.
+    sensor = HDL32.with_width(512)
+    poses = plan_drive(urban, "straight", 11, seed=0)[[0, 10]]
+    seq = simulate_sequence(urban, poses, sensor, seed=0, times=np.array([0.0, 1.0]))
+    moving = {a.id for a in urban.actors if a.moving}
+    checked = 0
+    for frame, pose, boxes in zip(seq.frames, seq.poses, seq.boxes, strict=True):
+        world_pts = frame.points[:, :3].astype(np.float64) @ pose[:3, :3].T + pose[:3, 3]
+        inst = frame.instance_image[frame.image.mask]
+        for (cx, cy, cz, length, width, height, yaw), box_id in zip(
+            boxes["boxes"], boxes["box_id"], strict=True
+        ):
+            sel = inst == box_id
+            if box_id not in moving or sel.sum() < 5:
+                continue
+            dx, dy = world_pts[sel, 0] - cx, world_pts[sel, 1] - cy
+            along, across = np.cos(yaw) * dx + np.sin(yaw) * dy, -np.sin(yaw) * dx + np.cos(yaw) * dy
+            assert (np.abs(along) <= length / 2 + 0.2).all() and (np.abs(across) <= width / 2 + 0.2).all()
+            assert (np.abs(world_pts[sel, 2] - cz) <= height / 2 + 0.2).all()
+            checked += 1
+    assert checked >= 3, "the drive must see some moving actors for this test to mean anything"
+    b0, b1 = (dict(zip(b["box_id"].tolist(), b["boxes"], strict=True)) for b in seq.boxes)
+    shifts = [np.hypot(*(b1[i][:2] - b0[i][:2])) for i in b0.keys() & b1.keys() & moving]
+    assert shifts and np.median(shifts) > 0.5
+
+
 def test_bad_inputs_are_named(urban):
     with pytest.raises(ValueError, match="style"):
         make_world(0, "rural")
