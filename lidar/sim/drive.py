@@ -6,14 +6,10 @@ lane to the outgoing one) and otherwise goes straight on. Speeds are town speeds
 
 from __future__ import annotations
 
-import logging
-
 import numpy as np
 
 from lidar.sim.roads import arc_lengths, point_at
 from lidar.sim.world import World, check_seed
-
-logger = logging.getLogger(__name__)
 
 ACTIONS = ("straight", "turn_left", "turn_right")
 FRAME_RATE_HZ = 10.0

@@ -7,15 +7,12 @@ ground (same terrain, same raster) but without occlusion: it says what the map h
 from __future__ import annotations
 
 import json
-import logging
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
 from lidar.sensors import Sensor
-
-logger = logging.getLogger(__name__)
 
 #: Ground layers of the map. Index 0 means the ray meets no ground within range (sky / beyond max range).
 #: Training data depends on this order: extend it only by appending.

@@ -8,7 +8,6 @@ Used to pick a world by eye (and by the README); the same function serves any ca
 from __future__ import annotations
 
 import argparse
-import logging
 import sys
 
 import numpy as np
@@ -20,8 +19,6 @@ from lidar.sim.hdmap import HDMap
 from lidar.sim.roads import STYLES
 from lidar.sim.sensor_model import LidarSimulator
 from lidar.sim.world import World, make_world
-
-logger = logging.getLogger(__name__)
 
 
 def world_preview(

@@ -8,7 +8,6 @@ HDL-64E (KITTI) and HDL-32E (nuScenes: the first 3 of the 10 sweeps its file sta
 from __future__ import annotations
 
 import argparse
-import logging
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,8 +17,6 @@ from scipy.spatial.distance import jensenshannon
 
 from lidar.range_image import RangeImage, project
 from lidar.sensors import HDL32, HDL64, Sensor
-
-logger = logging.getLogger(__name__)
 
 REAL_DIR = Path(__file__).resolve().parents[3] / "shared" / "data" / "real_scans"
 KITTI_FILES = ("kitti_patchworkpp_000000.bin", "kitti_patchworkpp_000002.bin", "kitti_patchworkpp_000004.bin")

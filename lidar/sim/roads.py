@@ -7,13 +7,10 @@ the grid, and dropping interior roads turns 4-way crossings into T junctions.
 
 from __future__ import annotations
 
-import logging
 from collections import deque
 from dataclasses import dataclass, field
 
 import numpy as np
-
-logger = logging.getLogger(__name__)
 
 STYLES = ("urban", "suburban", "highway")
 

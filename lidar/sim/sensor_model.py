@@ -11,7 +11,6 @@ Device-specific numbers live in SENSOR_PROFILES, fitted with `python -m lidar.si
 
 from __future__ import annotations
 
-import logging
 from dataclasses import dataclass
 
 import numpy as np
@@ -22,8 +21,6 @@ from lidar.sim.actors import OBJECT_CLASSES
 from lidar.sim.hdmap import CURB_HEIGHT, MAP_CLASS_INDEX, MAP_CLASSES
 from lidar.sim.primitives import cast, intersect_boxes
 from lidar.sim.world import World, check_seed
-
-logger = logging.getLogger(__name__)
 
 #: Moving actors within this margin (m) of the sensor position are removed for the scan (see World.shapes_near).
 EGO_CLEARANCE = 2.5
