@@ -252,8 +252,10 @@ class SimDataset(Dataset):
             self._cache.move_to_end(i)
             return self._cache[i]
         entry = self.manifest["sequences"][i]
+        t0 = time.perf_counter()
         with np.load(self.root / entry["file"], allow_pickle=False) as z:
             arrays = {k: z[k] for k in z.files}
+        logger.debug("read %s in %.3f s", entry["file"], time.perf_counter() - t0)
         self._cache[i] = arrays
         if len(self._cache) > self._cache_size:
             self._cache.popitem(last=False)
