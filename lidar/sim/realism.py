@@ -198,6 +198,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=None, help="write the side-by-side BEV PNG here")
     parser.add_argument("--real-dir", type=Path, default=REAL_DIR, help="folder with the shared real scans")
     args = parser.parse_args(argv)
+    if args.worlds < 1 or args.frames < 1:
+        print(
+            f"error: need --worlds >= 1 and --frames >= 1, got {args.worlds} and {args.frames}",
+            file=sys.stderr,
+        )
+        return 2
     missing = [f for f in (*KITTI_FILES, NUSCENES_FILE) if not (args.real_dir / f).is_file()]
     if missing:
         print(f"error: real scans {missing} not found in {args.real_dir}; pass --real-dir", file=sys.stderr)
