@@ -240,6 +240,19 @@ def test_turns_end_at_plus_and_minus_ninety_degrees(style, urban, suburban):
     assert _turn(left) == pytest.approx(90.0, abs=15.0)
     assert _turn(right) == pytest.approx(-90.0, abs=15.0)
     assert abs(_turn(straight)) < 45.0, "straight on may follow a bend, never a corner"
+    # The turn is taken at the next junction: halfway through it the ego is inside a junction box, and it
+    # entered no other junction before.
+    graph = world.graph
+    radius = np.array([graph.node_radius(n) for n in range(len(graph.nodes))])
+    for poses in (left, right):
+        heading = np.array([_heading(p) for p in poses])
+        k = int(np.argmax(np.abs((heading - heading[0] + 180.0) % 360.0 - 180.0) > 45.0))
+        dist = np.linalg.norm(poses[:, None, :2, 3] - graph.nodes[None], axis=2)  # (frames, nodes)
+        junction = int(np.argmin(dist[k]))
+        assert k > 0 and dist[k, junction] < radius[junction]
+        inside = dist[:k] < radius
+        inside[:, junction] = False
+        assert not inside.any()
     for poses in (left, right, straight):
         step = np.linalg.norm(np.diff(poses[:, :2, 3], axis=0), axis=1)
         assert 0.4 <= step.mean() <= 1.3  # 4-13 m/s at 10 Hz
