@@ -70,6 +70,7 @@ def export(job_dir: Path, out_dir: Path, metrics: dict[str, Any] | None = None, 
     with tempfile.NamedTemporaryFile(dir=out_dir, suffix=".safetensors.tmp", delete=False) as tmp:
         tmp_path = Path(tmp.name)
     save_file(state, str(tmp_path), metadata=metadata)
+    tmp_path.chmod(0o644)  # NamedTemporaryFile makes it private; a release is read by everyone
     os.replace(tmp_path, weights)
     dataset = _dataset_summary(Path(cfg.data_root))
     release_config = {
