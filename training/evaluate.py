@@ -30,8 +30,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from inference import ModelSourceError, load_pipeline
 from inference.cache import transform_points
-from inference.loader import load_model
 from inference.network import WorldModel
 from inference.rollout import cache_from_scans, rollout
 from lidar.metrics import bev_jsd, bev_mmd, chamfer_distance
@@ -314,13 +314,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=None, help="also write the JSON report here")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s", stream=sys.stderr)
-    from inference.loader import ModelSourceError
-
     if args.threads:
         torch.set_num_threads(args.threads)
 
     try:
-        model, provenance = load_model(args.model, device="cpu")
+        pipe = load_pipeline(args.model, device="cpu")
     except ModelSourceError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -332,8 +330,8 @@ def main(argv: list[str] | None = None) -> int:
         overrides = {"rollouts": args.rollouts, "steps": args.steps}
         cfg = EvalConfig(**{**asdict(cfg), **{k: v for k, v in overrides.items() if v is not None},
                             "train_data": args.train_data, "free_generation": not args.no_free_generation})
-        report = evaluate(model, cfg, seed=args.seed)
-    report["model"] = provenance.to_dict()
+        report = evaluate(pipe.model, cfg, seed=args.seed)
+    report["model"] = pipe.provenance.to_dict()
     text = json.dumps(report, indent=2)
     if args.out:
         args.out.write_text(text + "\n")

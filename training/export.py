@@ -4,7 +4,7 @@ A release is what the app loads (DESIGN.md): `model.safetensors` holding the EMA
 naming the iteration and the source, `config.json` with the architecture, sensor and normalisation, and
 `README.md`, the model card. The card is written from what the job recorded (its resolved config,
 `progress.json`, the dataset manifest) and, when given, an evaluation report, so it states facts rather
-than intentions. The weights are read back through `inference.loader.load_model`, the path every user of
+than intentions. The weights are read back through `inference.load_pipeline`, the path every user of
 the release takes, and must reproduce the job's EMA exactly.
 """
 
@@ -25,7 +25,8 @@ import torch
 from safetensors.torch import save_file
 
 from checkpointing import atomic_write_text
-from inference.loader import CONFIG_NAME, WEIGHTS_NAME, load_model
+from inference import load_pipeline
+from inference.loader import CONFIG_NAME, WEIGHTS_NAME
 from lidar.sim.dataset import MANIFEST
 from lidar.sim.hdmap import MAP_CLASSES
 from training.config import TrainConfig
@@ -48,7 +49,8 @@ def export(job_dir: Path, out_dir: Path, metrics: dict[str, Any] | None = None, 
     cfg = TrainConfig.from_json(job_dir / CONFIG_NAME)
     progress = read_progress(job_dir)
     # 2. The EMA weights, through the same loader the app uses (safe formats only, shapes checked).
-    model, provenance = load_model(str(job_dir), device="cpu", dtype=torch.float32)
+    pipe = load_pipeline(str(job_dir), device="cpu", dtype=torch.float32)
+    model, provenance = pipe.model, pipe.provenance
     if provenance.weights != "ema":
         raise ValueError(f"job {job_dir} has no EMA weights at iteration {provenance.iteration}; a release ships the EMA")
     iteration = int(provenance.iteration)
