@@ -549,7 +549,7 @@ def build_demo() -> gr.Blocks:
                 with gr.Column(scale=1):
                     scans = example_scans()
                     if scans:
-                        gr.Examples([[str(p), AUTO_SENSOR] for p in scans], [scan_file, sensor], label="Real scans")
+                        gr.Examples([[str(p)] for p in scans], [scan_file], label="Real scans (click one)")
                     else:
                         gr.Markdown("*The shared real scans are not beside this checkout; upload your own.*")
             forecast_view = RolloutView.build("forecast")
