@@ -16,11 +16,6 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file as load_safetensors
 from torch import nn
-from torch.distributed.checkpoint.state_dict import (
-    StateDictOptions,
-    get_model_state_dict,
-    set_model_state_dict,
-)
 
 from checkpointing import layout
 from checkpointing.errors import CheckpointError, CorruptCheckpointError, StateDictMismatchError
@@ -162,8 +157,25 @@ def resolve_weights(
     return ResolvedWeights(reg, "reg", iteration, notices)
 
 
+def _is_plain(module: nn.Module) -> bool:
+    """True for a module no data-parallel wrapper touched.
+
+    Such modules (every inference load) skip torch.distributed.checkpoint, whose first call imports
+    torch._dynamo and costs seconds of start-up on a laptop; their own state_dict already has clean FQNs.
+    """
+    if isinstance(module, nn.parallel.DistributedDataParallel):
+        return False
+    if any(type(m).__name__ == "FullyShardedDataParallel" for m in module.modules()):
+        return False
+    return not any(type(p).__name__ == "DTensor" for p in module.parameters())
+
+
 def _expected_shapes(module: nn.Module) -> dict[str, tuple[int, ...]]:
     """Global shapes by clean FQN, without all-gathering (DTensor/ShardedTensor report global shapes)."""
+    if _is_plain(module):
+        return {k: tuple(v.shape) for k, v in module.state_dict().items()}
+    from torch.distributed.checkpoint.state_dict import get_model_state_dict
+
     return {k: tuple(v.shape) for k, v in get_model_state_dict(module).items()}
 
 
@@ -217,6 +229,11 @@ def load_weights_into(
             len(unexpected),
             len(shapes),
         )
+    if _is_plain(module):
+        module.load_state_dict(fitting, strict=False)
+        return missing, unexpected, shapes
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+
     full = torch.distributed.is_available() and torch.distributed.is_initialized()
     set_model_state_dict(module, fitting, options=StateDictOptions(full_state_dict=full, strict=False))
     return missing, unexpected, shapes

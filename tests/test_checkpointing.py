@@ -644,3 +644,24 @@ def test_cli_runs_as_a_module_and_fails_on_a_bad_pointer(tmp_path):
         timeout=120,
     )
     assert result.returncode == 1 and "leaves the checkpoints directory" in result.stdout
+
+
+def test_loading_weights_into_a_plain_module_never_imports_distributed_checkpoint(tmp_path) -> None:
+    """Inference start-up must not pay for torch.distributed.checkpoint (it imports torch._dynamo)."""
+    import subprocess
+    import sys
+
+    weights = str(tmp_path / "w.safetensors")
+    code = f"""
+import sys, torch
+from safetensors.torch import save_file
+from checkpointing import FSDPInferenceCheckpointer
+saved = {{"weight": torch.full((2, 3), 7.0), "bias": torch.full((2,), -1.0)}}
+save_file(saved, {weights!r})
+model = torch.nn.Linear(3, 2)
+FSDPInferenceCheckpointer({weights!r}).load_model_during_init(model)
+assert all(torch.equal(model.state_dict()[k], v) for k, v in saved.items()), "weights not loaded"
+print("dcp" if "torch.distributed.checkpoint" in sys.modules else "plain")
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
+    assert out == ["plain"]
