@@ -8,6 +8,7 @@ The launched server, the browser and the load test live in test_app_server.py an
 from __future__ import annotations
 
 import io
+import itertools
 import json
 import re
 import zipfile
@@ -192,6 +193,21 @@ def test_out_of_range_inputs_are_refused_with_a_clear_message(args, expected):
     call.update(args)
     with pytest.raises(gr.Error, match=re.escape(expected)):
         first_yield(app.generate_world(**call))
+
+
+def test_progress_is_reported_per_frame_and_step():
+    calls: list[tuple[float, str]] = []
+
+    def progress(fraction, desc=None, **_):
+        calls.append((fraction, desc))
+
+    gen = app.generate_world(3, "urban", "Straight", 3, 2, 0, 1.0, progress=progress)
+    first_yield(gen)
+    gen.close()
+    descs = [d for _, d in calls]
+    assert calls[0][0] == 0.0 and calls[-1][0] == pytest.approx(1.0)
+    assert all(b >= a for (a, _), (b, _) in itertools.pairwise(calls)), "progress never goes back"
+    assert "Generating: frame 1/3, step 1/2" in descs and "Generating: frame 3/3, step 2/2" in descs
 
 
 def test_an_unexpected_failure_is_reported_without_internals_and_logged(monkeypatch, caplog):
