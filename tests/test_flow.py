@@ -142,3 +142,14 @@ def test_x0_and_velocity_outputs_imply_the_same_velocity():
     )
     v = velocity_target(x0, noise)
     assert to_velocity(v, x_t, t, "velocity") is v
+
+
+def test_l1_loss_is_the_mean_absolute_error_of_the_same_prediction():
+    x0 = torch.randn(2, 2, 4, 8)
+    model = lambda x_t, t, c: torch.zeros_like(x_t)  # noqa: E731  (a velocity model predicting 0)
+    l1 = flow_matching_loss(model, x0, None, torch.Generator().manual_seed(0), norm="l1")
+    gen = torch.Generator().manual_seed(0)
+    noise = torch.randn(x0.shape, generator=gen)
+    assert l1.item() == pytest.approx((noise - x0).abs().mean().item(), rel=1e-6)
+    with pytest.raises(ValueError, match="norm"):
+        flow_matching_loss(model, x0, None, gen, norm="huber")
