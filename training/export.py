@@ -156,8 +156,9 @@ def model_card(cfg: TrainConfig, progress: dict[str, Any], dataset: dict[str, An
                parameters: int, weights: Path, metrics: dict[str, Any] | None, notes: list[str]) -> str:
     sensor = cfg.model["sensor"]
     launches = progress["launches"]
-    commands = sorted({launch["command"] for launch in launches})
-    hardware = sorted({launch["hardware"] for launch in launches})
+    commands = list(dict.fromkeys(launch["command"] for launch in launches))  # in launch order
+    hardware = list(dict.fromkeys(launch["hardware"] for launch in launches))
+    speed = launches[-1].get("samples_per_s") if launches else None
     wall = wall_seconds(progress)
     lines = [
         "# LidarVerse default world model",
@@ -210,6 +211,7 @@ def model_card(cfg: TrainConfig, progress: dict[str, Any], dataset: dict[str, An
         f"{len(launches)} launch(es) (the job resumes by itself from its checkpoints)",
         f"- wall time: {wall / 60:.1f} min of training, summed over launches",
         f"- hardware: {'; '.join(hardware) or 'unknown'}",
+        f"- throughput: {speed:.1f} samples/s at the end of the last launch" if speed else "- throughput: not logged",
         f"- optimiser: AdamW lr {cfg.lr:g}, betas {list(cfg.betas)}, weight decay {cfg.weight_decay:g}, "
         f"{cfg.warmup_iters} warm-up steps then cosine to {cfg.min_lr_ratio:g} x lr; grad clip {cfg.grad_clip:g}",
         f"- EMA decay {cfg.ema_decay} from iteration {cfg.ema_start_iter}; the release holds the EMA weights",
