@@ -35,6 +35,7 @@ def test_default_config_loads_and_round_trips() -> None:
         ("betas", [0.9]),
         ("data_root", ""),
         ("model", {}),
+        ("loss_norm", "l3"),
     ],
 )
 def test_bad_value_names_the_field(field: str, value: object) -> None:

@@ -55,6 +55,8 @@ class TrainConfig:
     betas: tuple[float, float] = (0.9, 0.99)
     #: Global gradient-norm clip; 0 disables it.
     grad_clip: float = 1.0
+    #: Flow-matching error norm, "l2" or "l1" (L1's median x0 does not blend a return with a ray drop).
+    loss_norm: str = "l2"
     #: Steps of linear warm-up from 0 to `lr`.
     warmup_iters: int = 200
     #: Total optimiser steps; the cosine schedule ends here at `min_lr_ratio * lr`.
@@ -117,6 +119,8 @@ class TrainConfig:
             raise ValueError(f"betas must be two numbers in [0, 1), got {self.betas!r}")
         if self.grad_clip < 0.0:
             raise ValueError(f"grad_clip must be >= 0 (0 disables it), got {self.grad_clip!r}")
+        if self.loss_norm not in ("l2", "l1"):
+            raise ValueError(f"loss_norm must be 'l2' or 'l1', got {self.loss_norm!r}")
         if not 0.0 <= self.min_lr_ratio <= 1.0:
             raise ValueError(f"min_lr_ratio must be in [0, 1], got {self.min_lr_ratio!r}")
         if not 0.0 < self.ema_decay < 1.0:
