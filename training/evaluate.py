@@ -306,6 +306,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="a few tiny rollouts (CI smoke test)")
     parser.add_argument("--rollouts", type=int, default=None, help="override the number of rollouts")
     parser.add_argument("--steps", type=int, default=None, help="sampler steps (default: the model's)")
+    parser.add_argument("--guidance", type=float, default=None, help="CFG scale (default: the model's)")
     parser.add_argument("--data-dir", default=None, help="where reference sets are cached (default data/eval)")
     parser.add_argument("--train-data", default="data/sim_hdl32_512", help="training dataset to check disjointness")
     parser.add_argument("--seed", type=int, default=0)
@@ -327,7 +328,7 @@ def main(argv: list[str] | None = None) -> int:
             cfg = EvalConfig.quick(args.data_dir or tmp)
         else:
             cfg = EvalConfig(data_dir=args.data_dir or "data/eval")
-        overrides = {"rollouts": args.rollouts, "steps": args.steps}
+        overrides = {"rollouts": args.rollouts, "steps": args.steps, "guidance": args.guidance}
         cfg = EvalConfig(**{**asdict(cfg), **{k: v for k, v in overrides.items() if v is not None},
                             "train_data": args.train_data, "free_generation": not args.no_free_generation})
         report = evaluate(pipe.model, cfg, seed=args.seed)
