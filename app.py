@@ -46,6 +46,7 @@ from inference import Progress as RolloutProgress
 from inference.cache import transform_points
 from lidar import render
 from lidar.formats import check_sensor, detect_sensor, read_points, write_points
+from lidar.real_scans import real_scans_dir
 from lidar.sensors import PRESETS, get_sensor
 from lidar.sim import HDMap, World, make_world, plan_drive
 
@@ -72,8 +73,8 @@ VIEWER_MAX_POINTS = 400_000
 VIEWER_BACKGROUND = (0.05, 0.05, 0.08, 1.0)  # RGBA; dark, so height colours stand out
 PATH_COLOUR = (0, 220, 255)
 APP_DIR = Path(__file__).resolve().parent
-# The shared real scans sit beside the repository (…/shared/data/real_scans); absent in a bare clone.
-REAL_SCANS_DIR = APP_DIR.parent / "shared" / "data" / "real_scans"
+# The shared real scans (examples of the forecast tab); absent in a bare clone.
+REAL_SCANS_DIR = real_scans_dir()
 
 
 #: The loaded model. Swapped whole by the Model tab; each request reads it once, at its start.

@@ -25,9 +25,10 @@ import app
 from inference.loader import CONFIG_NAME, WEIGHTS_NAME
 from inference.network import WorldModel, WorldModelConfig
 from lidar.formats import read_points, write_points
+from lidar.real_scans import real_scans_dir
 from lidar.sensors import Sensor
 
-REAL_SCANS = Path(__file__).resolve().parents[2] / "shared" / "data" / "real_scans"
+REAL_SCANS = real_scans_dir()
 KITTI_SCAN = REAL_SCANS / "kitti_patchworkpp_000000.bin"
 needs_real_scans = pytest.mark.skipif(not KITTI_SCAN.is_file(), reason=f"shared real scans not found at {REAL_SCANS}")
 

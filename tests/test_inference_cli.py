@@ -14,12 +14,11 @@ import pytest
 from inference import load_pipeline
 from inference.__main__ import main
 from lidar.formats import read_points
+from lidar.real_scans import real_scans_dir
 from tests.test_loader import tiny_model, write_hub_cache, write_release
 
 REPO = Path(__file__).resolve().parents[1]
-REAL_SCANS = Path(__file__).resolve().parents[2] / "shared/data/real_scans"
-
-
+REAL_SCANS = real_scans_dir()
 @pytest.fixture(scope="module")
 def release(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return write_release(tmp_path_factory.mktemp("release"), tiny_model(seed=4))

@@ -15,10 +15,11 @@ from PIL import Image
 from lidar.cli import main
 from lidar.formats import read_points, write_points
 from lidar.range_image import beam_rows
+from lidar.real_scans import real_scans_dir
 from lidar.sensors import HDL32, HDL64
 
 REPO = Path(__file__).resolve().parents[1]
-REAL_SCANS = Path(__file__).resolve().parents[2] / "shared/data/real_scans"
+REAL_SCANS = real_scans_dir()
 KITTI = REAL_SCANS / "kitti_patchworkpp_000000.bin"
 
 

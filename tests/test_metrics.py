@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import math
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -11,11 +10,10 @@ from scipy.spatial.distance import jensenshannon
 
 from lidar import metrics
 from lidar.range_image import RangeImage, project
+from lidar.real_scans import real_scans_dir
 from lidar.sensors import HDL32
 
-REAL_SCANS = Path(__file__).resolve().parents[2] / "shared/data/real_scans"
-
-
+REAL_SCANS = real_scans_dir()
 def _scene(seed: int, n: int = 3000, shift: float = 0.0) -> np.ndarray:
     """A street-ish cloud: ground ring plus two walls, optionally slid forward by `shift` metres."""
     rng = np.random.default_rng(seed)

@@ -7,7 +7,6 @@ validation), not sample quality.
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -18,13 +17,12 @@ from inference.pipeline import FORECAST_SPEED, action_poses, write_rollout
 from inference.rollout import Frame, RolloutResult
 from lidar.formats import read_points
 from lidar.range_image import RangeImage
+from lidar.real_scans import real_scans_dir
 from lidar.sensors import HDL64
 from lidar.sim import make_world, plan_drive
 from tests.test_loader import tiny_model, write_release
 
-REAL_SCANS = Path(__file__).resolve().parents[2] / "shared/data/real_scans"
-
-
+REAL_SCANS = real_scans_dir()
 @pytest.fixture(scope="module")
 def pipe(tmp_path_factory: pytest.TempPathFactory) -> LidarVersePipeline:
     folder = write_release(tmp_path_factory.mktemp("release"), tiny_model(seed=3))

@@ -8,16 +8,15 @@ values reported in the project README's "LiDAR files and sensors" table.
 from __future__ import annotations
 
 import re
-from pathlib import Path
 
 import numpy as np
 import pytest
 
 from lidar.formats import azimuth_coverage_deg, detect_sensor, read_points
 from lidar.range_image import project
+from lidar.real_scans import real_scans_dir
 
-REAL_SCANS = Path(__file__).resolve().parents[2] / "shared/data/real_scans"
-
+REAL_SCANS = real_scans_dir()
 #: file stem prefix -> (detected sensor or None, intensity divisor, file's max intensity per the data README,
 #: lower bound on the kept fraction)
 EXPECTED = {
@@ -128,3 +127,10 @@ def test_check_sensor_refuses_a_sensor_whose_beams_miss_the_scan() -> None:
     with pytest.raises(PointCloudError, match="ring index reaches 127"):
         check_sensor(ouster, HDL64)
     check_sensor(ouster, OS1_128)
+
+
+def test_real_scans_dir_follows_the_environment_variable(monkeypatch, tmp_path) -> None:
+    monkeypatch.setenv("LIDARVERSE_REAL_SCANS", str(tmp_path))
+    assert real_scans_dir() == tmp_path
+    monkeypatch.delenv("LIDARVERSE_REAL_SCANS")
+    assert real_scans_dir() == Path(__file__).resolve().parents[2] / "shared" / "data" / "real_scans"

@@ -1,7 +1,5 @@
 """The world rollout loop on a tiny model: determinism per seed, callbacks, cache feedback, forecast/resim."""
 
-from pathlib import Path
-
 import numpy as np
 import pytest
 import torch
@@ -12,6 +10,7 @@ from inference.network import WorldModel, WorldModelConfig
 from inference.rollout import Progress, cache_from_scans, rollout
 from lidar.formats import read_points
 from lidar.range_image import project, unproject
+from lidar.real_scans import real_scans_dir
 from lidar.sensors import VLP16
 
 SENSOR = VLP16.with_width(64)
@@ -151,9 +150,7 @@ def test_bad_poses_and_scans_are_named(model):
     assert isinstance(cache_from_scans([], np.zeros((0, 4, 4))), SpatialCache)
 
 
-REAL_SCANS = Path(__file__).resolve().parents[2] / "shared/data/real_scans"
-
-
+REAL_SCANS = real_scans_dir()
 @pytest.mark.skipif(
     not (REAL_SCANS / "kitti_patchworkpp_000000.bin").exists(), reason=f"no real scans in {REAL_SCANS}"
 )

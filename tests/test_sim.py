@@ -5,12 +5,12 @@ from __future__ import annotations
 import json
 import time
 from dataclasses import replace
-from pathlib import Path
 
 import numpy as np
 import pytest
 
 from lidar.range_image import project
+from lidar.real_scans import real_scans_dir
 from lidar.sensors import HDL32, Sensor
 from lidar.sim import (
     MAP_CLASSES,
@@ -567,9 +567,7 @@ def test_on_the_fly_dataset_splits_sequences_across_dataloader_workers():
     np.testing.assert_array_equal(got["range"][0].numpy(), direct.frames[1].image.range)
 
 
-REAL_SCANS = Path(__file__).resolve().parents[2] / "shared/data/real_scans"
-
-
+REAL_SCANS = real_scans_dir()
 @pytest.mark.skipif(
     not (REAL_SCANS / "nuscenes_lidaraisolution_ff9eff4389a740848f9a56ad749a4ae8.bin").exists(),
     reason=f"real scans not found under {REAL_SCANS}",

@@ -16,9 +16,10 @@ import numpy as np
 from scipy.spatial.distance import jensenshannon
 
 from lidar.range_image import RangeImage, project
+from lidar.real_scans import real_scans_dir
 from lidar.sensors import HDL32, HDL64, Sensor
 
-REAL_DIR = Path(__file__).resolve().parents[3] / "shared" / "data" / "real_scans"
+REAL_DIR = real_scans_dir()
 KITTI_FILES = ("kitti_patchworkpp_000000.bin", "kitti_patchworkpp_000002.bin", "kitti_patchworkpp_000004.bin")
 NUSCENES_FILE = "nuscenes_lidaraisolution_ff9eff4389a740848f9a56ad749a4ae8.bin"
 RANGE_BINS = np.concatenate([np.arange(0.0, 30.0, 2.0), np.arange(30.0, 101.0, 10.0)])
