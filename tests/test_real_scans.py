@@ -8,6 +8,7 @@ values reported in the project README's "LiDAR files and sensors" table.
 from __future__ import annotations
 
 import re
+from pathlib import Path
 
 import numpy as np
 import pytest
