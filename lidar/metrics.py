@@ -17,6 +17,11 @@ github.com/kazuto1011/r2dm, `metrics/bev.py`), which re-implements LiDARGen's pr
   exactly as R2DM's `compute_mmd_2d`. LiDARGen's `gaussian` calls `np.linalg.norm(x - y, 2)` on the
   unflattened 100 x 100 arrays, which numpy evaluates as the matrix spectral norm; we follow R2DM's
   Euclidean norm, the quantity the papers describe.
+
+Forecast accuracy against the ground truth of the same pose follows the point-cloud forecasting protocol
+of Khurana et al. (CVPR 2023, github.com/tarashakhurana/4d-occ-forecasting, also used by Copilot4D):
+`per_ray_errors` (L1 mean/median, AbsRel per ground-truth ray, plus coverage and return-mask IoU) and
+`forecast_chamfer` (squared nearest-neighbour distances both ways, halved, inside +-70 m x/y, +-4.5 m z).
 """
 
 from __future__ import annotations
@@ -39,6 +44,9 @@ BEV_MAX_RANGE = 70.0
 BEV_FIELD_SIZE = 160.0
 BEV_BINS = 100
 MMD_SIGMA = 0.5
+#: Point-cloud forecasting crop (Khurana et al. 2023): |x|, |y| <= 70 m and |z| <= 4.5 m in the sensor frame.
+FORECAST_CROP_XY = 70.0
+FORECAST_CROP_Z = 4.5
 
 
 def _xyz(points: np.ndarray, what: str) -> np.ndarray:
@@ -195,18 +203,87 @@ def beam_return_rate(images_or_masks: RangeImage | Sequence[RangeImage] | np.nda
     return masks.mean(axis=(0, 2), dtype=np.float64)
 
 
+def _nearest_distances(a: np.ndarray, b: np.ndarray, what: str) -> tuple[np.ndarray, np.ndarray]:
+    """Each point's distance to the other cloud's nearest point (a->b, b->a), shared by both Chamfer forms."""
+    xa, xb = _xyz(a, "a"), _xyz(b, "b")
+    if len(xa) == 0 or len(xb) == 0:
+        raise ValueError(f"{what} needs non-empty clouds, got {len(xa)} and {len(xb)} points")
+    if not (np.isfinite(xa).all() and np.isfinite(xb).all()):
+        raise ValueError(f"{what} got non-finite coordinates; drop NaN/inf points first")
+    d_ab, _ = cKDTree(xb).query(xa, k=1)
+    d_ba, _ = cKDTree(xa).query(xb, k=1)
+    return d_ab, d_ba
+
+
 def chamfer_distance(a: np.ndarray, b: np.ndarray) -> float:
     """Symmetric Chamfer distance in metres (NOT squared): mean over both directions of NN distances.
 
     CD = 0.5 * (mean_{p in a} min_{q in b} |p - q| + mean_{q in b} min_{p in a} |p - q|), on xyz only.
     Plain metres keep it readable as "average surface disagreement" between consecutive or re-simulated
-    sweeps; square the per-point terms yourself if comparing to papers that use the squared form.
+    sweeps; `forecast_chamfer` is the squared, cropped form the forecasting papers report.
     """
-    xa, xb = _xyz(a, "a"), _xyz(b, "b")
-    if len(xa) == 0 or len(xb) == 0:
-        raise ValueError(f"chamfer_distance needs non-empty clouds, got {len(xa)} and {len(xb)} points")
-    if not (np.isfinite(xa).all() and np.isfinite(xb).all()):
-        raise ValueError("chamfer_distance got non-finite coordinates; drop NaN/inf points first")
-    d_ab, _ = cKDTree(xb).query(xa, k=1)
-    d_ba, _ = cKDTree(xa).query(xb, k=1)
+    d_ab, d_ba = _nearest_distances(a, b, "chamfer_distance")
     return float(0.5 * (d_ab.mean() + d_ba.mean()))
+
+
+def in_crop(points: np.ndarray, half_xy: float = FORECAST_CROP_XY, half_z: float = FORECAST_CROP_Z) -> np.ndarray:
+    """Mask of the points inside the box |x|, |y| <= half_xy, |z| <= half_z (sensor frame, bounds inclusive)."""
+    xyz = _xyz(points, "points")
+    return (np.abs(xyz[:, :2]) <= half_xy).all(axis=1) & (np.abs(xyz[:, 2]) <= half_z)
+
+
+def forecast_chamfer(
+    pred: np.ndarray, gt: np.ndarray, half_xy: float = FORECAST_CROP_XY, half_z: float = FORECAST_CROP_Z
+) -> float:
+    """Point-cloud forecasting Chamfer distance in m^2 (Khurana et al. 2023, `compute_chamfer_distance_inner`).
+
+    Both clouds (sensor frame of the target pose) are cropped to the box of `in_crop`; then
+    CD = 0.5 * (mean_{p in pred} min_q |p - q|^2 + mean_{q in gt} min_p |p - q|^2). Squared distances
+    punish blur and misplaced surfaces far more than the plain-metre `chamfer_distance`, which is why
+    the forecasting literature (4D occupancy forecasting, Copilot4D) reports this form. The reference
+    returns 0 when a crop is empty, which would score an empty forecast as perfect; here it is an error.
+    """
+    p, g = _xyz(pred, "pred"), _xyz(gt, "gt")
+    p, g = p[in_crop(p, half_xy, half_z)], g[in_crop(g, half_xy, half_z)]
+    if len(p) == 0 or len(g) == 0:
+        raise ValueError(
+            f"forecast_chamfer: {len(p)} predicted and {len(g)} ground-truth points lie inside the "
+            f"+-{half_xy} m x/y, +-{half_z} m z crop; both need at least one (sensor-frame points?)"
+        )
+    d_pg, d_gp = _nearest_distances(p, g, "forecast_chamfer")
+    return float(0.5 * (np.mean(d_pg**2) + np.mean(d_gp**2)))
+
+
+def _range_array(image: RangeImage | np.ndarray, what: str) -> np.ndarray:
+    arr = image.range if isinstance(image, RangeImage) else np.asarray(image)
+    if arr.ndim != 2 or not np.issubdtype(arr.dtype, np.number):
+        raise ValueError(f"{what} must be a RangeImage or an (H, W) range array in metres, got shape {arr.shape}")
+    if not np.isfinite(arr).all() or (arr < 0).any():
+        raise ValueError(f"{what} holds negative or non-finite ranges; 0 means no return")
+    return arr.astype(np.float64)
+
+
+def per_ray_errors(pred: RangeImage | np.ndarray, gt: RangeImage | np.ndarray) -> dict[str, float]:
+    """Per-ray depth errors of a forecast against the ground truth on one range-image grid (0 = no return).
+
+    Following the ray-based protocol of Khurana et al. 2023, every ground-truth ray that returns is a
+    query. Depth errors (`l1_mean`, `l1_median` in m, `absrel` = mean |pred - gt| / gt) are taken over
+    the queries where the prediction also returns, and `coverage` is that share of the queries: a
+    missing return is a hole, which `iou` (of the two return masks) and Chamfer measure, not a huge
+    depth error. Depth errors are NaN when nothing is covered.
+    """
+    p, g = _range_array(pred, "pred"), _range_array(gt, "gt")
+    if p.shape != g.shape:
+        raise ValueError(f"pred is {p.shape} but gt is {g.shape}; project both onto one sensor grid")
+    query, hit = g > 0, p > 0
+    if not query.any():
+        raise ValueError("gt has no returns, so there is no ray to measure")
+    both = query & hit
+    err = np.abs(p[both] - g[both])
+    return {
+        "l1_mean": float(err.mean()) if err.size else float("nan"),
+        "l1_median": float(np.median(err)) if err.size else float("nan"),
+        "absrel": float((err / g[both]).mean()) if err.size else float("nan"),
+        "coverage": float(both.sum() / query.sum()),
+        "iou": float(both.sum() / (query | hit).sum()),
+    }

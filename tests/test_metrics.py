@@ -193,3 +193,52 @@ def test_real_kitti_frames_score_closer_to_each_other_than_to_another_dataset():
     assert metrics.bev_mmd([k0], [k2]) < metrics.bev_mmd([k0], [panda])
     # Frames 0.2 s apart disagree less than frames 0.4 s apart.
     assert 0.0 < metrics.chamfer_distance(k0, k2) < metrics.chamfer_distance(k0, k4) < 1.0
+
+
+def test_forecast_chamfer_by_hand_is_squared_halved_and_cropped():
+    pred = np.array([[0.0, 0.0, 0.0], [69.0, 0.0, 0.0], [71.0, 0.0, 0.0], [0.0, 0.0, 5.0]])
+    gt = np.array([[0.0, 0.0, 1.0], [70.0, -70.0, -4.5], [0.0, 80.0, 0.0]])
+    # Crop keeps pred (0,0,0), (69,0,0) and gt (0,0,1), (70,-70,-4.5) (bounds inclusive).
+    # pred->gt: 1 and |(69,0,0)-(0,0,1)|^2 = 4762; gt->pred: 1 and |(1,-70,-4.5)|^2 = 4921.25.
+    expected = 0.5 * ((1.0 + 4762.0) / 2 + (1.0 + 4921.25) / 2)
+    assert metrics.forecast_chamfer(pred, gt) == pytest.approx(expected)
+    assert metrics.forecast_chamfer(gt, gt) == 0.0
+    # Against the plain-metre form: one point 3 m off is 3 m there and (9 + 9) / 2 m^2 here.
+    assert metrics.chamfer_distance(pred[:1], gt[:1] * 3) == pytest.approx(3.0)
+    assert metrics.forecast_chamfer(pred[:1], gt[:1] * 3) == pytest.approx(9.0)
+    with pytest.raises(ValueError, match="crop"):
+        metrics.forecast_chamfer(pred[2:], gt)
+
+
+def test_in_crop_is_an_inclusive_box_in_the_sensor_frame():
+    pts = np.array([[70.0, 70.0, 4.5], [-70.0, 0.0, -4.5], [70.01, 0.0, 0.0], [0.0, -70.01, 0.0], [0, 0, 4.6]])
+    np.testing.assert_array_equal(metrics.in_crop(pts), [True, True, False, False, False])
+    np.testing.assert_array_equal(metrics.in_crop(pts, half_xy=100.0, half_z=5.0), [True] * 5)
+
+
+def test_per_ray_errors_identical_images_are_perfect_and_a_known_shift_gives_known_errors():
+    gt = np.array([[10.0, 20.0, 0.0, 5.0], [0.0, 40.0, 8.0, 0.0]])
+    same = metrics.per_ray_errors(gt, gt)
+    assert same == {"l1_mean": 0.0, "l1_median": 0.0, "absrel": 0.0, "coverage": 1.0, "iou": 1.0}
+    # Every returning ray 0.5 m too far: L1 0.5, AbsRel mean(0.5 / r).
+    shifted = metrics.per_ray_errors(np.where(gt > 0, gt + 0.5, 0.0), RangeImage(gt, np.zeros_like(gt)))
+    assert shifted["l1_mean"] == pytest.approx(0.5) and shifted["l1_median"] == pytest.approx(0.5)
+    assert shifted["absrel"] == pytest.approx(np.mean(0.5 / np.array([10, 20, 5, 40, 8])))
+    assert shifted["iou"] == 1.0
+
+
+def test_per_ray_errors_count_holes_in_coverage_and_iou_not_in_depth():
+    gt = np.array([[10.0, 20.0, 0.0, 5.0]])
+    pred = np.array([[11.0, 0.0, 7.0, 2.0]])  # ray 1 a hole, ray 2 spurious
+    errs = metrics.per_ray_errors(pred, gt)
+    assert errs["l1_mean"] == pytest.approx(2.0) and errs["l1_median"] == pytest.approx(2.0)
+    assert errs["absrel"] == pytest.approx((0.1 + 0.6) / 2)
+    assert errs["coverage"] == pytest.approx(2 / 3) and errs["iou"] == pytest.approx(2 / 4)
+    nothing = metrics.per_ray_errors(np.zeros_like(gt), gt)
+    assert math.isnan(nothing["l1_median"]) and nothing["coverage"] == 0.0 and nothing["iou"] == 0.0
+    with pytest.raises(ValueError, match="no returns"):
+        metrics.per_ray_errors(gt, np.zeros_like(gt))
+    with pytest.raises(ValueError, match="one sensor grid"):
+        metrics.per_ray_errors(gt[:, :2], gt)
+    with pytest.raises(ValueError, match="non-finite"):
+        metrics.per_ray_errors(np.full_like(gt, np.nan), gt)
