@@ -32,6 +32,7 @@ from kiss_icp.kiss_icp import KissICP
 from scipy.spatial import cKDTree
 
 from lidar.formats import Scan
+from lidar.sequence import check_poses
 
 logger = logging.getLogger(__name__)
 
@@ -130,7 +131,7 @@ def register_sweeps(
     clouds = [_xyz(sweep, _name(names, i)) for i, sweep in enumerate(_check_sweeps(sweeps))]
     icp = KissICP(config.kiss_config())
     if initial_pose is not None:
-        icp.last_pose = _check_pose(initial_pose)
+        icp.last_pose = check_poses(np.asarray(initial_pose)[None], "initial_pose")[0]
     n = len(clouds)
     poses, fitness, rmse = np.empty((n, 4, 4)), np.ones(n), np.zeros(n)
     sigma, seconds = np.empty(n), np.empty(n)
@@ -185,20 +186,6 @@ def _xyz(sweep: np.ndarray | Scan, name: str) -> np.ndarray:
         raise ValueError(f"{name} must be (N, 3+) points x, y, z[, ...], got shape {points.shape}")
     xyz = points[:, :3].astype(np.float64)
     return xyz[np.isfinite(xyz).all(axis=1)]
-
-
-def _check_pose(pose: np.ndarray) -> np.ndarray:
-    arr = np.asarray(pose, dtype=np.float64)
-    rot = arr[:3, :3] if arr.shape == (4, 4) else None
-    if (
-        rot is None
-        or not np.isfinite(arr).all()
-        or np.abs(rot @ rot.T - np.eye(3)).max() > 1e-4
-        or abs(np.linalg.det(rot) - 1.0) > 1e-4
-        or np.abs(arr[3] - [0.0, 0.0, 0.0, 1.0]).max() > 1e-9
-    ):
-        raise ValueError(f"initial_pose must be a finite rigid (4, 4) world_from_sensor transform, got {arr!r}")
-    return arr
 
 
 def _name(names: Sequence[str] | None, i: int) -> str:

@@ -66,7 +66,7 @@ def test_bad_inputs_name_what_was_expected() -> None:
         register_sweeps([])
     with pytest.raises(ValueError, match=r"\(N, 3\+\) points"):
         register_sweeps([np.zeros((5, 2))])
-    with pytest.raises(ValueError, match="initial_pose must be a finite rigid"):
+    with pytest.raises(ValueError, match="initial_pose: pose 0 is not a finite rigid"):
         register_sweeps([np.zeros((5, 3))], initial_pose=np.ones((4, 4)))
     with pytest.raises(ValueError, match=r"RegisterConfig\.min_fitness"):
         RegisterConfig(min_fitness=2.0)

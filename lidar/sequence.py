@@ -1,0 +1,304 @@
+"""Recorded sequences: an ordered set of sweeps from a folder, a zip or a list of files, with optional poses.
+
+A sequence is what forecasting and re-simulation start from. Sweeps are read with `lidar.formats.read_points`
+(every supported format) and ordered by the frame number in their names (KITTI `000000.bin`, `000002.bin`,
+... or `frame_007.ply`; the trailing digits of the stem), then by name.
+
+Poses come, optionally, from
+- a KITTI odometry `poses.txt`: one line of 12 numbers per frame, the 3x4 pose of the left camera in the
+  first camera frame. Our convention is `world_from_sensor` of the Velodyne (x forward, y left, z up), so
+  each pose is conjugated with KITTI's `Tr` (velodyne -> camera 0, from the sequence's `calib.txt`):
+  `world_from_velo = Tr^-1 @ cam0_from_cam @ Tr`, a world frame that is the first Velodyne frame. Without a
+  `calib.txt` the nominal axis swap is assumed (velo x = cam z, y = -cam x, z = -cam y) with no lever arm:
+  exact up to the ~0.3 m camera-Velodyne offset rotated by the heading change, a few cm over a short prefix.
+  Line i is the pose of the sweep whose name holds frame number i (so 000000/000002/000004 take lines
+  0, 2, 4), or of the i-th sweep when names carry no number;
+- the `poses.json` that `python -m inference generate` / `forecast` write (`frames[*].file` and `.pose`,
+  matched to sweeps by file name), or a JSON list of 4x4 `world_from_sensor` matrices, one per sweep.
+
+Uploads from the public app go through here, so everything is bounded before it is read: the number of
+sweeps, their total bytes and a zip's members (with each member's size checked while it is inflated, since
+the header may lie). Zip members are written under a fresh folder by their base name only (zip slip safe).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+import tempfile
+import zipfile
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from lidar.formats import MAX_FILE_BYTES, PointCloudError, Scan, read_points
+from lidar.sensors import Sensor
+
+logger = logging.getLogger(__name__)
+
+#: Most sweeps one sequence may hold (a forecast prefix or a re-simulated scene, not a whole drive).
+MAX_SWEEPS = 50
+#: Most bytes all sweeps of a sequence may take together (uncompressed).
+MAX_SEQUENCE_BYTES = 256 * 2**20
+#: Most entries a zip may list, sweeps or not (a zip of thousands of tiny entries is refused unread).
+MAX_ZIP_MEMBERS = 200
+#: File extensions taken as sweeps; `read_points` also sniffs content, but a folder holds other files too.
+SWEEP_SUFFIXES = (".bin", ".pcd", ".ply", ".npy", ".npz", ".las", ".laz")
+#: Files a sequence folder may hold besides sweeps: never read as sweeps.
+POSES_FILES = ("poses.json", "poses.txt")
+CALIB_FILE = "calib.txt"
+#: KITTI camera 0 from Velodyne, axes only: x_cam = -y_velo, y_cam = -z_velo, z_cam = x_velo.
+NOMINAL_KITTI_TR = np.array([[0.0, -1.0, 0.0, 0.0], [0.0, 0.0, -1.0, 0.0], [1.0, 0.0, 0.0, 0.0], [0.0, 0.0, 0.0, 1.0]])
+_FRAME_NUMBER = re.compile(r"(\d+)$")
+
+
+@dataclass
+class SweepSequence:
+    """Sweeps in recording order, the names they came under, and their poses when a poses file gave them."""
+
+    scans: list[Scan]
+    names: list[str]
+    #: (N, 4, 4) world_from_sensor, or None when the sequence came without poses (then register it).
+    poses: np.ndarray | None = None
+
+
+def read_sequence(
+    source: str | Path | Sequence[str | Path],
+    *,
+    sensor: Sensor | None = None,
+    poses: str | Path | None = None,
+) -> SweepSequence:
+    """Read a folder, a zip (one path) or a list of sweep files; poses from `poses`, else from the folder/zip.
+
+    Raises `PointCloudError` (a `ValueError`) naming what was wrong and what was expected.
+    """
+    paths = [Path(source)] if isinstance(source, str | Path) else [Path(p) for p in source]
+    if not paths:
+        raise PointCloudError("no sweep files given; expected sweep files, a folder of them or a zip")
+    if len(paths) == 1 and zipfile.is_zipfile(paths[0]) and paths[0].suffix.lower() == ".zip":
+        with tempfile.TemporaryDirectory(prefix="lidarverse_zip_") as tmp:
+            return _read_folder(extract_zip(paths[0], Path(tmp)), sensor, poses, label=paths[0].name)
+    if len(paths) == 1 and paths[0].is_dir():
+        return _read_folder(paths[0], sensor, poses, label=str(paths[0]))
+    return _read_files(paths, sensor, poses)
+
+
+def sweep_files(folder: Path) -> list[Path]:
+    """The sweep files directly in `folder`, in frame order; hidden files and poses/calibration are skipped."""
+    if not folder.is_dir():
+        raise PointCloudError(f"{folder}: not a folder; expected a folder of sweep files")
+    files = [
+        p
+        for p in folder.iterdir()
+        if p.is_file() and not p.name.startswith(".") and p.suffix.lower() in SWEEP_SUFFIXES
+    ]
+    return sorted(files, key=_frame_order)
+
+
+def extract_zip(archive: Path, into: Path) -> Path:
+    """Unpack the sweeps and poses files of `archive` flat into `into`, bounded; returns `into`.
+
+    Only a member's base name is used, so `../x.bin` or `/etc/x.bin` lands as `into/x.bin`; folders inside
+    the zip are flattened, and two members with the same base name are refused rather than overwritten.
+    """
+    try:
+        with zipfile.ZipFile(archive) as zf:
+            members = zf.infolist()
+            if len(members) > MAX_ZIP_MEMBERS:
+                raise PointCloudError(
+                    f"{archive.name}: {len(members)} entries; a sequence zip may hold at most {MAX_ZIP_MEMBERS}"
+                )
+            wanted = [m for m in members if _wanted_member(m)]
+            _check_count(sum(Path(m.filename).suffix.lower() in SWEEP_SUFFIXES for m in wanted), archive.name)
+            total = 0
+            for member in wanted:
+                name = Path(member.filename.replace("\\", "/")).name
+                target = into / name
+                if target.exists():
+                    raise PointCloudError(f"{archive.name}: two entries are named {name!r}; expected unique names")
+                total += _inflate(zf, member, target, MAX_SEQUENCE_BYTES - total, archive.name)
+    except zipfile.BadZipFile as exc:
+        raise PointCloudError(f"{archive.name}: not a readable zip ({exc}); expected a zip of sweep files") from None
+    return into
+
+
+def read_poses(path: str | Path, names: Sequence[str], calib: str | Path | None = None) -> np.ndarray:
+    """(N, 4, 4) world_from_sensor poses for the sweeps called `names`, from a poses.txt or a JSON file."""
+    path = Path(path)
+    if not path.is_file():
+        raise PointCloudError(f"{path}: no such poses file; expected a KITTI poses.txt or a poses.json")
+    if path.stat().st_size > MAX_FILE_BYTES:
+        raise PointCloudError(f"{path}: too large for a poses file (over {MAX_FILE_BYTES / 1e6:.0f} MB)")
+    text = path.read_text(errors="replace")
+    if text.lstrip().startswith(("{", "[")):
+        poses = _json_poses(path, text, names)
+    else:
+        poses = _kitti_poses(path, text, names, calib)
+    return check_poses(poses, str(path))
+
+
+def kitti_velodyne_poses(cam_poses: np.ndarray, tr: np.ndarray = NOMINAL_KITTI_TR) -> np.ndarray:
+    """KITTI camera-0 poses (N, 4, 4) -> Velodyne world_from_sensor, the world being the first Velodyne frame."""
+    return np.linalg.inv(tr) @ cam_poses @ tr
+
+
+def check_poses(poses: np.ndarray, name: str) -> np.ndarray:
+    """(N, 4, 4) finite rigid transforms as float64, or a `ValueError` naming the first bad one."""
+    arr = np.asarray(poses, dtype=np.float64)
+    if arr.ndim != 3 or arr.shape[1:] != (4, 4):
+        raise ValueError(f"{name}: poses of shape {arr.shape}; expected (N, 4, 4) world_from_sensor")
+    rot = arr[:, :3, :3]
+    ok = np.isfinite(arr).all(axis=(1, 2))
+    with np.errstate(invalid="ignore"):
+        ok &= np.abs(rot @ rot.transpose(0, 2, 1) - np.eye(3)).max(axis=(1, 2)) < 1e-4
+        ok &= np.abs(np.linalg.det(np.where(np.isfinite(rot), rot, 0.0)) - 1.0) < 1e-4
+        ok &= np.abs(arr[:, 3] - [0.0, 0.0, 0.0, 1.0]).max(axis=1) < 1e-9
+    if not ok.all():
+        raise ValueError(
+            f"{name}: pose {int(np.flatnonzero(~ok)[0])} is not a finite rigid transform (rotation with det 1, "
+            "last row 0 0 0 1); expected world_from_sensor poses"
+        )
+    return arr
+
+
+# ----------------------------------------------------------------------------------------------------------
+
+
+def _read_folder(folder: Path, sensor: Sensor | None, poses: str | Path | None, label: str) -> SweepSequence:
+    """A folder written by `write_rollout` is read in its poses.json order (frames only, not world.*)."""
+    own = folder / "poses.json"
+    if own.is_file() and poses is None:
+        names = _rollout_frame_files(own)
+        files = [folder / n for n in names]
+        return _read_files(files, sensor, own)
+    files = sweep_files(folder)
+    if not files:
+        raise PointCloudError(f"{label}: no sweep files ({', '.join(SWEEP_SUFFIXES)}) found")
+    if poses is None and (folder / "poses.txt").is_file():
+        poses = folder / "poses.txt"
+    return _read_files(files, sensor, poses)
+
+
+def _read_files(files: list[Path], sensor: Sensor | None, poses: str | Path | None) -> SweepSequence:
+    _check_count(len(files), "the sequence")
+    total = 0
+    for path in files:
+        total += path.stat().st_size if path.is_file() else 0
+        if total > MAX_SEQUENCE_BYTES:
+            raise PointCloudError(
+                f"the sweeps add up to over {MAX_SEQUENCE_BYTES / 2**20:.0f} MB; a sequence may hold at most that"
+            )
+    scans = [read_points(path, sensor) for path in files]
+    names = [path.name for path in files]
+    pose_array = None
+    if poses is not None:
+        calib = Path(poses).parent / CALIB_FILE
+        pose_array = read_poses(poses, names, calib if calib.is_file() else None)
+    logger.info("read a sequence of %d sweeps (%s)", len(scans), "with poses" if pose_array is not None else "no poses")
+    return SweepSequence(scans=scans, names=names, poses=pose_array)
+
+
+def _check_count(count: int, where: str) -> None:
+    if count > MAX_SWEEPS:
+        raise PointCloudError(f"{where}: {count} sweeps; a sequence may hold at most {MAX_SWEEPS}")
+
+
+def _wanted_member(member: zipfile.ZipInfo) -> bool:
+    name = Path(member.filename.replace("\\", "/")).name
+    hidden = name.startswith(".") or "__MACOSX" in member.filename
+    return (
+        not member.is_dir()
+        and not hidden
+        and (Path(name).suffix.lower() in SWEEP_SUFFIXES or name in (*POSES_FILES, CALIB_FILE))
+    )
+
+
+def _inflate(zf: zipfile.ZipFile, member: zipfile.ZipInfo, target: Path, budget: int, label: str) -> int:
+    """Write one member, reading at most min(budget, MAX_FILE_BYTES) + 1 bytes whatever its header says."""
+    limit = min(budget, MAX_FILE_BYTES)
+    with zf.open(member) as src:
+        data = src.read(limit + 1)
+    if len(data) > limit:
+        raise PointCloudError(
+            f"{label}: {member.filename} inflates past the limit (one sweep <= {MAX_FILE_BYTES / 1e6:.0f} MB, "
+            f"a sequence <= {MAX_SEQUENCE_BYTES / 2**20:.0f} MB)"
+        )
+    target.write_bytes(data)
+    return len(data)
+
+
+def _frame_order(path: Path) -> tuple[int, int, str]:
+    match = _FRAME_NUMBER.search(path.stem)
+    return (0, int(match.group(1)), path.name) if match else (1, 0, path.name)
+
+
+def _frame_numbers(names: Sequence[str]) -> list[int] | None:
+    numbers = [_FRAME_NUMBER.search(Path(n).stem) for n in names]
+    return [int(m.group(1)) for m in numbers] if all(numbers) else None  # type: ignore[union-attr]
+
+
+def _rollout_frame_files(poses_json: Path) -> list[str]:
+    try:
+        frames = json.loads(poses_json.read_text())["frames"]
+        names = [f["file"] for f in frames if f["file"]]
+    except (json.JSONDecodeError, KeyError, TypeError) as exc:
+        raise PointCloudError(f"{poses_json}: not a poses.json written by LidarVerse ({exc})") from None
+    if not all(isinstance(n, str) and Path(n).name == n for n in names):
+        raise PointCloudError(f"{poses_json}: frame files must be plain names inside its folder")
+    return names
+
+
+def _json_poses(path: Path, text: str, names: Sequence[str]) -> np.ndarray:
+    """A LidarVerse poses.json (matched by file name, prefix sweeps included) or a list of 4x4 matrices."""
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise PointCloudError(f"{path}: not valid JSON ({exc}); expected a poses.json") from None
+    if isinstance(data, list):
+        if len(data) != len(names):
+            raise PointCloudError(f"{path}: {len(data)} poses for {len(names)} sweeps; expected one per sweep")
+        return np.asarray(data, dtype=np.float64)
+    try:
+        records = [*data.get("prefix", []), *data["frames"]]
+        by_file = {r["file"]: r["pose"] for r in records if r.get("file")}
+    except (AttributeError, KeyError, TypeError) as exc:
+        raise PointCloudError(f"{path}: expected a LidarVerse poses.json with frames[*].file/pose ({exc})") from None
+    missing = [n for n in names if n not in by_file]
+    if missing:
+        raise PointCloudError(f"{path}: no pose for {', '.join(missing[:3])}; it lists {', '.join(list(by_file)[:5])}")
+    return np.asarray([by_file[n] for n in names], dtype=np.float64)
+
+
+def _kitti_poses(path: Path, text: str, names: Sequence[str], calib: str | Path | None) -> np.ndarray:
+    try:
+        rows = np.array([[float(v) for v in line.split()] for line in text.splitlines() if line.strip()])
+    except ValueError:
+        raise PointCloudError(f"{path}: not a KITTI poses.txt (12 numbers per line) nor JSON") from None
+    if rows.ndim != 2 or rows.shape[1] != 12:
+        raise PointCloudError(f"{path}: lines of {rows.shape[-1] if rows.ndim == 2 else '?'} numbers; expected 12")
+    numbers = _frame_numbers(names) or list(range(len(names)))
+    if max(numbers) >= len(rows):
+        raise PointCloudError(f"{path}: {len(rows)} poses, but the sweeps need frame {max(numbers)}")
+    cam = np.tile(np.eye(4), (len(numbers), 1, 1))
+    cam[:, :3, :4] = rows[numbers].reshape(-1, 3, 4)
+    return kitti_velodyne_poses(cam, _kitti_tr(calib))
+
+
+def _kitti_tr(calib: str | Path | None) -> np.ndarray:
+    """`Tr` (velodyne -> camera 0) from a KITTI calib.txt, else the nominal axis swap (module docstring)."""
+    if calib is None:
+        logger.warning("no KITTI calib.txt beside poses.txt: assuming the nominal Velodyne-camera axis swap")
+        return NOMINAL_KITTI_TR
+    for line in Path(calib).read_text(errors="replace").splitlines():
+        key, _, values = line.partition(":")
+        if key.strip() == "Tr":
+            tr = np.eye(4)
+            try:
+                tr[:3, :4] = np.array(values.split(), dtype=np.float64).reshape(3, 4)
+            except ValueError:
+                break
+            return tr
+    raise PointCloudError(f"{calib}: no 'Tr: <12 numbers>' line; expected a KITTI odometry calib.txt")
