@@ -25,6 +25,8 @@ from torch import nn
 
 from checkpointing import collectives, layout
 from checkpointing.atomic import (
+    FileRecord,
+    atomic_torch_save,
     atomic_torch_save_all,
     atomic_write_text,
     fsync_dir,
@@ -44,7 +46,6 @@ from checkpointing.generations import (
 from checkpointing.manifest import FORMAT_VERSION, Manifest
 from checkpointing.safe_load import safe_torch_load
 from checkpointing.state import (
-    FORMAT,
     GRAD_SCALER,
     ITERATION,
     OPTIMIZER,
@@ -81,7 +82,8 @@ class _SaveJob:
     marker: str
     pinned: bool
     primary: bool
-    files: list[tuple[str, Any]]  # (file name, object), the marker last
+    files: list[tuple[str, Any]]  # (file name, object) this rank writes, the marker excluded
+    marker_state: dict[str, Any] | None  # rank 0 only: written after every rank's files are durable
 
 
 class _StagingBuffers:
@@ -395,18 +397,24 @@ class FSDPCheckpointer:
             raise CheckpointWriteError(errno.ENOSPC, "; ".join(shortfalls))
         marker_state: dict[str, Any] = {
             ITERATION: iteration,
-            FORMAT: FORMAT_VERSION,
+            layout.FORMAT: FORMAT_VERSION,
             WORLD_SIZE: collectives.world_size(),
             RNG: [e["rng"] for e in exchanged],
         }
         self.callbacks.on_save_checkpoint(model, state_dict=marker_state)
-        if role.primary:
-            files.append((marker, marker_state))
-        job = _SaveJob(iteration, marker, iteration in self.config.save_at_iters, role.primary, files)
+        job = _SaveJob(
+            iteration,
+            marker,
+            iteration in self.config.save_at_iters,
+            role.primary,
+            files,
+            marker_state if role.primary else None,
+        )
         # 4. write, in the background when allowed
         if async_saving and self.config.async_saving:
             start = time.perf_counter()
             job.files = [(name, self._staging.stage(obj, (i,))) for i, (name, obj) in enumerate(files)]
+            job.marker_state = self._staging.stage(job.marker_state, ("marker",))
             logger.debug(
                 "staged iteration %d for async save in %.3f s", iteration, time.perf_counter() - start
             )
@@ -440,7 +448,10 @@ class FSDPCheckpointer:
     def _write_generation(self, job: _SaveJob) -> None:
         """Write one rank's files and, on rank 0, commit the generation once every rank succeeded.
 
-        Never raises: the outcome (identical on every rank) is kept for _finish_inflight.
+        The commit (marker, complete manifest, pointer) starts only after every rank has reported its
+        files durable, so a rank that fails or dies before then leaves no marker: the generation can
+        never pass for a finished one. Never raises: the outcome (identical on every rank) is kept
+        for _finish_inflight.
         """
         rank, directory = collectives.rank(), self.checkpoint_dir_local
         start = time.perf_counter()
@@ -450,17 +461,11 @@ class FSDPCheckpointer:
             error = None
             if job.primary:
                 try:
-                    if layout.parse_marker(job.marker) is None:
-                        self._link_backup(job.marker)
-                    manifest_path = directory / layout.sibling_name(job.marker, layout.MANIFEST)
-                    if manifest_path.exists() or (directory / job.marker).exists():  # files will be replaced
-                        Manifest(job.iteration, complete=False, world_size=collectives.world_size()).write(
-                            manifest_path
-                        )
+                    self._mark_replaced(job)
                 except Exception as e:
                     failure, error = e, f"rank {rank}: {e}"
             errors = [e for e in collectives.all_gather(error, self._group) if e]
-            # 2. every writer writes its files, the marker last
+            # 2. every writer writes its own files (the marker is not among them) and reports them
             records, error = [], None
             if not errors:
                 try:
@@ -469,16 +474,11 @@ class FSDPCheckpointer:
                     failure, error = e, f"rank {rank}: {e}"
             gathered = collectives.all_gather((records, error), self._group)
             errors += [e for _, e in gathered if e]
-            # 3. rank 0 commits: complete manifest (EMA replicas included), then the pointer, then prunes
+            # 3. every rank's files are durable: rank 0 commits, then prunes
             error = None
             if job.primary and not errors:
                 try:
-                    all_records = [r for rank_records, _ in gathered for r in rank_records]
-                    manifest = Manifest.from_records(
-                        job.iteration, all_records, collectives.world_size(), job.pinned
-                    )
-                    manifest.write(directory / layout.sibling_name(job.marker, layout.MANIFEST))
-                    atomic_write_text(directory / layout.POINTER_NAME, f"{job.marker}\n")
+                    self._commit(job, [r for rank_records, _ in gathered for r in rank_records])
                 except Exception as e:
                     failure, error = e, f"rank {rank}: {e}"
                 else:
@@ -502,6 +502,26 @@ class FSDPCheckpointer:
         )
         if job.files:
             self.callbacks.on_save_checkpoint_success(iteration=job.iteration)
+
+    def _mark_replaced(self, job: _SaveJob) -> None:
+        """Before an existing generation's files are overwritten (ckpt_.pt, or a repeated iteration),
+        back ckpt_.pt up and mark its manifest incomplete, so a torn overwrite is never loaded."""
+        directory = self.checkpoint_dir_local
+        if layout.parse_marker(job.marker) is None:
+            self._link_backup(job.marker)
+        manifest_path = directory / layout.sibling_name(job.marker, layout.MANIFEST)
+        if manifest_path.exists() or (directory / job.marker).exists():
+            Manifest(job.iteration, complete=False, world_size=collectives.world_size()).write(manifest_path)
+
+    def _commit(self, job: _SaveJob, records: list[FileRecord]) -> None:
+        """Rank 0's commit, in order: the marker, the complete manifest (every rank's files and the
+        marker), then the pointer. A crash between marker and manifest leaves a marker whose format
+        key, without a complete manifest, makes the generation invalid (generations.py)."""
+        directory = self.checkpoint_dir_local
+        records = [*records, atomic_torch_save(job.marker_state, directory / job.marker)]
+        manifest = Manifest.from_records(job.iteration, records, collectives.world_size(), job.pinned)
+        manifest.write(directory / layout.sibling_name(job.marker, layout.MANIFEST))
+        atomic_write_text(directory / layout.POINTER_NAME, f"{job.marker}\n")
 
     def _link_backup(self, marker: str) -> None:
         """Before `ckpt_.pt` is overwritten in place, hard-link its committed files as `iter_<its iteration>`.

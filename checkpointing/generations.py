@@ -1,8 +1,9 @@
 """What is in a checkpoints directory: generations, their validity, which one to resume, which to prune.
 
 A generation is every file sharing a marker's stem. It is valid when its marker exists and its
-manifest says complete and matches the files; folders written by the seed have no manifest, so
-for them every file must at least be a complete zip archive.
+manifest says complete and matches the files. Only a true seed-era folder (no manifest, and a marker
+without this package's format key) is judged without one: every file must at least be a complete zip
+archive. A marker of ours with no manifest is a save that never committed, and never counts.
 """
 
 from __future__ import annotations
@@ -14,8 +15,9 @@ from pathlib import Path
 
 from checkpointing import layout
 from checkpointing.atomic import check_complete_zip, fsync_dir
-from checkpointing.errors import CorruptCheckpointError, NoValidCheckpointError
+from checkpointing.errors import CheckpointError, CorruptCheckpointError, NoValidCheckpointError
 from checkpointing.manifest import Manifest
+from checkpointing.safe_load import safe_torch_load
 
 logger = logging.getLogger(__name__)
 
@@ -96,6 +98,11 @@ def generation_problems(directory: Path, generation: Generation, verify: str) ->
         return [generation.manifest_error]
     if generation.manifest is not None:
         return generation.manifest.problems(directory, verify)
+    if is_committed_format(directory / generation.marker):
+        return [
+            f"{generation.marker} was written by this package but its manifest is missing: the save never "
+            "committed (a rank failed or the job died before the manifest was written)"
+        ]
     # Written by the seed: no manifest, so check what can be checked without one.
     if verify == "none":
         return []
@@ -109,6 +116,19 @@ def generation_problems(directory: Path, generation: Generation, verify: str) ->
     if layout.sibling_name(generation.marker, layout.REG_MODEL) not in generation.files:
         problems.append(f"{layout.sibling_name(generation.marker, layout.REG_MODEL)} is missing")
     return problems
+
+
+def is_committed_format(marker_path: Path) -> bool:
+    """True when the marker carries this package's format key, so only a complete manifest makes it count.
+
+    Read weights-only; a marker that cannot be read that way is no marker of ours (the seed's could
+    pickle anything), and its other problems are reported by the seed-era checks.
+    """
+    try:
+        state = safe_torch_load(marker_path)
+    except (CheckpointError, OSError):
+        return False
+    return isinstance(state, dict) and layout.FORMAT in state
 
 
 def read_pointer(directory: Path) -> str | None:

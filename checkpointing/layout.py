@@ -26,6 +26,9 @@ REG_MODEL = "reg_model"
 EMA_MODEL = "ema_model"
 OPTIM = "optim"
 MANIFEST = "manifest"
+#: Key present in every marker this package writes and absent from the seed's: a marker carrying it
+#: counts only together with its complete manifest (the commit record).
+FORMAT = "checkpointing_format"
 
 _MARKER_RE = re.compile(r"^(?:iter_(?P<iteration>\d{9,})|ckpt_)\.pt$")
 # Any file that belongs to a generation: its stem, an optional replica postfix and an optional kind.

@@ -37,7 +37,6 @@ GRAD_SCALER = "grad_scaler"
 ITERATION = "iteration"
 RNG = "rng"
 WORLD_SIZE = "world_size"
-FORMAT = "checkpointing_format"
 
 
 @dataclass

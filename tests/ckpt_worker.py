@@ -6,6 +6,7 @@ Scenarios:
   resume   FSDP2 model on any world size: load, report the restored state, keep training.
   replica  seed-protocol model with an EMA replica on rank 1: replica success callbacks, replica files
            gating the pointer, and an injected write failure surfacing on every rank.
+  peerdies rank 1 is SIGKILLed after writing its files, before rank 0 commits the generation.
   ddp      DDP-wrapped model: save on 2 ranks, resume into a fresh DDP model.
   crash    one process resuming and saving in a loop until it is SIGKILLed at a random moment.
 Each rank writes what it observed to <out>/rank<k>.pt. Run as a server (see serve()).
@@ -40,6 +41,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+import checkpointing.checkpointer as checkpointer_module
 from checkpointing import (
     AsyncSaveError,
     CallBackGroup,
@@ -202,6 +204,33 @@ def run_replica(args: argparse.Namespace, rank: int, out: dict) -> None:
     out["loaded_ema_weight"] = fresh.ema.weight.detach().clone()
 
 
+def run_peer_dies(args: argparse.Namespace, rank: int, out: dict) -> None:
+    """Rank 1 writes its EMA replica for iteration 2, then is SIGKILLed before the commit.
+
+    Rank 0 records what its save raised and which files the generation left on disk.
+    """
+    model = SeedStyleModel(rank, dist.get_world_size())
+    optimizer = torch.optim.SGD(model.model.parameters(), lr=0.1)
+    config = CheckpointConfig(keep_last_checkpoints=5, replica_timeout_s=60)
+    ckpt = FSDPCheckpointer(config, JobConfig(path_local=args.job))
+    ckpt.save(model, optimizer, None, None, 1, async_saving=False)
+    if rank == 1:
+        write_files = checkpointer_module.atomic_torch_save_all
+
+        def write_then_die(items):
+            records = write_files(items)
+            os.kill(os.getpid(), signal.SIGKILL)  # its files are durable; the commit never hears of them
+            return records
+
+        checkpointer_module.atomic_torch_save_all = write_then_die
+    try:
+        ckpt.save(model, optimizer, None, None, 2, async_saving=False)
+        out["save_error"] = None
+    except Exception as e:
+        out["save_error"] = f"{type(e).__name__}: {e}"
+    out["files"] = sorted(os.listdir(Path(args.job) / "checkpoints"))
+
+
 def run_ddp(args: argparse.Namespace, rank: int, out: dict) -> None:
     """DDP through the same API: files hold bare names (no `module.`), a fresh DDP model resumes from them."""
 
@@ -260,6 +289,7 @@ SCENARIOS = {
     "train": run_train,
     "resume": run_resume,
     "replica": run_replica,
+    "peerdies": run_peer_dies,
     "ddp": run_ddp,
     "crash": run_crash,
 }
@@ -285,7 +315,8 @@ def run_rank(argv: list[str], rank: int, world_size: int, ready_fd: int) -> None
     torch.save(out, Path(args.out) / f"rank{rank}.pt")
     if args.scenario == "train":
         os.kill(os.getpid(), signal.SIGKILL)  # die like a preempted job: no cleanup, no destroy_process_group
-    dist.destroy_process_group()
+    if args.scenario != "peerdies":  # the group lost a rank: tearing it down could wait on the dead peer
+        dist.destroy_process_group()
 
 
 def warm_up() -> None:

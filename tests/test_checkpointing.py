@@ -41,7 +41,7 @@ from checkpointing import (
     resolve_weights,
 )
 from checkpointing.__main__ import main as cli
-from checkpointing.generations import list_generations, prune_plan
+from checkpointing.generations import generation_problems, list_generations, prune_plan
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -473,6 +473,21 @@ def test_defect7_no_valid_generation_left_is_a_clear_error(tmp_path):
     _truncate(ckdir(job) / "iter_000000002.pt")
     with pytest.raises(NoValidCheckpointError, match=r"iter_000000001\.pt: .*truncated"):
         load_fresh(job)
+
+
+def test_a_generation_whose_save_never_committed_is_not_taken_for_a_seed_folder(tmp_path, caplog):
+    """Issue 11: our marker without its manifest (a peer rank failed before the commit) never counts."""
+    job = tmp_path / "job"
+    saved = save_generations(job, [1, 2, 3])
+    (ckdir(job) / "iter_000000002_manifest.json").unlink()
+    _truncate(ckdir(job) / "iter_000000003_reg_model.pt")
+    iteration, model = load_fresh(job)
+    assert iteration == 1
+    assert torch.equal(model.state_dict()["0.weight"], saved[1]["0.weight"])
+    assert "falling back to iter_000000001.pt" in caplog.text
+    uncommitted = next(g for g in list_generations(ckdir(job)) if g.iteration == 2)
+    for verify in ("none", "size", "sha256"):
+        assert "never committed" in " ".join(generation_problems(ckdir(job), uncommitted, verify))
 
 
 def test_interrupted_overwrite_of_ckpt_falls_back_to_its_hard_linked_backup(tmp_path, monkeypatch):

@@ -1,5 +1,5 @@
 """Checkpointing with real processes: 2 gloo ranks training FSDP2, SIGKILL, resume on 1/2/3 ranks,
-EMA replicas and async failures across ranks, and a crash loop killed at random moments.
+EMA replicas and async failures across ranks, a peer killed before the commit, and a crash loop killed at random moments.
 
 Ranks are forked from one server process (tests/ckpt_worker.py) so torch is imported once, not once
 per rank: on two busy cores an import costs several seconds.
@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from checkpointing import resolve_generation
-from checkpointing.generations import list_generations
+from checkpointing.generations import generation_problems, list_generations
 from tests.ckpt_worker import RankServer, crash_trials
 
 pytestmark = pytest.mark.multiprocess
@@ -124,6 +124,22 @@ def test_ema_replicas_and_async_failures_across_ranks(ranks, tmp_path):
         assert result["successes"] == [1]  # the saves that raised never ran
     manifest = list_generations(tmp_path / "job" / "checkpoints")[0].manifest
     assert "iter_000000001_RANK1_ema_model.pt" in manifest.files
+
+
+def test_a_peer_killed_before_the_commit_leaves_no_marker_and_no_valid_generation(ranks, tmp_path):
+    out = tmp_path / "out"
+    out.mkdir()
+    reply = ranks.run(["peerdies", "--job", str(tmp_path / "job"), "--out", str(out)], world_size=2)
+    assert reply["codes"] == [0, -9]
+    result = torch.load(out / "rank0.pt", weights_only=False)
+    assert result["save_error"] is not None
+    # rank 1's replica reached the disk and rank 0 wrote its own files, but the marker never appeared
+    assert {"iter_000000002_RANK1_ema_model.pt", "iter_000000002_reg_model.pt"} <= set(result["files"])
+    assert "iter_000000002.pt" not in result["files"]
+    directory = tmp_path / "job" / "checkpoints"
+    (uncommitted,) = [g for g in list_generations(directory) if g.iteration == 2]
+    assert generation_problems(directory, uncommitted, "none")
+    assert resolve_generation(tmp_path / "job").generation.iteration == 1
 
 
 def test_ddp_goes_through_the_same_api(ranks, tmp_path):
