@@ -2,9 +2,16 @@
 
 from __future__ import annotations
 
+import json
+import re
 import struct
+import subprocess
+import sys
+import zipfile
+from collections.abc import Callable
 from pathlib import Path
 
+import laspy
 import numpy as np
 import pytest
 
@@ -497,3 +504,122 @@ def test_scan_with_its_origin_on_the_ground_is_flagged_and_gets_no_sensor(tmp_pa
     assert not scan.sensor_frame
     assert any("not in the sensor frame" in n for n in scan.notes)
     assert detect_sensor(scan) is None
+
+
+# 7. decompression bombs: refused from their headers, before anything is inflated ---------------------------
+
+
+def npz_bomb(path: Path) -> Path:
+    """1 MB of zip holding a (16 Mi, 4) float32 'points' member: 256 MiB once inflated (a real, valid zip)."""
+    rows, chunk = 16 * 2**20, bytes(2**20)
+    with zipfile.ZipFile(path, "w", zipfile.ZIP_DEFLATED, compresslevel=1) as zf, \
+            zf.open("points.npy", "w", force_zip64=True) as f:
+        np.lib.format.write_array_header_1_0(f, {"descr": "<f4", "fortran_order": False, "shape": (rows, 4)})
+        for _ in range(rows * 16 // len(chunk)):
+            f.write(chunk)
+    return path
+
+
+def pcd_bomb(path: Path) -> Path:
+    """A binary_compressed PCD declaring 1,000 points (16,000 bytes) whose 3 MB LZF stream inflates to 264 MB:
+    one literal zero, then a million 264-byte back-references to it."""
+    header = ("VERSION 0.7\nFIELDS x y z intensity\nSIZE 4 4 4 4\nTYPE F F F F\nCOUNT 1 1 1 1\n"
+              "WIDTH 1000\nHEIGHT 1\nPOINTS 1000\nDATA binary_compressed\n")
+    stream = b"\x00\x00" + b"\xe0\xff\x00" * 1_000_000
+    path.write_bytes(header.encode() + struct.pack("<II", len(stream), 1000 * 16) + stream)
+    return path
+
+
+def laz_bomb(path: Path) -> Path:
+    """A real 1,000-point LAZ (point format 10, 67-byte records) whose header promises 4 million points:
+    laspy would size a 268 MB point buffer from that count before decompressing."""
+    las = laspy.LasData(laspy.LasHeader(point_format=10, version="1.4"))
+    las.x, las.y, las.z = np.arange(1000.0), np.zeros(1000), np.zeros(1000)
+    las.write(path)
+    blob = bytearray(path.read_bytes())
+    struct.pack_into("<Q", blob, 247, 4_000_000)  # LAS 1.4 64-bit point count
+    path.write_bytes(bytes(blob))
+    return path
+
+
+def ply_bomb(path: Path) -> Path:
+    """An ASCII PLY announcing 4 million vertices (under the point limit) followed by 20 MB of one-value lines:
+    splitting every line of the body first costs ~25x its size in Python strings."""
+    header = b"ply\nformat ascii 1.0\nelement vertex 4000000\nproperty float x\nproperty float y\nproperty float z\nend_header\n"
+    path.write_bytes(header + b"12\n" * 6_600_000)
+    return path
+
+
+BOMBS: dict[str, Callable[[Path], Path]] = {"npz": npz_bomb, "pcd": pcd_bomb, "laz": laz_bomb, "ply": ply_bomb}
+
+#: Reads each file in a fresh interpreter: (seconds, peak RSS growth in bytes, error message or None).
+_MEASURE = """
+import json, resource, sys, time
+from lidar.formats import read_points
+out = {}
+for path in sys.argv[1:]:
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    start = time.perf_counter()
+    try:
+        read_points(path)
+        error = None
+    except ValueError as err:
+        error = str(err)
+    grown = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) * 1024
+    out[path] = [time.perf_counter() - start, grown, error]
+print(json.dumps(out))
+"""
+
+
+@pytest.fixture(scope="module")
+def bomb_reads(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[float, int, str | None]]:
+    """Each bomb read once in one subprocess, so its peak memory is measured apart from pytest's."""
+    folder = tmp_path_factory.mktemp("bombs")
+    paths = {kind: str(make(folder / f"bomb.{kind}")) for kind, make in BOMBS.items()}
+    proc = subprocess.run([sys.executable, "-c", _MEASURE, *paths.values()], capture_output=True, text=True,
+                          cwd=Path(__file__).resolve().parents[1], timeout=300, check=True)
+    measured = json.loads(proc.stdout)
+    return {kind: tuple(measured[path]) for kind, path in paths.items()}
+
+
+@pytest.mark.parametrize(
+    ("kind", "message"),
+    [
+        ("npz", r"bomb\.npz: the \.npz archive would decode to 268 MB, over the 200 MB limit"),
+        ("pcd", r"LZF stream decodes past the 16000 bytes the header says"),
+        ("laz", r"LAS point records \(4,000,000 of 67 bytes\) would decode to 268 MB, over the 200 MB limit"),
+        ("ply", r"PLY ASCII vertex element is not 4,000,000 rows of 3 numbers"),
+    ],
+)
+def test_a_decompression_bomb_is_refused_fast_and_small(bomb_reads, kind, message):
+    seconds, grown, error = bomb_reads[kind]
+    print(f"\n{kind} bomb: refused in {seconds * 1e3:.1f} ms, peak RSS +{grown / 2**20:.1f} MiB")
+    assert error is not None, f"the {kind} bomb was accepted"
+    assert re.search(message, error), error
+    assert seconds < 1.0, f"the {kind} bomb took {seconds:.2f} s to refuse"
+    assert grown < 100 * 2**20, f"the {kind} bomb grew the reader's memory by {grown / 2**20:.0f} MiB"
+
+
+def test_npz_member_whose_header_promises_more_than_it_stores_is_refused(tmp_path):
+    path = tmp_path / "forged.npz"
+    with zipfile.ZipFile(path, "w") as zf, zf.open("points.npy", "w") as f:
+        np.lib.format.write_array_header_1_0(f, {"descr": "<f8", "fortran_order": False, "shape": (1000, 1_000_000)})
+        f.write(bytes(64))
+    with pytest.raises(PointCloudError, match=r"forged\.npz: \.npy header of member 'points\.npy' promises"):
+        read_points(path)
+
+
+def test_pcd_size_word_that_disagrees_with_the_header_is_refused(tmp_path):
+    header = "VERSION 0.7\nFIELDS x y z\nSIZE 4 4 4\nTYPE F F F\nCOUNT 1 1 1\nWIDTH 10\nHEIGHT 1\nPOINTS 10\nDATA binary_compressed\n"
+    path = tmp_path / "words.pcd"
+    path.write_bytes(header.encode() + struct.pack("<II", 3, 2**31) + b"\x00\x00\x00")
+    with pytest.raises(PointCloudError, match=r"size word says 2,147,483,648 bytes but the header declares 10 points of 12 bytes"):
+        read_points(path)
+
+
+def test_pcd_with_huge_per_field_counts_is_refused_before_parsing(tmp_path):
+    header = "VERSION 0.7\nFIELDS x y z\nSIZE 4 4 4\nTYPE F F F\nCOUNT 1 1 100000000\nPOINTS 2\nDATA ascii\n"
+    path = tmp_path / "wide.pcd"
+    path.write_bytes(header.encode() + b"1 2 3\n" * 2)
+    with pytest.raises(PointCloudError, match=r"wide\.pcd: the PCD body .* would decode to 800 MB, over the 200 MB limit"):
+        read_points(path)

@@ -6,28 +6,71 @@ Columns of a plain array follow the KITTI/nuScenes order (x, y, z, intensity, th
 
 from __future__ import annotations
 
+import math
+import zipfile
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import numpy as np
 
 from lidar.formats.fields import extra_column_kind, split_fields
-from lidar.formats.scan import PointCloudError, Scan, build_scan, check_point_count
+from lidar.formats.scan import (
+    MAX_POINTS,
+    PointCloudError,
+    Scan,
+    build_scan,
+    check_decoded_size,
+    check_point_count,
+)
 from lidar.sensors import Sensor
 
 NPY_MAGIC = b"\x93NUMPY"
 
 
+def _npy_header(path: Path, f: BinaryIO, what: str) -> tuple[tuple[int, ...], np.dtype]:
+    """(shape, dtype) from the .npy header at the stream's position; nothing of the array is read."""
+    try:
+        version = np.lib.format.read_magic(f)
+        read_header = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
+        shape, _, dtype = read_header(f)
+    except ValueError as err:
+        raise PointCloudError(f"{path}: corrupt .npy header{what}: {err}") from err
+    return shape, dtype
+
+
+def _check_npy_header(path: Path, shape: tuple[int, ...], dtype: np.dtype, data_bytes: int, what: str) -> None:
+    """Refuse an array whose header promises more rows than the point limit or more bytes than are stored,
+    so NumPy never allocates what the header claims (it sizes the array from the header, then fills it)."""
+    rows = int(shape[0]) if shape else 1
+    if rows > MAX_POINTS:
+        check_point_count(path, rows)
+    promised = math.prod(shape) * dtype.itemsize
+    if promised > data_bytes:
+        raise PointCloudError(
+            f"{path}: .npy header{what} promises {shape} {dtype} ({promised:,} bytes) but only {data_bytes:,} bytes "
+            "of array data are stored (truncated or forged header)"
+        )
+
+
 def _npy_rows(path: Path) -> int:
     """Row count from the .npy header alone, so an oversized array is refused before it is loaded."""
     with path.open("rb") as f:
-        try:
-            version = np.lib.format.read_magic(f)
-            read_header = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
-            shape, _, _ = read_header(f)
-        except ValueError as err:
-            raise PointCloudError(f"{path}: corrupt .npy header: {err}") from err
+        shape, dtype = _npy_header(path, f, "")
+        _check_npy_header(path, shape, dtype, path.stat().st_size - f.tell(), "")
     return int(shape[0]) if shape else 0
+
+
+def _check_npz_members(path: Path) -> None:
+    """Bound an archive before anything is decompressed: the zip's declared sizes against the decode limit
+    and each member's .npy header against the point limit and its declared size (zipfile never inflates a
+    member past that size, and NumPy allocates what the header says before reading)."""
+    with zipfile.ZipFile(path) as archive:
+        members = archive.infolist()
+        check_decoded_size(path, sum(m.file_size for m in members), "the .npz archive")
+        for member in members:
+            with archive.open(member) as f:
+                shape, dtype = _npy_header(path, f, f" of member {member.filename!r}")
+                _check_npy_header(path, shape, dtype, member.file_size - f.tell(), f" of member {member.filename!r}")
 
 
 def _columns_from_array(path: Path, arr: np.ndarray) -> dict[str, Any]:
@@ -72,6 +115,7 @@ def read_npy(path: Path, sensor: Sensor | None) -> Scan:
 
 def read_npz(path: Path, sensor: Sensor | None) -> Scan:
     """Load 'points' (with an optional 'ring'), the only array, or x/y/z field arrays, without unpickling."""
+    _check_npz_members(path)
     try:
         archive = np.load(path, allow_pickle=False)
         arrays = {k: archive[k] for k in archive.files}

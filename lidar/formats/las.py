@@ -9,7 +9,7 @@ import laspy
 import numpy as np
 
 from lidar.formats.fields import split_fields
-from lidar.formats.scan import PointCloudError, Scan, build_scan, check_point_count
+from lidar.formats.scan import PointCloudError, Scan, build_scan, check_decoded_size, check_point_count
 from lidar.sensors import Sensor
 
 #: Coordinates are stored as integers times this scale: 0.1 mm, far below any LiDAR's noise.
@@ -21,7 +21,9 @@ _VLR_HEADER_BYTES = 54
 
 
 def _check_header(path: Path, size: int) -> None:
-    """Sanity-check the public header block before laspy walks it (a corrupt VLR count makes it loop for ages)."""
+    """Sanity-check the public header block before laspy walks it (a corrupt VLR count makes it loop for ages)
+    and bound what it will allocate: laspy sizes its point buffer from the header's count before it
+    decompresses a byte, so a LAZ header promising millions of wide records is refused here."""
     with path.open("rb") as f:
         head = f.read(375)
     if len(head) < 227:
@@ -38,6 +40,7 @@ def _check_header(path: Path, size: int) -> None:
     if header_size >= 375 and len(head) >= 255:  # LAS 1.4 keeps a 64-bit count as well
         count = max(count, struct.unpack_from("<Q", head, 247)[0])
     check_point_count(path, count)
+    check_decoded_size(path, count * record_length, f"the LAS point records ({count:,} of {record_length} bytes)")
     compressed = point_format & 0xC0  # LAZ sets the top bits of the point format id
     if not compressed and count * record_length > size - point_offset:
         raise PointCloudError(

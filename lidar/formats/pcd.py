@@ -11,7 +11,14 @@ from pathlib import Path
 import numpy as np
 
 from lidar.formats.fields import split_fields
-from lidar.formats.scan import PointCloudError, Scan, build_scan, check_point_count
+from lidar.formats.scan import (
+    PointCloudError,
+    Scan,
+    build_scan,
+    check_decoded_size,
+    check_point_count,
+    read_ascii_table,
+)
 from lidar.sensors import Sensor
 
 _TYPES = {("F", 4): "f4", ("F", 8): "f8", ("F", 2): "f2", ("I", 1): "i1", ("I", 2): "i2", ("I", 4): "i4",
@@ -20,7 +27,11 @@ _HEADER_KEYS = ("VERSION", "FIELDS", "SIZE", "TYPE", "COUNT", "WIDTH", "HEIGHT",
 
 
 def lzf_decompress(data: bytes, expected_size: int) -> bytes:
-    """Decode an LZF stream (liblzf's lzf_decompress): literal runs and back-references into the output."""
+    """Decode an LZF stream (liblzf's lzf_decompress): literal runs and back-references into the output.
+
+    Decoding stops as soon as the output would pass `expected_size`: a few MB of back-references can
+    expand a hundredfold, so the size the header declares is the bound, not a check after the fact.
+    """
     out = bytearray()
     i, n = 0, len(data)
     while i < n:
@@ -30,6 +41,7 @@ def lzf_decompress(data: bytes, expected_size: int) -> bytes:
             end = i + ctrl + 1
             if end > n:
                 raise ValueError("LZF literal run past the end of the input")
+            _check_room(len(out), end - i, expected_size)
             out += data[i:end]
             i = end
             continue
@@ -44,6 +56,7 @@ def lzf_decompress(data: bytes, expected_size: int) -> bytes:
         length += 2
         if start < 0:
             raise ValueError("LZF back-reference before the start of the output")
+        _check_room(len(out), length, expected_size)
         if start + length <= len(out):
             out += out[start : start + length]
         else:  # overlapping copy repeats the last (len(out) - start) bytes
@@ -52,6 +65,11 @@ def lzf_decompress(data: bytes, expected_size: int) -> bytes:
     if len(out) != expected_size:
         raise ValueError(f"LZF stream decoded to {len(out)} bytes, header says {expected_size}")
     return bytes(out)
+
+
+def _check_room(size: int, more: int, expected_size: int) -> None:
+    if size + more > expected_size:
+        raise ValueError(f"LZF stream decodes past the {expected_size} bytes the header says; stopped at {size}")
 
 
 def _parse_header(path: Path, blob: bytes) -> tuple[dict[str, list[str]], int]:
@@ -101,39 +119,38 @@ def read_pcd(path: Path, sensor: Sensor | None) -> Scan:
     except (KeyError, IndexError, ValueError) as err:
         raise PointCloudError(f"{path}: PCD header needs POINTS or WIDTH and HEIGHT as integers") from err
     check_point_count(path, n)
+    check_decoded_size(path, n * dtype.itemsize, f"the PCD body ({n:,} points of {dtype.itemsize} bytes)")
     kind = header["DATA"][0].lower() if header["DATA"] else ""
-    body = blob[offset:]
     if kind == "ascii":
-        rows = [line.split() for line in body.decode("ascii", errors="replace").splitlines() if line.strip()]
-        flat = [(name, sub) for name in dtype.names for sub in range(int(np.prod(dtype[name].shape or (1,))))]
-        if len(rows) < n or any(len(r) < len(flat) for r in rows[:n]):
-            raise PointCloudError(f"{path}: PCD ASCII body has fewer than {n} rows of {len(flat)} values")
-        table = np.array([r[: len(flat)] for r in rows[:n]], dtype=np.float64)
+        widths = [int(np.prod(dtype[name].shape or (1,))) for name in dtype.names]
+        table = read_ascii_table(path, blob, offset, 0, n, sum(widths), "PCD ASCII body")
         data = np.zeros(n, dtype=dtype)
-        for j, (name, sub) in enumerate(flat):
-            if dtype[name].shape:
-                data[name][:, sub] = table[:, j]
-            else:
-                data[name] = table[:, j]
+        for name, start, width in zip(dtype.names, np.cumsum([0, *widths]), widths, strict=False):
+            data[name] = table[:, start : start + width].reshape(data[name].shape)
     elif kind == "binary":
-        if len(body) < n * dtype.itemsize:
-            raise PointCloudError(f"{path}: PCD binary body is {len(body)} bytes, expected {n} x {dtype.itemsize}")
-        data = np.frombuffer(body, dtype=dtype, count=n)
+        if len(blob) - offset < n * dtype.itemsize:
+            raise PointCloudError(f"{path}: PCD binary body is {len(blob) - offset} bytes, expected {n} x {dtype.itemsize}")
+        data = np.frombuffer(blob, dtype=dtype, count=n, offset=offset)
     elif kind == "binary_compressed":
-        data = _read_compressed(path, body, dtype, n)
+        data = _read_compressed(path, memoryview(blob)[offset:], dtype, n)
     else:
         raise PointCloudError(f"{path}: PCD DATA {kind!r}; expected ascii, binary or binary_compressed")
     cols = split_fields(path, {name: np.asarray(data[name]) for name in dtype.names if not name.startswith("_pad")})
     return build_scan(path, f"pcd-{kind}", **cols, sensor=sensor)
 
 
-def _read_compressed(path: Path, body: bytes, dtype: np.dtype, n: int) -> np.ndarray:
+def _read_compressed(path: Path, body: memoryview, dtype: np.dtype, n: int) -> np.ndarray:
     """binary_compressed stores each field's values contiguously (structure of arrays), then LZF-compresses."""
     if len(body) < 8:
         raise PointCloudError(f"{path}: PCD binary_compressed body is truncated (no size words)")
-    compressed, raw_size = np.frombuffer(body[:8], dtype="<u4")
+    compressed, raw_size = (int(v) for v in np.frombuffer(body[:8], dtype="<u4"))
+    if raw_size != n * dtype.itemsize:  # PCL writes exactly the points the header declares
+        raise PointCloudError(
+            f"{path}: PCD binary_compressed size word says {raw_size:,} bytes but the header declares {n:,} points "
+            f"of {dtype.itemsize} bytes ({n * dtype.itemsize:,} bytes)"
+        )
     try:
-        raw = lzf_decompress(body[8 : 8 + int(compressed)], int(raw_size))
+        raw = lzf_decompress(body[8 : 8 + compressed], raw_size)
     except ValueError as err:
         raise PointCloudError(f"{path}: corrupt PCD binary_compressed data: {err}") from err
     data = np.zeros(n, dtype=dtype)

@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 
 from lidar.formats.fields import split_fields
-from lidar.formats.scan import PointCloudError, Scan, build_scan, check_point_count
+from lidar.formats.scan import PointCloudError, Scan, build_scan, check_point_count, read_ascii_table
 from lidar.sensors import Sensor
 
 _TYPES = {
@@ -59,7 +59,6 @@ def read_ply(path: Path, sensor: Sensor | None) -> Scan:
     if "vertex" not in names:
         raise PointCloudError(f"{path}: PLY has no 'vertex' element (elements: {names}); expected one point per vertex")
     endian = _FORMATS[fmt]
-    body = blob[offset:]
     # 1. skip the elements before the vertices (rows in ASCII, bytes in binary); their sizes must be known
     pos = 0
     for name, count, props in elements[: names.index("vertex") + 1]:
@@ -74,18 +73,14 @@ def read_ply(path: Path, sensor: Sensor | None) -> Scan:
     _, count, props = elements[names.index("vertex")]
     assert props is not None
     check_point_count(path, count)
-    if endian is None:
-        lines = body.decode("ascii", errors="replace").splitlines()[pos : pos + count]
-        rows = [line.split()[: len(props)] for line in lines]
-        if len(rows) < count or any(len(r) < len(props) for r in rows):
-            raise PointCloudError(f"{path}: PLY ASCII body has fewer than {count} vertex rows of {len(props)} values")
-        table = np.array(rows, dtype=np.float64)
+    if endian is None:  # only the rows the element counts name are parsed, however long the body
+        table = read_ascii_table(path, blob, offset, pos, count, len(props), "PLY ASCII vertex element")
         fields = {p: table[:, j] for j, (p, _) in enumerate(props)}
     else:
         dtype = np.dtype([(p, endian + _TYPES[t]) for p, t in props])
-        if len(body) < pos + count * dtype.itemsize:
+        if len(blob) < offset + pos + count * dtype.itemsize:
             raise PointCloudError(f"{path}: PLY body is truncated; expected {count} vertices of {dtype.itemsize} bytes")
-        data = np.frombuffer(body, dtype=dtype, count=count, offset=pos)
+        data = np.frombuffer(blob, dtype=dtype, count=count, offset=offset + pos)
         fields = {p: data[p] for p, _ in props}
     return build_scan(path, f"ply-{'ascii' if endian is None else 'binary'}", **split_fields(path, fields), sensor=sensor)
 

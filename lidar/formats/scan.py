@@ -7,6 +7,7 @@ scan, flag scans whose origin is not the sensor), so a quirk is handled identica
 
 from __future__ import annotations
 
+import io
 import logging
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,6 +23,9 @@ logger = logging.getLogger(__name__)
 MAX_POINTS = 5_000_000
 #: Files larger than this are refused before a byte is read.
 MAX_FILE_BYTES = 200_000_000
+#: Decompressed or parsed data may not exceed what an uncompressed file may hold, so a small compressed
+#: upload (a zip or LZF bomb, a LAZ header promising more than it holds) cannot make a reader allocate more.
+MAX_DECODED_BYTES = MAX_FILE_BYTES
 
 #: Intensity scales recognised by their maximum: reflectance in [0, 1], 8-bit, and 16-bit counters (Ouster signal, LAS).
 _INTENSITY_SCALES = (1.0, 255.0, 65535.0)
@@ -90,6 +94,35 @@ def check_point_count(path: Path, n: int) -> None:
             f"{path}: {n:,} points is over the {MAX_POINTS:,}-point limit for one LiDAR sweep "
             "(is it a merged map? split it into sweeps)"
         )
+
+
+def check_decoded_size(path: Path, nbytes: int, what: str) -> None:
+    """Refuse data whose header promises more than `MAX_DECODED_BYTES` once decoded, before decoding it."""
+    if nbytes > MAX_DECODED_BYTES:
+        raise PointCloudError(
+            f"{path}: {what} would decode to {nbytes / 1e6:,.0f} MB, over the {MAX_DECODED_BYTES / 1e6:.0f} MB limit "
+            "for one LiDAR sweep (a compression bomb or a merged map?)"
+        )
+
+
+def read_ascii_table(path: Path, blob: bytes, offset: int, skip: int, rows: int, columns: int, what: str) -> np.ndarray:
+    """(rows, columns) float64 from the text lines of `blob` after byte `offset` and `skip` lines.
+
+    NumPy's parser stops at `rows`, so a short header count followed by megabytes of lines costs only
+    the rows asked for; the table itself is bounded by `MAX_DECODED_BYTES` before parsing starts, and
+    the file's bytes are shared, not copied.
+    """
+    check_decoded_size(path, rows * columns * 8, f"the {what} ({rows:,} rows of {columns} values)")
+    text = io.BytesIO(blob)
+    text.seek(offset)
+    try:
+        table = np.loadtxt(text, dtype=np.float64, comments=None, skiprows=skip, max_rows=rows,
+                           usecols=range(columns), ndmin=2, encoding="latin1")
+    except ValueError as err:
+        raise PointCloudError(f"{path}: {what} is not {rows:,} rows of {columns} numbers ({err})") from err
+    if len(table) < rows:
+        raise PointCloudError(f"{path}: {what} has {len(table):,} rows; expected {rows:,} rows of {columns} values")
+    return table
 
 
 def intensity_scale_of(values: np.ndarray) -> tuple[float, str | None]:
