@@ -10,10 +10,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import ClassVar
 
 import huggingface_hub.constants as hf_constants  # imported before any test sets HF_HUB_OFFLINE
 import numpy as np
@@ -34,6 +31,8 @@ from inference.loader import (
 )
 from inference.network import WorldModel, WorldModelConfig
 from lidar.sensors import Sensor
+from tests.hub_stand_in import HubServer as _HubServer
+from tests.hub_stand_in import serve_hub
 from training.config import TrainConfig
 
 TINY_SENSOR = Sensor.from_angles(
@@ -296,77 +295,17 @@ def test_hub_snapshot_without_weights_names_the_missing_file(release, offline_hu
         resolve_source("lidarverse/configonly")
 
 
-class _HubServer(BaseHTTPRequestHandler):
-    """The Hub's file endpoint (`/{org}/{name}/resolve/{revision}/{file}`) with its error headers, on localhost.
-
-    The real Hub cannot be reached here; huggingface_hub itself runs unmodified against this server.
-    """
-
-    repos: ClassVar[dict[str, dict[str, bytes]]] = {}
-    commit = "c0ffee" * 6 + "c0ff"
-    requests: ClassVar[list[tuple[str, str | None]]] = []
-
-    def do_HEAD(self) -> None:
-        self._serve(body=False)
-
-    def do_GET(self) -> None:
-        self._serve(body=True)
-
-    def _serve(self, body: bool) -> None:
-        parts = self.path.split("?")[0].strip("/").split("/")
-        if len(parts) < 5 or parts[2] != "resolve":  # other Hub APIs the client may call are not served
-            return self._error(404, "EntryNotFound")
-        self.requests.append((self.path, self.headers.get("Authorization")))
-        org, name, _, revision, *file = parts
-        repo, files = f"{org}/{name}", self.repos.get(f"{org}/{name}")
-        if repo == "lidarverse/gated":
-            return self._error(403, "GatedRepo")
-        if files is None:
-            return self._error(404, "RepoNotFound")
-        if revision not in ("main", self.commit):
-            return self._error(404, "RevisionNotFound")
-        data = files.get("/".join(file))
-        if data is None:
-            return self._error(404, "EntryNotFound")
-        self.send_response(200)
-        self.send_header("X-Repo-Commit", self.commit)
-        self.send_header("ETag", f'"{hashlib.sha256(data).hexdigest()}"')
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        if body:
-            self.wfile.write(data)
-
-    def _error(self, status: int, code: str) -> None:
-        self.send_response(status)
-        self.send_header("X-Error-Code", code)
-        self.send_header("Content-Length", "0")
-        self.end_headers()
-
-    def log_message(self, *args) -> None:
-        pass
-
-
 @pytest.fixture
 def online_hub(release, tmp_path, monkeypatch):
     if hf_constants.HF_HUB_OFFLINE:
         pytest.skip("this process started with HF_HUB_OFFLINE=1, so huggingface_hub refuses every request")
     folder, _ = release
-    _HubServer.repos = {
+    _HubServer.reset({
         "lidarverse/tiny": {name: (folder / name).read_bytes() for name in (CONFIG_NAME, WEIGHTS_NAME)},
         "lidarverse/configonly": {CONFIG_NAME: (folder / CONFIG_NAME).read_bytes()},
-    }
-    _HubServer.requests = []
-    server = ThreadingHTTPServer(("127.0.0.1", 0), _HubServer)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    monkeypatch.setenv("HF_ENDPOINT", f"http://127.0.0.1:{server.server_port}")
-    monkeypatch.setenv("NO_PROXY", "127.0.0.1")
-    monkeypatch.setenv("HF_HUB_OFFLINE", "0")
-    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
-    monkeypatch.setenv("HF_TOKEN", "hf_from_the_environment")
-    yield tmp_path / "hub"
-    server.shutdown()
-    server.server_close()
+    })
+    with serve_hub(monkeypatch, tmp_path / "hub"):
+        yield tmp_path / "hub"
 
 
 def test_hub_download_fills_the_standard_cache_then_works_offline(online_hub, release, monkeypatch):
