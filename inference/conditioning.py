@@ -1,47 +1,126 @@
 """What the world model sees besides the noisy image: one (C, H, W) condition in the new sensor's range view.
 
-Training and rollout build it with the same `build_condition`, so the two can never drift apart. Its
-channels, in order (C = 3 + K + 1 + 3 for K map classes):
+Training and rollout build it with the same `build_condition`, so the two can never drift apart. Ranges are
+in the network's log-range encoding (`lidar.range_image.encode_range`), -1 where a layer has nothing. The
+channels, in order (K map classes, J boxed actor classes):
 
-    0       cache range     `encode_range` of the z-buffered cache, -1 where the cache has no point
-    1       cache intensity intensity * 2 - 1, -1 where the cache has no point
-    2       cache mask      1 where the cache has a point
-    3..3+K  map one-hot     `HDMap.range_view_classes` (class 0 = the ray meets no ground); all 0 if dropped
-    3+K     map present     1 everywhere when a map is given, 0 when dropped
-    4+K     beam elevation  elevation in radians * 2 / pi
-    5+K     sin(azimuth)
-    6+K     cos(azimuth)
+    cache     range, intensity*2-1, mask         the z-buffered cache of everything generated or observed
+    map       ground range, building range,       the HD map ray-cast from the pose: the ground surface and
+              vegetation range, class one-hot      the extruded footprints (`HDMap.range_view`), the ground
+              (K), present flag                    class under each ray
+    layout    box range, class one-hot (J),       the actors' 3-D boxes at the frame's time, ray-cast
+              present flag
+    coords    beam elevation, sin/cos azimuth     where each pixel looks
 
-An empty cache is the first frame of a rollout; a dropped map is free generation and the unconditional
-branch of classifier-free guidance.
+Any of cache, map and layout may be absent (first frame, free generation, real-data forecasting): a dropped
+block holds -1 ranges and zero flags, exactly what `drop_map` / `build_condition(..., None, ...)` give.
+
+`prior_image` turns a condition into the deterministic sweep the network corrects (DESIGN.md): the cache
+where it returns, else the nearest of the map's ground and buildings, with a layout box in front of either
+winning. Green areas are condition only, not prior: the map knows where trees grow, not where their trunks
+stand.
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
 
 import numpy as np
 import torch
 from scipy.spatial.transform import Rotation
 
 from inference.cache import transform_points
+from lidar.boxes import box_range_view
 from lidar.range_image import RangeImage, decode_range, encode_range, project
 from lidar.sensors import Sensor
-from lidar.sim.hdmap import MAP_CLASSES
+from lidar.sim.actors import BOXED_CLASSES, OBJECT_CLASSES
+from lidar.sim.hdmap import MAP_CLASSES, MapView
 
-#: Channels of the cache block at the start of the condition.
-CACHE_CHANNELS = 3
+#: Boxed actor classes one-hot encoded in the layout block, in `lidar.sim.actors.BOXED_CLASSES` order.
+LAYOUT_CLASSES: tuple[str, ...] = BOXED_CLASSES
+
+CACHE_RANGE, CACHE_INTENSITY, CACHE_MASK = 0, 1, 2
 #: The cache's range and intensity channels, in the same encoding as the generated image (`encode_image`).
 CACHE_IMAGE = slice(0, 2)
+MAP_START = 3
+GROUND_RANGE, BUILDING_RANGE, VEGETATION_RANGE = 3, 4, 5
+MAP_RANGE_CHANNELS = 3
 #: Beam elevation, sin and cos of azimuth at the end of the condition.
 COORD_CHANNELS = 3
 
 
+@dataclass(frozen=True)
+class ConditionLayout:
+    """Channel positions for a model with `num_map_classes` map classes (the only size that varies)."""
+
+    num_map_classes: int = len(MAP_CLASSES)
+
+    @property
+    def map_block(self) -> slice:
+        """Ground/building/vegetation ranges, class one-hot and present flag (what `drop_map` clears)."""
+        return slice(MAP_START, self.layout_start)
+
+    @property
+    def map_classes(self) -> slice:
+        return slice(MAP_START + MAP_RANGE_CHANNELS, self.layout_start - 1)
+
+    @property
+    def layout_start(self) -> int:
+        return MAP_START + MAP_RANGE_CHANNELS + self.num_map_classes + 1
+
+    @property
+    def box_range(self) -> int:
+        return self.layout_start
+
+    @property
+    def layout_block(self) -> slice:
+        return slice(self.layout_start, self.coords_start)
+
+    @property
+    def coords_start(self) -> int:
+        return self.layout_start + 1 + len(LAYOUT_CLASSES) + 1
+
+    @property
+    def channels(self) -> int:
+        return self.coords_start + COORD_CHANNELS
+
+    def range_channels(self) -> tuple[int, ...]:
+        """Channels that hold an encoded range (-1 = nothing there) rather than a 0/1 flag."""
+        return (CACHE_RANGE, GROUND_RANGE, BUILDING_RANGE, VEGETATION_RANGE, self.box_range)
+
+
 def condition_channels(num_map_classes: int = len(MAP_CLASSES)) -> int:
-    return CACHE_CHANNELS + num_map_classes + 1 + COORD_CHANNELS
+    return ConditionLayout(num_map_classes).channels
 
 
-def map_slice(num_map_classes: int = len(MAP_CLASSES)) -> slice:
-    """The map one-hot and map-present channels (what `drop_map` zeroes)."""
-    return slice(CACHE_CHANNELS, CACHE_CHANNELS + num_map_classes + 1)
+@dataclass
+class LayoutView:
+    """Actor boxes seen from one pose: range to the nearest box (m, 0 = none) and its LAYOUT_CLASSES index."""
+
+    range: np.ndarray  # (H, W) float32
+    classes: np.ndarray  # (H, W) int64, -1 where no box
+
+
+#: Something that gives the actor layout at a time (s): `World.boxes` and dataset frames both do.
+LayoutSource = Callable[[float], dict[str, np.ndarray]]
+
+
+def layout_view(boxes: np.ndarray, box_class: np.ndarray, pose: np.ndarray, sensor: Sensor) -> LayoutView:
+    """Ray-cast (B, 7) world boxes with their `OBJECT_CLASSES` indices into the sensor's range view."""
+    box_class = np.asarray(box_class).reshape(-1)
+    if len(box_class) != len(boxes):
+        raise ValueError(f"layout: {len(boxes)} boxes but {len(box_class)} box classes; expected one per box")
+    view = box_range_view(boxes, pose, sensor)
+    lookup = np.full(len(OBJECT_CLASSES), -1, dtype=np.int64)
+    for j, name in enumerate(LAYOUT_CLASSES):
+        lookup[OBJECT_CLASSES.index(name)] = j
+    if len(box_class) and (box_class.min() < 0 or box_class.max() >= len(OBJECT_CLASSES)):
+        raise ValueError(f"layout: box classes must index OBJECT_CLASSES [0, {len(OBJECT_CLASSES)}), got "
+                         f"[{box_class.min()}, {box_class.max()}]")
+    cls_of_box = lookup[box_class.astype(np.int64)] if len(box_class) else np.zeros(0, np.int64)
+    classes = np.where(view.index >= 0, cls_of_box[np.maximum(view.index, 0)] if len(cls_of_box) else -1, -1)
+    return LayoutView(view.range, classes.astype(np.int64))
 
 
 def encode_image(image: RangeImage, sensor: Sensor) -> np.ndarray:
@@ -72,60 +151,117 @@ def coordinate_channels(sensor: Sensor) -> np.ndarray:
     return np.stack([elev, np.sin(az), np.cos(az)]).astype(np.float32)
 
 
+def empty_condition(sensor: Sensor, num_map_classes: int = len(MAP_CLASSES)) -> np.ndarray:
+    """The condition with nothing known: no cache, map or layout; only where each pixel looks."""
+    lay = ConditionLayout(num_map_classes)
+    cond = np.zeros((lay.channels, *sensor.shape), dtype=np.float32)
+    cond[list(lay.range_channels())] = -1.0
+    cond[CACHE_INTENSITY] = -1.0
+    cond[lay.coords_start :] = coordinate_channels(sensor)
+    return cond
+
+
 def build_condition(
     cache_points_world: np.ndarray | None,
     pose: np.ndarray,
-    map_classes: np.ndarray | None,
+    map_view: MapView | None,
+    layout: LayoutView | None,
     sensor: Sensor,
     num_map_classes: int = len(MAP_CLASSES),
 ) -> torch.Tensor:
     """The (C, H, W) float32 condition for a sweep taken at `pose` (world_from_sensor).
 
-    `cache_points_world` (N, 4) or None (empty cache); `map_classes` (H, W) ints from
-    `HDMap.range_view_classes(pose, sensor)` or None (map dropped).
+    `cache_points_world` (N, 4) or None (empty cache); `map_view` from `HDMap.range_view(pose, sensor)` or
+    None (map dropped); `layout` from `layout_view` or None (layout dropped).
     """
-    height, width = sensor.shape
     pose = np.asarray(pose, dtype=np.float64)
     if pose.shape != (4, 4):
         raise ValueError(
             f"build_condition: pose must be a 4x4 world_from_sensor matrix, got shape {pose.shape}"
         )
-    cond = np.zeros((condition_channels(num_map_classes), height, width), dtype=np.float32)
-
+    lay = ConditionLayout(num_map_classes)
+    cond = empty_condition(sensor, num_map_classes)
     # 1. the cache, moved into the new sensor frame and z-buffered
-    cache_pts = np.zeros((0, 4), np.float32) if cache_points_world is None else np.asarray(cache_points_world)
-    if cache_pts.ndim != 2 or cache_pts.shape[1] != 4:
-        raise ValueError(
-            f"build_condition: cache points must be (N, 4) x,y,z,intensity, got {cache_pts.shape}"
-        )
-    image = project(transform_points(cache_pts, np.linalg.inv(pose)), sensor)
-    cond[CACHE_IMAGE] = encode_image(image, sensor)
-    cond[2] = image.mask
-
-    # 2. the HD map ray-cast from the new pose, one-hot, plus the map-present flag
-    if map_classes is not None:
-        classes = np.asarray(map_classes)
-        if classes.shape != (height, width):
-            raise ValueError(f"build_condition: map_classes must be ({height}, {width}), got {classes.shape}")
-        if classes.size and (classes.min() < 0 or classes.max() >= num_map_classes):
+    if cache_points_world is not None:
+        cache_pts = np.asarray(cache_points_world)
+        if cache_pts.ndim != 2 or cache_pts.shape[1] != 4:
             raise ValueError(
-                f"build_condition: map classes must be in [0, {num_map_classes}), got "
-                f"[{classes.min()}, {classes.max()}]"
+                f"build_condition: cache points must be (N, 4) x,y,z,intensity, got {cache_pts.shape}"
             )
-        rows, cols = np.indices((height, width))
-        cond[CACHE_CHANNELS + classes.astype(np.int64), rows, cols] = 1.0
-        cond[CACHE_CHANNELS + num_map_classes] = 1.0
-
-    # 3. where each pixel looks
-    cond[-COORD_CHANNELS:] = coordinate_channels(sensor)
+        image = project(transform_points(cache_pts, np.linalg.inv(pose)), sensor)
+        cond[CACHE_IMAGE] = encode_image(image, sensor)
+        cond[CACHE_MASK] = image.mask
+    # 2. the HD map's geometry and classes under each ray
+    if map_view is not None:
+        _fill_map(cond, map_view, sensor, lay)
+    # 3. the actor layout
+    if layout is not None:
+        _check_shape(layout.range, sensor, "layout.range")
+        cond[lay.box_range] = _encode_or_empty(layout.range, sensor)
+        rows, cols = np.nonzero(layout.classes >= 0)
+        cond[lay.box_range + 1 + layout.classes[rows, cols], rows, cols] = 1.0
+        cond[lay.coords_start - 1] = 1.0
     return torch.from_numpy(cond)
+
+
+def _fill_map(cond: np.ndarray, view: MapView, sensor: Sensor, lay: ConditionLayout) -> None:
+    classes = np.asarray(view.classes)
+    _check_shape(classes, sensor, "map_view.classes")
+    if classes.size and (classes.min() < 0 or classes.max() >= lay.num_map_classes):
+        raise ValueError(
+            f"build_condition: map classes must be in [0, {lay.num_map_classes}), got "
+            f"[{classes.min()}, {classes.max()}]"
+        )
+    for channel, (name, ranges) in zip(
+        (GROUND_RANGE, BUILDING_RANGE, VEGETATION_RANGE),
+        (("ground", view.ground), ("building", view.building), ("vegetation", view.vegetation)),
+        strict=True,
+    ):
+        _check_shape(ranges, sensor, f"map_view.{name}")
+        cond[channel] = _encode_or_empty(ranges, sensor)
+    rows, cols = np.indices(sensor.shape)
+    cond[lay.map_classes.start + classes.astype(np.int64), rows, cols] = 1.0
+    cond[lay.layout_start - 1] = 1.0
+
+
+def _check_shape(array: np.ndarray, sensor: Sensor, name: str) -> None:
+    if np.shape(array) != sensor.shape:
+        raise ValueError(f"build_condition: {name} must be {sensor.shape}, got {np.shape(array)}")
+
+
+def _encode_or_empty(range_m: np.ndarray, sensor: Sensor) -> np.ndarray:
+    """Encoded range where the layer is hit, -1 elsewhere (`encode_range` already maps 0 m to -1)."""
+    return encode_range(np.asarray(range_m, dtype=np.float32), sensor.max_range)
 
 
 def drop_map(cond: torch.Tensor, num_map_classes: int = len(MAP_CLASSES)) -> torch.Tensor:
     """The same condition with the map dropped (channel dim -3), as `build_condition(..., None, ...)` gives."""
     out = cond.clone()
-    out[..., map_slice(num_map_classes), :, :] = 0.0
+    lay = ConditionLayout(num_map_classes)
+    out[..., lay.map_block, :, :] = 0.0
+    out[..., MAP_START : MAP_START + MAP_RANGE_CHANNELS, :, :] = -1.0
     return out
+
+
+def prior_image(cond: torch.Tensor, num_map_classes: int = len(MAP_CLASSES)) -> tuple[torch.Tensor, torch.Tensor]:
+    """(B, H, W) encoded prior range and (B, H, W) bool "the prior returns" for a (B, C, H, W) condition.
+
+    Encoded ranges are monotone in metres, so "nearest" is a min over the encoded values that exist.
+    """
+    lay = ConditionLayout(num_map_classes)
+    big = torch.tensor(2.0, dtype=cond.dtype, device=cond.device)
+
+    def known(channel: int) -> torch.Tensor:
+        value = cond[:, channel]
+        return torch.where(value > -1.0 + 1e-6, value, big)
+
+    geometry = torch.where(
+        cond[:, CACHE_MASK] > 0.5, cond[:, CACHE_RANGE], torch.minimum(known(GROUND_RANGE), known(BUILDING_RANGE))
+    )
+    geometry = torch.where(geometry > -1.0 + 1e-6, geometry, big)
+    prior = torch.minimum(geometry, known(lay.box_range))
+    returns = prior < big
+    return torch.where(returns, prior, torch.full_like(prior, -1.0)), returns
 
 
 def augment_cache_points(
@@ -158,3 +294,17 @@ def augment_cache_points(
     ).as_matrix()
     jitter[:3, 3] = rng.normal(0.0, jitter_translation, size=3)
     return transform_points(local, pose @ jitter)
+
+
+def augment_layout(
+    boxes: np.ndarray, box_class: np.ndarray, rng: np.random.Generator, missing: float, center_noise: float
+) -> tuple[np.ndarray, np.ndarray]:
+    """A layout as a detector or planner would hand it over: some actors missing, the rest a little off.
+
+    Stale layouts (an earlier frame's boxes) are chosen by the caller, which knows the frames.
+    """
+    boxes = np.asarray(boxes, dtype=np.float64).reshape(-1, 7)
+    keep = rng.random(len(boxes)) >= missing
+    out = boxes[keep].copy()
+    out[:, :2] += rng.normal(0.0, center_noise, size=(len(out), 2))
+    return out, np.asarray(box_class).reshape(-1)[keep]

@@ -5,13 +5,14 @@ Orientation (used everywhere): t = 0 is data, t = 1 is pure Gaussian noise, and 
     x_t = (1 - t) * x0 + t * noise,        v = dx_t/dt = noise - x0,
 
 so the clean image is x0 = x_t - t * v, and sampling integrates from t = 1 down to t = 0. Straight paths are
-what make a handful of Euler steps usable (Liu et al. 2022; SD3). The network predicts either x0 or v
-(`WorldModelConfig.prediction`); the sampler always works with v, and the loss compares like with like.
+what make a handful of Euler steps usable (Liu et al. 2022; SD3). The network predicts x0 (anchored to its
+prior, see `inference.network`); the sampler works with the velocity it implies.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Protocol
 
 import torch
 import torch.nn.functional as F
@@ -31,19 +32,18 @@ def velocity_target(x0: torch.Tensor, noise: torch.Tensor) -> torch.Tensor:
 
 #: Smallest t an x0 prediction is divided by (the sampler never goes below 1 / steps).
 T_MIN = 1e-3
+#: Weight of the range term against intensity and return: log-range errors are small numbers that matter.
+RANGE_WEIGHT = 4.0
 
 
-def prediction_type(model: nn.Module) -> str:
-    """What `model` outputs: its `config.prediction`; a bare callable without a config predicts velocity."""
-    return getattr(getattr(model, "config", None), "prediction", "velocity")
+class X0Model(Protocol):
+    def predict_x0(self, x_t: torch.Tensor, t: torch.Tensor, cond: torch.Tensor) -> torch.Tensor: ...
 
 
-def to_velocity(output: torch.Tensor, x_t: torch.Tensor, t: torch.Tensor, prediction: str) -> torch.Tensor:
-    """The velocity implied by a network output of the given kind at (x_t, t)."""
-    if prediction == "velocity":
-        return output
+def to_velocity(x0: torch.Tensor, x_t: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+    """The velocity implied by a clean-image estimate at (x_t, t)."""
     tt = t.to(x_t.dtype).view(-1, *([1] * (x_t.dim() - 1))).clamp_min(T_MIN)
-    return (x_t - output) / tt
+    return (x_t - x0) / tt
 
 
 def sample_training_t(batch: int, generator: torch.Generator, schedule: str = "uniform") -> torch.Tensor:
@@ -62,32 +62,32 @@ def sample_training_t(batch: int, generator: torch.Generator, schedule: str = "u
 
 def flow_matching_loss(
     model: nn.Module,
-    x0: torch.Tensor,
+    image: torch.Tensor,
     cond: torch.Tensor,
     generator: torch.Generator,
     schedule: str = "uniform",
-    norm: str = "l2",
 ) -> torch.Tensor:
-    """Mean error of the model's prediction (x0 or velocity) at random times; noise and t from `generator`.
+    """The world model's loss at random times; noise and t from `generator`.
 
-    For an x0 model the squared error is the velocity error weighted by t^2, which keeps the low-noise end
-    (where v = (x_t - x0) / t blows up) from dominating. `norm="l1"` predicts the per-pixel median instead
-    of the mean: a pixel that is a return with probability > 1/2 then keeps its range instead of being
-    pulled towards "no return" (-1), the blend an under-trained L2 net emits at few steps (at ~300-400
-    CPU iterations: ranges 30% short and 10% spurious returns under 2.5 m with L2, 5% and 3% with L1).
+    `image` is a (B, 2, H, W) `encode_image` batch. Range and intensity are L1 (the per-pixel median, so a
+    sweep stays crisp) and only where the target returns; whether it returns is a BCE on the return logit.
+    A ray drop is never averaged with a far return, the blur an image-space loss learns.
     """
-    if norm not in ("l1", "l2"):
-        raise ValueError(f"unknown loss norm {norm!r}; expected 'l1' or 'l2'")
+    x0 = model.flow_target(image, cond)
     noise = torch.randn(x0.shape, generator=generator, device=generator.device, dtype=x0.dtype).to(x0.device)
     t = sample_training_t(x0.shape[0], generator, schedule).to(x0.device)
-    pred = model(interpolate(x0, noise, t), t, cond)
-    target = x0 if prediction_type(model) == "x0" else velocity_target(x0, noise)
-    loss = F.l1_loss if norm == "l1" else F.mse_loss
-    return loss(pred.float(), target.float())
+    out = model(interpolate(x0, noise, t), t, cond).float()
+    x0 = x0.float()
+    returns = x0[:, 2] > 0
+    weight = returns.float() / returns.sum().clamp_min(1)
+    range_l1 = ((out[:, 0] - x0[:, 0]).abs() * weight).sum()
+    intensity_l1 = ((out[:, 1] - x0[:, 1]).abs() * weight).sum()
+    bce = F.binary_cross_entropy_with_logits(out[:, 2], returns.float())
+    return RANGE_WEIGHT * range_l1 + intensity_l1 + bce
 
 
 def guided_velocity(
-    model: nn.Module,
+    model: X0Model,
     x_t: torch.Tensor,
     t: torch.Tensor,
     cond: torch.Tensor,
@@ -101,11 +101,10 @@ def guided_velocity(
     """
     b = x_t.shape[0]
     t = t.to(x_t.device).reshape(-1).expand(b)
-    prediction = prediction_type(model)
     if uncond is None or guidance == 1.0:
-        return to_velocity(model(x_t, t, cond), x_t, t, prediction)
-    out = model(torch.cat([x_t, x_t]), torch.cat([t, t]), torch.cat([cond, uncond]))
-    v_cond, v_uncond = to_velocity(out, torch.cat([x_t, x_t]), torch.cat([t, t]), prediction).chunk(2)
+        return to_velocity(model.predict_x0(x_t, t, cond), x_t, t)
+    x2, t2 = torch.cat([x_t, x_t]), torch.cat([t, t])
+    v_cond, v_uncond = to_velocity(model.predict_x0(x2, t2, torch.cat([cond, uncond])), x2, t2).chunk(2)
     return v_uncond + guidance * (v_cond - v_uncond)
 
 

@@ -1,10 +1,19 @@
-"""The world model's denoiser: a small range-image UNet (R2DM-style) that predicts a flow velocity.
+"""The world model's denoiser: a small range-image UNet (R2DM-style) anchored to a geometric prior.
 
 The range image wraps around in azimuth, so every convolution pads the width circularly (a roll of the
 input by a multiple of the total width stride rolls the output by the same amount) and pads the height
 with zeros: beams above the top one and below the bottom one do not exist. Downsampling halves mostly the
-width, because a 32-beam image is already short; the map, cache and beam/azimuth coordinates come in as
-extra input channels (see `inference.conditioning`), so the network itself knows nothing about geometry.
+width, because a 32-beam image is already short; the cache, map, layout and beam/azimuth coordinates come
+in as extra input channels (see `inference.conditioning`).
+
+The network only corrects what the known geometry gets wrong (DESIGN.md). Its clean-image estimate is
+
+    range     = prior range + a log-range residual        (zero-initialised head: a fresh net is the prior)
+    intensity = cached intensity (or a typical value) + a residual
+    return    = a logit, biased towards the prior's returns, trained with BCE
+
+so "where is a return" and "how far is it" are separate questions: a no-return is never averaged with a
+far return. The flow (`inference.flow`) runs on the 3-channel image (range, intensity, return as +-1).
 """
 
 from __future__ import annotations
@@ -17,12 +26,23 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from inference.conditioning import CACHE_IMAGE, condition_channels
+from inference.conditioning import CACHE_INTENSITY, CACHE_MASK, condition_channels, prior_image
 from lidar.sensors import HDL32, Sensor
 from lidar.sim.hdmap import MAP_CLASSES
 
-#: Channels of the generated image x: encoded log-range (`lidar.range_image.encode_range`), intensity*2-1.
-IMAGE_CHANNELS = 2
+#: Channels of the flow image x: encoded log-range, intensity*2-1, return (+1) or ray drop (-1).
+IMAGE_CHANNELS = 3
+RANGE, INTENSITY, RETURN = 0, 1, 2
+#: Residual bases where the prior knows nothing: encoded range of about 20 m, intensity of about 0.2.
+RANGE_FILL = 0.3
+INTENSITY_FILL = -0.6
+#: Logit bias of a fresh model: returns where the prior returns with p = sigmoid(3) = 0.95.
+RETURN_PRIOR_LOGIT = 3.0
+#: Bounds checked before a network is built, so a hostile or mistyped config.json cannot exhaust memory.
+MAX_LEVEL_CHANNELS = 1024
+MAX_LEVELS = 6
+MAX_BLOCKS = 8
+MAX_SENSOR_SHAPE = (256, 8192)
 
 
 @dataclass
@@ -48,65 +68,70 @@ class WorldModelConfig:
     p_drop_map: float = 0.15
     #: Training-time probability that the cache is emptied (the first frame of a rollout).
     p_drop_cache: float = 0.1
-    #: What the network outputs: "x0" (the clean image; copying the cache is then an identity map, and
-    #: few-step Euler becomes x_next = (t_next/t) x_t + (1 - t_next/t) x0) or "velocity" (noise - x0).
-    prediction: str = "x0"
-    #: x0 models only: predict a correction to the cache seen from the new pose (condition channels 0-1,
-    #: already in the image encoding) instead of the image itself. With the zero-initialised head a fresh
-    #: model is exactly the cache-only baseline and training spends itself on holes and the map.
-    cache_residual: bool = False
+    #: Training-time probability that the actor layout is dropped (real-data forecasting has none).
+    p_drop_layout: float = 0.15
     #: Default sampling steps and classifier-free guidance scale for rollout.
     default_steps: int = 4
     default_guidance: float = 1.0
 
     def __post_init__(self) -> None:
-        self.channel_mults = tuple(int(m) for m in self.channel_mults)
-        self.strides = tuple(tuple(int(v) for v in s) for s in self.strides)  # type: ignore[misc]
+        self._check_architecture()
+        for name in ("p_drop_map", "p_drop_cache", "p_drop_layout"):
+            p = getattr(self, name)
+            if not isinstance(p, int | float) or not 0.0 <= p < 1.0:
+                raise ValueError(f"WorldModelConfig.{name} must be in [0, 1), got {p!r}")
+        if not isinstance(self.default_steps, int) or not 1 <= self.default_steps <= 1000:
+            raise ValueError(f"WorldModelConfig.default_steps must be an integer in [1, 1000], got {self.default_steps!r}")
+        if not isinstance(self.default_guidance, int | float) or not 0 <= self.default_guidance <= 100:
+            raise ValueError(f"WorldModelConfig.default_guidance must be in [0, 100], got {self.default_guidance!r}")
+
+    def _check_architecture(self) -> None:
+        """Shapes and sizes, each error naming its field; bounded before anything is allocated."""
         sensor = self.sensor_obj  # validates the sensor dict
-        if self.num_map_classes < 1:
-            raise ValueError(f"WorldModelConfig.num_map_classes must be >= 1, got {self.num_map_classes}")
-        if self.base_channels < 1 or not self.channel_mults or any(m < 1 for m in self.channel_mults):
+        if sensor.height > MAX_SENSOR_SHAPE[0] or sensor.width > MAX_SENSOR_SHAPE[1]:
             raise ValueError(
-                f"WorldModelConfig: base_channels and channel_mults must be positive, got "
-                f"base_channels={self.base_channels}, channel_mults={self.channel_mults}"
+                f"WorldModelConfig.sensor: image {sensor.shape} exceeds the supported {MAX_SENSOR_SHAPE} (beams, width)"
             )
-        if len(self.strides) != len(self.channel_mults) - 1:
+        _check_int(self.num_map_classes, "num_map_classes", 1, 256)
+        _check_int(self.base_channels, "base_channels", 1, MAX_LEVEL_CHANNELS)
+        _check_int(self.blocks, "blocks", 1, MAX_BLOCKS)
+        _check_int(self.norm_groups, "norm_groups", 1, MAX_LEVEL_CHANNELS)
+        if not isinstance(self.channel_mults, list | tuple) or not 1 <= len(self.channel_mults) <= MAX_LEVELS:
             raise ValueError(
-                f"WorldModelConfig.strides needs one (h, w) stride per level after the first "
-                f"({len(self.channel_mults) - 1}), got {len(self.strides)}: {self.strides}"
+                f"WorldModelConfig.channel_mults must list 1 to {MAX_LEVELS} level multipliers, got {self.channel_mults!r}"
             )
+        for m in self.channel_mults:
+            _check_int(m, "channel_mults", 1, MAX_LEVEL_CHANNELS)
+        self.channel_mults = tuple(int(m) for m in self.channel_mults)
+        too_wide = [c for c in self.level_channels if c > MAX_LEVEL_CHANNELS]
+        if too_wide:
+            raise ValueError(
+                f"WorldModelConfig.channel_mults: level channels {too_wide} exceed {MAX_LEVEL_CHANNELS} "
+                f"(base_channels={self.base_channels})"
+            )
+        strides = self.strides
+        if (
+            not isinstance(strides, list | tuple)
+            or len(strides) != len(self.channel_mults) - 1
+            or any(not isinstance(s, list | tuple) or len(s) != 2 or any(v not in (1, 2) for v in s) for s in strides)
+        ):
+            raise ValueError(
+                f"WorldModelConfig.strides needs one (h, w) pair of 1 or 2 per level after the first "
+                f"({len(self.channel_mults) - 1} pairs), got {strides!r}"
+            )
+        self.strides = tuple((int(s[0]), int(s[1])) for s in strides)  # type: ignore[misc]
         sh = math.prod(s[0] for s in self.strides)
         sw = math.prod(s[1] for s in self.strides)
-        if any(len(s) != 2 or s[0] not in (1, 2) or s[1] not in (1, 2) for s in self.strides):
-            raise ValueError(f"WorldModelConfig.strides must be (h, w) pairs of 1 or 2, got {self.strides}")
         if sensor.height % sh or sensor.width % sw:
             raise ValueError(
-                f"WorldModelConfig: sensor image {sensor.shape} is not divisible by the total stride ({sh}, {sw}) "
-                f"of strides={self.strides}"
+                f"WorldModelConfig.strides: sensor image {sensor.shape} is not divisible by the total stride "
+                f"({sh}, {sw}) of strides={self.strides}"
             )
         bad = [c for c in self.level_channels if c % self.norm_groups]
         if bad:
             raise ValueError(
                 f"WorldModelConfig.norm_groups={self.norm_groups} does not divide level channels {bad}"
             )
-        if self.blocks < 1:
-            raise ValueError(f"WorldModelConfig.blocks must be >= 1, got {self.blocks}")
-        for name in ("p_drop_map", "p_drop_cache"):
-            p = getattr(self, name)
-            if not 0.0 <= p < 1.0:
-                raise ValueError(f"WorldModelConfig.{name} must be in [0, 1), got {p}")
-        if self.prediction not in ("x0", "velocity"):
-            raise ValueError(
-                f"WorldModelConfig.prediction must be 'x0' or 'velocity', got {self.prediction!r}"
-            )
-        if self.cache_residual and self.prediction != "x0":
-            raise ValueError(
-                "WorldModelConfig.cache_residual needs prediction='x0' (it corrects the cached image)"
-            )
-        if self.default_steps < 1:
-            raise ValueError(f"WorldModelConfig.default_steps must be >= 1, got {self.default_steps}")
-        if self.default_guidance < 0:
-            raise ValueError(f"WorldModelConfig.default_guidance must be >= 0, got {self.default_guidance}")
 
     @property
     def sensor_obj(self) -> Sensor:
@@ -135,6 +160,11 @@ class WorldModelConfig:
                 f"unknown WorldModelConfig fields {sorted(unknown)}; expected a subset of {sorted(known)}"
             )
         return cls(**data)
+
+
+def _check_int(value: Any, name: str, lo: int, hi: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or not lo <= value <= hi:
+        raise ValueError(f"WorldModelConfig.{name} must be an integer in [{lo}, {hi}], got {value!r}")
 
 
 class RingConv(nn.Conv2d):
@@ -204,8 +234,8 @@ def timestep_embedding(t: torch.Tensor, dim: int) -> torch.Tensor:
 class WorldModel(nn.Module):
     """Denoises the next sweep's range image given the noisy image and the condition.
 
-    The output is the clean image or the flow velocity, per `config.prediction`; `inference.flow` turns
-    either into a velocity for the sampler and picks the matching loss.
+    `forward` gives the raw estimate (range, intensity, return logit) the loss needs; `predict_x0` turns the
+    logit into the +-1 return channel the sampler integrates.
     """
 
     def __init__(self, config: WorldModelConfig) -> None:
@@ -217,7 +247,8 @@ class WorldModel(nn.Module):
         self.time_mlp = nn.Sequential(
             nn.Linear(config.base_channels, temb), nn.SiLU(), nn.Linear(temb, temb), nn.SiLU()
         )
-        self.stem = RingConv(IMAGE_CHANNELS + config.cond_channels, chans[0])
+        # the prior (range, returns) is derived from the condition but given explicitly: it is what to copy
+        self.stem = RingConv(IMAGE_CHANNELS + config.cond_channels + 2, chans[0])
 
         self.down = nn.ModuleList()
         self.enc = nn.ModuleList()
@@ -247,16 +278,23 @@ class WorldModel(nn.Module):
                 self.up.append(RingConv(c, chans[level - 1]))
                 c = chans[level - 1]
         self.head = nn.Sequential(nn.GroupNorm(groups, c), nn.SiLU(), RingConv(c, IMAGE_CHANNELS))
-        if config.cache_residual:
-            nn.init.zeros_(self.head[-1].weight)
-            nn.init.zeros_(self.head[-1].bias)
+        nn.init.zeros_(self.head[-1].weight)  # a fresh model reproduces the prior
+        nn.init.zeros_(self.head[-1].bias)
 
     @property
     def sensor(self) -> Sensor:
         return self.config.sensor_obj
 
+    def base_image(self, cond: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """What the residuals are added to: (B, H, W) range and intensity bases and the prior's returns."""
+        prior, returns = prior_image(cond, self.config.num_map_classes)
+        base_range = torch.where(returns, prior, torch.full_like(prior, RANGE_FILL))
+        cached = cond[:, CACHE_MASK] > 0.5
+        base_intensity = torch.where(cached, cond[:, CACHE_INTENSITY], torch.full_like(prior, INTENSITY_FILL))
+        return base_range, base_intensity, returns
+
     def forward(self, x_t: torch.Tensor, t: torch.Tensor, cond: torch.Tensor) -> torch.Tensor:
-        """x_t (B, 2, H, W), t (B,) in [0, 1], cond (B, C, H, W) -> x0 or velocity (B, 2, H, W)."""
+        """x_t (B, 3, H, W), t (B,) in [0, 1], cond (B, C, H, W) -> (B, 3, H, W) range, intensity, return logit."""
         b, _, h, w = x_t.shape
         expected = (IMAGE_CHANNELS, *self.config.sensor_obj.shape)
         if tuple(x_t.shape[1:]) != expected or tuple(cond.shape) != (b, self.config.cond_channels, h, w):
@@ -264,8 +302,11 @@ class WorldModel(nn.Module):
                 f"WorldModel expects x_t (B, {expected[0]}, {expected[1]}, {expected[2]}) and cond "
                 f"(B, {self.config.cond_channels}, H, W); got x_t {tuple(x_t.shape)}, cond {tuple(cond.shape)}"
             )
+        cond = cond.to(x_t.dtype)
+        base_range, base_intensity, returns = self.base_image(cond)
+        prior = torch.stack([base_range, returns.to(x_t.dtype)], dim=1)
         temb = self.time_mlp(timestep_embedding(t.expand(b), self.config.base_channels).to(x_t.dtype))
-        hx = self.stem(torch.cat([x_t, cond.to(x_t.dtype)], dim=1))
+        hx = self.stem(torch.cat([x_t, cond, prior], dim=1))
         skips = []
         for level, blocks in enumerate(self.enc):
             if level > 0:
@@ -281,9 +322,41 @@ class WorldModel(nn.Module):
                 skip_shape = skips[-1].shape[-2:]
                 hx = F.interpolate(self.up[i](hx), size=skip_shape, mode="nearest")
         out = self.head(hx)
-        if self.config.cache_residual:
-            out = out + cond[:, CACHE_IMAGE].to(out.dtype)
-        return out
+        bias = RETURN_PRIOR_LOGIT * (2.0 * returns.to(out.dtype) - 1.0)
+        return torch.stack(
+            [base_range + out[:, RANGE], base_intensity + out[:, INTENSITY], bias + out[:, RETURN]], dim=1
+        )
+
+    def predict_x0(self, x_t: torch.Tensor, t: torch.Tensor, cond: torch.Tensor) -> torch.Tensor:
+        """The clean flow image the sampler steps towards: the return channel as its expectation 2p - 1."""
+        out = self(x_t, t, cond)
+        return torch.cat([out[:, :RETURN], torch.tanh(0.5 * out[:, RETURN : RETURN + 1])], dim=1)
+
+    def flow_target(self, image: torch.Tensor, cond: torch.Tensor) -> torch.Tensor:
+        """(B, 3, H, W) flow image of a (B, 2, H, W) `encode_image` batch.
+
+        A ray drop has no range or intensity to learn; there the image holds the bases, so noise is added
+        to something the network would have predicted anyway, and the loss ignores it.
+        """
+        base_range, base_intensity, _ = self.base_image(cond.to(image.dtype))
+        returns = image[:, RANGE] > -1.0 + 1e-6
+        return torch.stack(
+            [
+                torch.where(returns, image[:, RANGE], base_range),
+                torch.where(returns, image[:, INTENSITY], base_intensity),
+                returns.to(image.dtype) * 2.0 - 1.0,
+            ],
+            dim=1,
+        )
 
     def num_parameters(self) -> int:
         return sum(p.numel() for p in self.parameters())
+
+
+def to_encoded_image(x: torch.Tensor) -> torch.Tensor:
+    """(..., 3, H, W) flow image -> (..., 2, H, W) `encode_image` layout: -1 range and intensity at ray drops."""
+    drop = x[..., RETURN, :, :] <= 0.0
+    fill = torch.full_like(x[..., RANGE, :, :], -1.0)
+    return torch.stack(
+        [torch.where(drop, fill, x[..., RANGE, :, :]), torch.where(drop, fill, x[..., INTENSITY, :, :])], dim=-3
+    )

@@ -23,7 +23,7 @@ import torch
 from inference.cache import SpatialCache
 from inference.loader import Provenance, load_model
 from inference.network import WorldModel, WorldModelConfig
-from inference.rollout import MapSource, Progress, RolloutResult, cache_from_scans, rollout
+from inference.rollout import MapSource, Progress, RolloutResult, cache_from_scans, frame_times, rollout
 from lidar.formats import Scan, write_points
 from lidar.range_image import RangeImage, project, unproject
 from lidar.sensors import Sensor
@@ -107,6 +107,7 @@ class LidarVersePipeline:
         action: str | None = "straight",
         poses: np.ndarray | None = None,
         frames: int = 8,
+        times: np.ndarray | None = None,
         steps: int | None = None,
         seed: int = 0,
         guidance: float | None = None,
@@ -115,7 +116,9 @@ class LidarVersePipeline:
     ) -> RolloutResult:
         """Roll out a drive through a procedural world: `map` is a `make_world` seed (default: `seed`) or a World.
 
-        The ego either follows `action` along the map's lanes (`plan_drive`) or the given `poses`.
+        The ego either follows `action` along the map's lanes (`plan_drive`) or the given `poses`; every frame
+        is conditioned on the world's HD map and on its actors' boxes at the frame's time (`times`, default
+        10 Hz from `World.time`).
         """
         start = time.perf_counter()
         # 1. check everything before any compute
@@ -133,7 +136,8 @@ class LidarVersePipeline:
             poses = plan_drive(world, action, frames, seed=seed, mount_height=self.sensor.mount_height)
         # 3. roll out
         return self._rollout(
-            poses, start, map_source=world.hdmap, steps=steps, seed=seed, guidance=guidance, callback=callback
+            poses, start, **_scene(world, len(poses), times), steps=steps, seed=seed, guidance=guidance,
+            callback=callback,
         )
 
     def forecast(
@@ -144,6 +148,7 @@ class LidarVersePipeline:
         action: str | None = "straight",
         poses: np.ndarray | None = None,
         frames: int = 8,
+        times: np.ndarray | None = None,
         steps: int | None = None,
         seed: int = 0,
         guidance: float | None = None,
@@ -171,7 +176,7 @@ class LidarVersePipeline:
         return self._rollout(
             poses,
             start,
-            map_source=_map_source(map),
+            **_scene(map, len(poses), times),
             cache=cache,
             steps=steps,
             seed=seed,
@@ -202,7 +207,7 @@ class LidarVersePipeline:
         return self._rollout(
             target_poses,
             start,
-            map_source=_map_source(map),
+            **_scene(map, len(target_poses), None),
             cache=cache,
             steps=steps,
             seed=seed,
@@ -247,7 +252,7 @@ class LidarVersePipeline:
         return self._rollout(
             poses,
             start,
-            map_source=_map_source(map),
+            **_scene(map, len(poses), None),
             cache=cache,
             steps=steps,
             seed=seed,
@@ -506,13 +511,17 @@ def _world(map: int | World | None, style: str, seed: int) -> World:
     return make_world(int(map), style)
 
 
-def _map_source(map: Any) -> MapSource | None:
+def _scene(map: Any, count: int, times: np.ndarray | None) -> dict[str, Any]:
+    """Rollout keywords for a `map` argument: a World gives its HD map and actor layout, an HDMap the map only.
+
+    A World's frames run at 10 Hz from `World.time` unless `times` says otherwise.
+    """
     if map is None:
-        return None
+        return {"map_source": None, "layout": None, "times": frame_times(count, times)}
     if isinstance(map, World):
-        return map.hdmap
-    if hasattr(map, "range_view_classes") or callable(map):
-        return map
+        return {"map_source": map.hdmap, "layout": map.boxes, "times": frame_times(count, times, map.time)}
+    if hasattr(map, "range_view"):
+        return {"map_source": map, "layout": None, "times": frame_times(count, times)}
     raise ValueError(
-        f"map must be a lidar.sim World, an HDMap or a callable(pose, sensor), got {type(map).__name__}"
+        f"map must be a lidar.sim World (map and actor layout) or an HDMap (map only), got {type(map).__name__}"
     )

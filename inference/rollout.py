@@ -2,8 +2,9 @@
 
 One loop serves every use (DESIGN.md): free generation starts from an empty cache; forecasting seeds the
 cache with observed sweeps (`cache_from_scans`); re-simulation renders target poses from such a cache with
-`update_cache=False`. All randomness is the sampler's initial noise, drawn from one torch.Generator, so a
-seed fixes the whole rollout.
+`update_cache=False`. The HD map and the actor layout (boxes at each frame's time) condition every frame
+when given. All randomness is the sampler's initial noise, drawn from one torch.Generator, so a seed fixes
+the whole rollout.
 """
 
 from __future__ import annotations
@@ -18,11 +19,20 @@ import numpy as np
 import torch
 
 from inference.cache import SpatialCache, transform_points
-from inference.conditioning import build_condition, decode_image, drop_map
+from inference.conditioning import (
+    LayoutSource,
+    LayoutView,
+    build_condition,
+    decode_image,
+    drop_map,
+    layout_view,
+)
 from inference.flow import FlowMatchSampler, guided_velocity
-from inference.network import IMAGE_CHANNELS, WorldModel
+from inference.network import IMAGE_CHANNELS, WorldModel, to_encoded_image
 from lidar.range_image import RangeImage, unproject
 from lidar.sensors import Sensor
+from lidar.sim.drive import FRAME_RATE_HZ
+from lidar.sim.hdmap import MapView
 
 logger = logging.getLogger(__name__)
 
@@ -30,11 +40,10 @@ logger = logging.getLogger(__name__)
 WORLD_VOXEL = 0.1
 
 
-class HDMapLike(Protocol):
-    def range_view_classes(self, pose: np.ndarray, sensor: Sensor) -> np.ndarray: ...
+class MapSource(Protocol):
+    """An HD map the rollout can ray-cast from any pose (`lidar.sim.HDMap`)."""
 
-
-MapSource = HDMapLike | Callable[[np.ndarray, Sensor], np.ndarray]
+    def range_view(self, pose: np.ndarray, sensor: Sensor) -> MapView: ...
 
 
 @dataclass
@@ -91,12 +100,21 @@ def cache_from_scans(scans: list[np.ndarray], poses: np.ndarray, **cache_kwargs:
     return cache
 
 
-def _map_classes(source: MapSource | None, pose: np.ndarray, sensor: Sensor) -> np.ndarray | None:
+def _layout(source: LayoutSource | None, time_s: float, pose: np.ndarray, sensor: Sensor) -> LayoutView | None:
     if source is None:
         return None
-    if hasattr(source, "range_view_classes"):
-        return source.range_view_classes(pose, sensor)
-    return source(pose, sensor)
+    boxes = source(time_s)
+    return layout_view(boxes["boxes"], boxes["box_class"], pose, sensor)
+
+
+def frame_times(count: int, times: np.ndarray | None, start: float = 0.0) -> np.ndarray:
+    """Seconds of each frame: `times` as given (checked), else 10 Hz from `start`."""
+    if times is None:
+        return start + np.arange(count) / FRAME_RATE_HZ
+    out = np.asarray(times, dtype=np.float64).reshape(-1)
+    if out.shape != (count,) or not np.isfinite(out).all():
+        raise ValueError(f"times must be {count} finite seconds, one per pose; got shape {np.shape(times)}")
+    return out
 
 
 @torch.inference_mode()
@@ -105,6 +123,8 @@ def rollout(
     poses: np.ndarray,
     *,
     map_source: MapSource | None = None,
+    layout: LayoutSource | None = None,
+    times: np.ndarray | None = None,
     cache: SpatialCache | None = None,
     steps: int | None = None,
     seed: int | torch.Generator = 0,
@@ -113,11 +133,15 @@ def rollout(
     sampler: FlowMatchSampler | None = None,
     callback: Callable[[Progress], None] | None = None,
 ) -> RolloutResult:
-    """Generate a sweep at each pose (T, 4, 4) world_from_sensor, in order."""
+    """Generate a sweep at each pose (T, 4, 4) world_from_sensor, in order.
+
+    `layout(t)` gives the actor boxes at `times[i]` (default 10 Hz from 0), as `World.boxes` does.
+    """
     config, sensor = model.config, model.sensor
     poses = np.asarray(poses, dtype=np.float64)
     if poses.ndim != 3 or poses.shape[1:] != (4, 4) or len(poses) < 1:
         raise ValueError(f"rollout: poses must be (T, 4, 4) world_from_sensor with T >= 1, got {poses.shape}")
+    times = frame_times(len(poses), times)
     steps = config.default_steps if steps is None else int(steps)
     guidance = config.default_guidance if guidance is None else float(guidance)
     generator = seed if isinstance(seed, torch.Generator) else torch.Generator().manual_seed(int(seed))
@@ -129,13 +153,12 @@ def rollout(
     start = time.perf_counter()
     for index, pose in enumerate(poses):
         frame_start = time.perf_counter()
-        # 1. condition: the cache and the map seen from the new pose
-        map_classes = _map_classes(map_source, pose, sensor)
-        cond = build_condition(cache.points(), pose, map_classes, sensor, config.num_map_classes)
+        # 1. condition: the cache, the map and the layout seen from the new pose
+        map_view = map_source.range_view(pose, sensor) if map_source is not None else None
+        boxes = _layout(layout, float(times[index]), pose, sensor)
+        cond = build_condition(cache.points(), pose, map_view, boxes, sensor, config.num_map_classes)
         cond = cond[None].to(device=param.device, dtype=param.dtype)
-        uncond = (
-            drop_map(cond, config.num_map_classes) if map_classes is not None and guidance != 1.0 else None
-        )
+        uncond = drop_map(cond, config.num_map_classes) if map_view is not None and guidance != 1.0 else None
         # 2. sample the range image
         x = sampler.init_noise((1, IMAGE_CHANNELS, *sensor.shape), generator, device=param.device)
         for i, t in enumerate(sampler.timesteps):
@@ -144,7 +167,7 @@ def rollout(
             if callback is not None:
                 callback(Progress(index, len(poses), i + 1, steps))
         # 3. decode, unproject, and feed the sweep back into the cache
-        image = decode_image(x[0], sensor)
+        image = decode_image(to_encoded_image(x[0]), sensor)
         points = unproject(image, sensor)
         if update_cache:
             cache.add(transform_points(points, pose), pose)

@@ -27,11 +27,18 @@ class AugmentConfig:
     jitter_translation: float = 0.1
     #: Std of the rotation of the whole cache's rigid pose error (degrees).
     jitter_rotation_deg: float = 0.5
+    #: Fraction of the layout's actors left out (missed detections).
+    layout_missing: float = 0.1
+    #: Probability that the layout is 1-3 frames old (moving actors stale).
+    layout_stale: float = 0.2
+    #: Std of each box centre's displacement (metres).
+    layout_center_noise: float = 0.1
 
     def __post_init__(self) -> None:
-        if not 0.0 <= self.dropout < 1.0:
-            raise ValueError(f"augment.dropout must be in [0, 1), got {self.dropout!r}")
-        for name in ("range_noise", "jitter_translation", "jitter_rotation_deg"):
+        for name in ("dropout", "layout_missing", "layout_stale"):
+            if not 0.0 <= getattr(self, name) < 1.0:
+                raise ValueError(f"augment.{name} must be in [0, 1), got {getattr(self, name)!r}")
+        for name in ("range_noise", "jitter_translation", "jitter_rotation_deg", "layout_center_noise"):
             value = getattr(self, name)
             if not 0.0 <= value < 10.0:
                 raise ValueError(f"augment.{name} must be in [0, 10), got {value!r}")
@@ -55,8 +62,6 @@ class TrainConfig:
     betas: tuple[float, float] = (0.9, 0.99)
     #: Global gradient-norm clip; 0 disables it.
     grad_clip: float = 1.0
-    #: Flow-matching error norm, "l2" or "l1" (L1's median x0 does not blend a return with a ray drop).
-    loss_norm: str = "l2"
     #: Steps of linear warm-up from 0 to `lr`.
     warmup_iters: int = 200
     #: Total optimiser steps; the cosine schedule ends here at `min_lr_ratio * lr`.
@@ -119,8 +124,6 @@ class TrainConfig:
             raise ValueError(f"betas must be two numbers in [0, 1), got {self.betas!r}")
         if self.grad_clip < 0.0:
             raise ValueError(f"grad_clip must be >= 0 (0 disables it), got {self.grad_clip!r}")
-        if self.loss_norm not in ("l2", "l1"):
-            raise ValueError(f"loss_norm must be 'l2' or 'l1', got {self.loss_norm!r}")
         if not 0.0 <= self.min_lr_ratio <= 1.0:
             raise ValueError(f"min_lr_ratio must be in [0, 1], got {self.min_lr_ratio!r}")
         if not 0.0 < self.ema_decay < 1.0:

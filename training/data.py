@@ -3,8 +3,11 @@
 The target is one frame's range image in the network's encoding. The condition is built with the same
 `inference.conditioning.build_condition` that rollout calls, from a cache of the previous ground-truth
 frames: each is unprojected like a generated frame, corrupted like a model's own errors
-(`augment_cache_points`) and merged through a `SpatialCache`. With the model config's probabilities the
-cache is emptied (a rollout's first frame) or the map dropped (free generation, the CFG branch).
+(`augment_cache_points`) and merged through a `SpatialCache`; from the drive's HD map ray-cast at the
+frame's pose; and from the actor boxes of the frame, with some missing, shifted or stale
+(`augment_layout`), so the model does not trust the layout blindly. With the model config's probabilities
+the cache is emptied (a rollout's first frame), the map dropped (free generation, the CFG branch) or the
+layout dropped (real-data forecasting).
 
 Every batch is a pure function of (seed, iteration, rank): a resumed job sees the batches it would have
 seen, and no two ranks or workers share a random stream.
@@ -22,11 +25,19 @@ import torch
 from torch.utils.data import DataLoader, Dataset, Sampler
 
 from inference.cache import SpatialCache, transform_points
-from inference.conditioning import augment_cache_points, build_condition, encode_image
+from inference.conditioning import (
+    LayoutView,
+    augment_cache_points,
+    augment_layout,
+    build_condition,
+    encode_image,
+    layout_view,
+)
 from inference.network import WorldModelConfig
 from lidar.range_image import RangeImage, unproject
 from lidar.sensors import Sensor
 from lidar.sim.dataset import SimDataset
+from lidar.sim.hdmap import HDMap
 from training.config import TrainConfig
 
 logger = logging.getLogger(__name__)
@@ -39,13 +50,20 @@ class Drive:
     range: np.ndarray  # (T, H, W) float32 metres, 0 = no return
     intensity: np.ndarray  # (T, H, W) float32 in [0, 1]
     poses: np.ndarray  # (T, 4, 4) float64 world_from_sensor
-    map_classes: np.ndarray  # (T, H, W) uint8, HDMap.range_view_classes per frame
+    hdmap: HDMap
+    boxes: np.ndarray  # (B, 7) float32 world boxes of every frame
+    box_class: np.ndarray  # (B,) OBJECT_CLASSES index
+    box_frame: np.ndarray  # (B,) frame of each box
 
     def __len__(self) -> int:
         return len(self.range)
 
     def image(self, t: int) -> RangeImage:
         return RangeImage(self.range[t], self.intensity[t])
+
+    def frame_boxes(self, t: int) -> tuple[np.ndarray, np.ndarray]:
+        at = self.box_frame == t
+        return self.boxes[at], self.box_class[at]
 
 
 def load_drives(root: str, sensor: Sensor) -> list[Drive]:
@@ -60,8 +78,9 @@ def load_drives(root: str, sensor: Sensor) -> list[Drive]:
         )
     drives = []
     for i in range(len(dataset.manifest["sequences"])):
-        arrays = dataset.load_sequence(i)
-        drives.append(Drive(arrays["range"], arrays["intensity"], arrays["poses"], arrays["map_classes"]))
+        a = dataset.load_sequence(i)
+        drives.append(Drive(a["range"], a["intensity"], a["poses"], HDMap.from_dict(a), a["boxes"],
+                            a["box_class"], a["box_frame"]))
     logger.info("loaded %d drives (%d frames) from %s in %.1fs", len(drives), sum(len(d) for d in drives), root,
                 time.perf_counter() - start)
     return drives
@@ -87,10 +106,20 @@ class WorldModelSamples(Dataset):
         drive_idx, t = self.frames[int(rng.integers(len(self.frames)))]
         drive = self.drives[drive_idx]
         x = torch.from_numpy(encode_image(drive.image(t), self.sensor))
+        pose = drive.poses[t]
         cache = None if rng.random() < self.model_cfg.p_drop_cache else self.cache_before(drive, t, rng)
-        classes = None if rng.random() < self.model_cfg.p_drop_map else drive.map_classes[t]
-        cond = build_condition(cache, drive.poses[t], classes, self.sensor, self.model_cfg.num_map_classes)
+        map_view = None if rng.random() < self.model_cfg.p_drop_map else drive.hdmap.range_view(pose, self.sensor)
+        layout = None if rng.random() < self.model_cfg.p_drop_layout else self.layout_at(drive, t, rng)
+        cond = build_condition(cache, pose, map_view, layout, self.sensor, self.model_cfg.num_map_classes)
         return {"x": x, "cond": cond}
+
+    def layout_at(self, drive: Drive, t: int, rng: np.random.Generator) -> LayoutView:
+        """Frame t's boxes as a rollout would get them: sometimes a few frames stale, some missing, all a bit off."""
+        aug = self.cfg.augment
+        source = t - int(rng.integers(1, 4)) if t > 0 and rng.random() < aug.layout_stale else t
+        boxes, classes = augment_layout(*drive.frame_boxes(max(source, 0)), rng, aug.layout_missing,
+                                        aug.layout_center_noise)
+        return layout_view(boxes, classes, drive.poses[t], self.sensor)
 
     def cache_before(self, drive: Drive, t: int, rng: np.random.Generator) -> np.ndarray | None:
         """World points of 1..cache_frames previous frames, each with its own simulated rollout error.

@@ -129,7 +129,7 @@ def train(cfg: TrainConfig, job_dir: Path, max_minutes: float | None = None, com
         noise_gen.manual_seed(cfg.seed * 1_000_003 + iteration * 1009 + rank)
         x0, cond = batch["x"].to(device, non_blocking=True), batch["cond"].to(device, non_blocking=True)
         with autocast:
-            loss = flow_matching_loss(model, x0, cond, generator=noise_gen, norm=cfg.loss_norm)
+            loss = flow_matching_loss(model, x0, cond, generator=noise_gen)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         if cfg.grad_clip > 0:

@@ -8,10 +8,12 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any
 
 import numpy as np
 
+from lidar.boxes import box_range_view
 from lidar.sensors import Sensor
 
 #: Ground layers of the map. Index 0 means the ray meets no ground within range (sky / beyond max range).
@@ -34,6 +36,24 @@ MAP_CLASS_INDEX: dict[str, int] = {name: i for i, name in enumerate(MAP_CLASSES)
 #: Classes that sit one curb height above the carriageway; the drivable surface is the low level.
 RAISED_CLASSES: tuple[str, ...] = ("sidewalk", "curb", "terrain", "vegetation", "building")
 CURB_HEIGHT = 0.15
+
+#: Map layers whose rectangles are extruded into solids the model conditions on (`HDMap.range_view`).
+FOOTPRINT_CLASSES: tuple[str, ...] = ("building", "vegetation")
+#: Height (m) of a green area's block: the map knows where trees and bushes grow, not how tall each is.
+VEGETATION_HEIGHT = 2.0
+#: How far (m) a footprint solid reaches below the terrain at its centre, so slopes leave no gap under it.
+FOOTPRINT_FOOTING = 1.0
+
+
+@dataclass
+class MapView:
+    """The HD map seen from one pose, per range-view pixel; ranges in metres, 0 where the layer is not hit."""
+
+    classes: np.ndarray  # (H, W) uint8 MAP_CLASSES of the ground under the ray
+    ground: np.ndarray  # (H, W) float32 range to the ground surface
+    building: np.ndarray  # (H, W) float32 range into an extruded building footprint
+    vegetation: np.ndarray  # (H, W) float32 range into an extruded green area
+
 
 #: RGB colour per map class for BEV pictures (index-aligned with MAP_CLASSES).
 MAP_COLORS = np.array(
@@ -181,6 +201,29 @@ class HDMap:
 
         Occlusion is ignored on purpose: this is the map the model conditions on, not what the sensor sees.
         """
+        return self._ground_cast(pose, sensor)[1]
+
+    def range_view(self, pose: np.ndarray, sensor: Sensor) -> MapView:
+        """The map's geometry under every ray of `sensor` at `pose`: ground class and range, footprint ranges.
+
+        Like `range_view_classes`, each layer is cast on its own (a wall does not hide the ground behind it);
+        the model's prior takes the nearest of them.
+        """
+        ground, classes = self._ground_cast(pose, sensor)
+        ranges = {}
+        for name in FOOTPRINT_CLASSES:
+            view = box_range_view(self.footprint_boxes[name], pose, sensor)
+            ranges[name] = view.range
+        ground_m = np.where(np.isfinite(ground) & (ground >= sensor.min_range), ground, 0.0)
+        return MapView(
+            classes=classes,
+            ground=ground_m.astype(np.float32).reshape(sensor.shape),
+            building=ranges["building"],
+            vegetation=ranges["vegetation"],
+        )
+
+    def _ground_cast(self, pose: np.ndarray, sensor: Sensor) -> tuple[np.ndarray, np.ndarray]:
+        """Ray parameter to the terrain (N,) (inf = miss) and the (H, W) class where each ray meets it."""
         pose = np.asarray(pose, dtype=np.float64)
         if pose.shape != (4, 4):
             raise ValueError(f"pose must be a 4x4 world_from_sensor matrix, got shape {pose.shape}")
@@ -190,7 +233,40 @@ class HDMap:
         out = np.zeros(len(dirs), dtype=np.uint8)
         th = t[hit]
         out[hit] = self.class_at(pose[0, 3] + th * dirs[hit, 0], pose[1, 3] + th * dirs[hit, 1])
-        return out.reshape(sensor.shape)
+        # 2. raised classes sit a curb higher: meet that surface instead, where it is still raised there
+        #    (at a grazing beam 15 cm of height is most of a metre of range)
+        raised = np.flatnonzero(hit)[self._raised_lut[out[hit]] > 0]
+        t_up = t[raised] - CURB_HEIGHT / np.maximum(-dirs[raised, 2], 1e-3)
+        still = self._raised_lut[
+            self.class_at(pose[0, 3] + t_up * dirs[raised, 0], pose[1, 3] + t_up * dirs[raised, 1])
+        ] > 0
+        t[raised[still & (t_up > 0)]] = t_up[still & (t_up > 0)]
+        return t, out.reshape(sensor.shape)
+
+    @cached_property
+    def footprint_boxes(self) -> dict[str, np.ndarray]:
+        """Each footprint layer's rectangles extruded into (B, 7) boxes standing on the terrain.
+
+        Buildings rise to their `height` property; a green area is a `VEGETATION_HEIGHT` block, a coarse
+        stand-in for the trees and bushes the map does not list one by one.
+        """
+        out = {}
+        for name in FOOTPRINT_CLASSES:
+            rows = []
+            for feature in self.layers.get(name, []):
+                ring = np.asarray(feature["geometry"]["coordinates"][0], dtype=np.float64)[:4]
+                if ring.shape != (4, 2):
+                    continue  # only the rectangles the layout writes are footprints
+                height = float(feature.get("properties", {}).get("height", VEGETATION_HEIGHT))
+                centre = ring.mean(axis=0)
+                length = float(np.linalg.norm(ring[1] - ring[0]))
+                width = float(np.linalg.norm(ring[2] - ring[1]))
+                yaw = float(np.arctan2(ring[1, 1] - ring[0, 1], ring[1, 0] - ring[0, 0]))
+                base = float(self.terrain_height(centre[:1], centre[1:])[0]) - FOOTPRINT_FOOTING
+                rows.append((centre[0], centre[1], base + (height + FOOTPRINT_FOOTING) / 2, length, width,
+                             height + FOOTPRINT_FOOTING, yaw))
+            out[name] = np.asarray(rows, dtype=np.float64).reshape(-1, 7)
+        return out
 
     # ----------------------------------------------------------------------------------------- rasters
     def bev_raster(
