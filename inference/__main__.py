@@ -2,11 +2,17 @@
 
     python -m inference generate --model SRC --map-seed 3 --style urban --action turn_left --frames 8 \\
         --steps 4 --seed 0 --out DIR --format bin
-    python -m inference forecast --model SRC --prefix FILE [FILE ...] --action straight --frames 8 --out DIR
+    python -m inference forecast --model SRC --prefix FILE [FILE ...] [--poses FILE | --register] \\
+        --action straight --frames 8 --out DIR
+    python -m inference resimulate --model SRC --scan FILE [FILE ...] [--poses FILE | --register] \\
+        --shift DX DY --yaw DEG [--frames N] --out DIR
     python -m inference info --model SRC [--json]
 
-Output folders hold one point file per frame (sensor frame), `world.<ext>` (the accumulated world, world
-frame) and `poses.json`. Any bad input ends with one line on stderr and exit status 2.
+`--prefix` / `--scan` take sweep files, a folder of them or one zip (`lidar.sequence`); several sweeps
+without `--poses` are registered with KISS-ICP (`lidar.registration`). Output folders hold one point file
+per frame (sensor frame), `world.<ext>` (the accumulated world, world frame) and `poses.json`, whose
+`prefix` list gives each observed sweep's file and pose. Any bad input ends with one line on stderr and
+exit status 2.
 """
 
 from __future__ import annotations
@@ -19,10 +25,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import psutil
 
 from inference.loader import ModelSourceError
+from inference.observed import ObservedScene, check_inside, observe, record_prefix, shifted_path
 from inference.pipeline import (
     MAX_FRAMES,
     MAX_STEPS,
@@ -32,7 +38,6 @@ from inference.pipeline import (
     write_rollout,
 )
 from inference.rollout import Progress, RolloutResult
-from lidar.formats import read_points
 from lidar.sim import ACTIONS, STYLES
 
 FORMATS = ("bin", "pcd", "ply", "npz")
@@ -72,13 +77,12 @@ def _generate(args: argparse.Namespace, started: float) -> int:
 
 def _forecast(args: argparse.Namespace, started: float) -> int:
     _check_out(args)
-    scans = [read_points(path) for path in args.prefix]  # fail on a bad file before loading the model
-    prefix_poses = _read_poses(args.prefix_poses, len(scans)) if args.prefix_poses else None
+    scene = _observe(args, args.prefix)  # fail on a bad file or registration before loading the model
     pipe = _load(args)
     ready = time.perf_counter() - started
     out = pipe.forecast(
-        scans,
-        prefix_poses=prefix_poses,
+        scene.scans,
+        prefix_poses=scene.poses,
         action=args.action,
         frames=args.frames,
         steps=args.steps,
@@ -86,8 +90,47 @@ def _forecast(args: argparse.Namespace, started: float) -> int:
         guidance=args.guidance,
         callback=_progress_printer(args.quiet),
     )
-    _write(args, pipe, out, ready, {"prefix": [str(p) for p in args.prefix], "action": args.action})
+    request = {"prefix": [str(p) for p in args.prefix], "poses": scene.pose_source, "action": args.action}
+    _write(args, pipe, out, ready, request)
+    record_prefix(args.out, scene)
     return 0
+
+
+def _resimulate(args: argparse.Namespace, started: float) -> int:
+    _check_out(args)
+    scene = _observe(args, args.scan)
+    targets = shifted_path(scene.poses, tuple(args.shift), args.yaw, args.frames)
+    check_inside(targets, scene.poses)
+    pipe = _load(args)
+    ready = time.perf_counter() - started
+    out = pipe.resimulate(
+        scene.scans,
+        scene.poses,
+        targets,
+        steps=args.steps,
+        seed=args.seed,
+        guidance=args.guidance,
+        callback=_progress_printer(args.quiet),
+    )
+    request = {
+        "scan": [str(p) for p in args.scan],
+        "poses": scene.pose_source,
+        "shift": list(args.shift),
+        "yaw_deg": args.yaw,
+    }
+    _write(args, pipe, out, ready, request)
+    record_prefix(args.out, scene)
+    return 0
+
+
+def _observe(args: argparse.Namespace, sources: list[Path]) -> ObservedScene:
+    """The sweeps posed from --poses, by registration, or (one sweep) at the identity."""
+    scene = observe(sources, poses=args.poses, register=args.register or None)
+    if scene.registration is not None and not args.quiet:
+        for name, row in zip(scene.names, scene.registration.summary(), strict=True):
+            print(f"registered {name}: xyz {row['xyz']} yaw {row['yaw_deg']} deg, fitness {row['fitness']}",
+                  file=sys.stderr)
+    return scene
 
 
 def _info(args: argparse.Namespace, started: float) -> int:
@@ -142,7 +185,7 @@ def _write(
     request = {
         "command": args.command,
         **request,
-        "frames": args.frames,
+        "frames": len(out.frames),
         "steps": args.steps,
         "seed": args.seed,
         "guidance": args.guidance,
@@ -165,24 +208,6 @@ def _write(
     )
 
 
-def _read_poses(path: Path, count: int) -> np.ndarray:
-    """Poses from JSON: a list of 4x4 matrices, or a poses.json written by this command."""
-    try:
-        data = json.loads(Path(path).read_text())
-    except json.JSONDecodeError as exc:
-        raise ValueError(
-            f"{path} is not valid JSON ({exc}); expected a list of 4x4 world_from_sensor poses"
-        ) from None
-    if isinstance(data, dict) and "frames" in data:
-        data = [f["pose"] for f in data["frames"]]
-    poses = np.asarray(data, dtype=np.float64)
-    if poses.shape != (count, 4, 4):
-        raise ValueError(
-            f"{path} holds poses of shape {poses.shape}; expected ({count}, 4, 4), one per --prefix file"
-        )
-    return poses
-
-
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m inference", description=__doc__.split("\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -202,9 +227,26 @@ def _parser() -> argparse.ArgumentParser:
         p.add_argument("--quiet", action="store_true", help="no per-frame progress lines")
         p.add_argument("--verbose", action="store_true", help="log loading and I/O details")
 
+    def observed_args(p: argparse.ArgumentParser) -> None:
+        how = p.add_mutually_exclusive_group()
+        how.add_argument(
+            "--poses",
+            "--prefix-poses",
+            dest="poses",
+            type=Path,
+            default=None,
+            help="KITTI poses.txt (with calib.txt beside it for Tr), a poses.json written by this command, or "
+            "a JSON list of 4x4 world_from_sensor poses (default: register several scans, identity for one)",
+        )
+        how.add_argument("--register", action="store_true", help="register the scans with KISS-ICP")
+
     def rollout_args(p: argparse.ArgumentParser) -> None:
         p.add_argument("--action", default="straight", choices=ACTIONS)
         p.add_argument("--frames", type=int, default=8, help=f"1..{MAX_FRAMES}")
+        sampling_args(p)
+        output_args(p)
+
+    def sampling_args(p: argparse.ArgumentParser) -> None:
         p.add_argument(
             "--steps",
             type=int,
@@ -215,6 +257,8 @@ def _parser() -> argparse.ArgumentParser:
         p.add_argument(
             "--guidance", type=float, default=None, help="classifier-free guidance (default: the model's)"
         )
+
+    def output_args(p: argparse.ArgumentParser) -> None:
         p.add_argument("--out", type=Path, required=True, help="output folder")
         p.add_argument("--format", default="bin", choices=FORMATS, help="point file format")
         p.add_argument("--overwrite", action="store_true", help="replace a rollout already in --out")
@@ -229,16 +273,33 @@ def _parser() -> argparse.ArgumentParser:
     fc = sub.add_parser("forecast", help="continue from observed scan files")
     common(fc)
     fc.add_argument(
-        "--prefix", type=Path, nargs="+", required=True, help="scan files, oldest first (sensor frame)"
-    )
-    fc.add_argument(
-        "--prefix-poses",
+        "--prefix",
         type=Path,
-        default=None,
-        help="JSON list of 4x4 world_from_sensor poses, one per prefix file (default: identity)",
+        nargs="+",
+        required=True,
+        help="scan files (sensor frame; ordered by the frame number in their names), a folder or a zip",
     )
+    observed_args(fc)
     rollout_args(fc)
     fc.set_defaults(run=_forecast)
+
+    rs = sub.add_parser("resimulate", help="render observed scans from a shifted / rotated path")
+    common(rs)
+    rs.add_argument("--scan", type=Path, nargs="+", required=True, help="as --prefix of forecast")
+    observed_args(rs)
+    rs.add_argument(
+        "--shift",
+        type=float,
+        nargs=2,
+        default=(0.0, 0.0),
+        metavar=("DX", "DY"),
+        help="metres forward and left of each observed pose",
+    )
+    rs.add_argument("--yaw", type=float, default=0.0, help="degrees, counter-clockwise seen from above")
+    rs.add_argument("--frames", type=int, default=None, help="poses along the path (default: one per scan)")
+    sampling_args(rs)
+    output_args(rs)
+    rs.set_defaults(run=_resimulate)
 
     info = sub.add_parser("info", help="print the model's provenance")
     common(info)
