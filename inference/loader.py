@@ -42,6 +42,11 @@ CONFIG_NAME = "config.json"
 WEIGHTS_NAME = "model.safetensors"
 WEIGHT_SUFFIXES = (".safetensors", ".pt")
 HUB_PREFIX = "hf://"
+#: Largest Hub weights file downloaded, judged from the Hub's file metadata before any byte of it is fetched
+#: (the default release is 5.2 MB; a Space must not let one id fill its disk or memory).
+MAX_HUB_WEIGHTS_BYTES = 1 << 30
+#: Largest Hub config.json downloaded; a real one is under 2 KB.
+MAX_HUB_CONFIG_BYTES = 1 << 20
 #: `org/name` with an optional `@revision` (branch, tag or commit hash), as the Hub spells repo ids.
 _HUB_ID = re.compile(r"^(?P<repo>[A-Za-z0-9][\w.-]*/[A-Za-z0-9][\w.-]*)(?:@(?P<revision>[\w./-]+))?$")
 _EXPECTED = (
@@ -299,14 +304,19 @@ def _resolve_hub(
     files: dict[str, Path] = {}
     start = time.perf_counter()
     pinned = revision  # after the first file, the commit it came from: both files from one commit
+    limits = {CONFIG_NAME: MAX_HUB_CONFIG_BYTES, WEIGHTS_NAME: MAX_HUB_WEIGHTS_BYTES}
     for name in (CONFIG_NAME, WEIGHTS_NAME):
         try:
+            # a cached file was bounded when it was fetched; a file whose size cannot be read is not fetched
+            cache_only = offline or not _hub_file_size_ok(repo, name, pinned, endpoint, limits[name])
             files[name] = Path(
                 hf_hub_download(
-                    repo, name, revision=pinned, cache_dir=cache, local_files_only=offline, endpoint=endpoint
+                    repo, name, revision=pinned, cache_dir=cache, local_files_only=cache_only, endpoint=endpoint
                 )
             )
             pinned = files[name].parent.name  # .../snapshots/<commit>/<name>
+            if name == CONFIG_NAME and override is None:  # a bad architecture is refused before the weights come
+                _validated_config(_read_config(files[name]), source)
         except GatedRepoError:
             raise ModelSourceError(
                 f"{where} is gated: accept its terms on https://huggingface.co/{repo} and set HF_TOKEN "
@@ -339,6 +349,32 @@ def _resolve_hub(
         "resolved %s to commit %s in %.2fs (offline=%s)", where, pinned, time.perf_counter() - start, offline
     )
     return _resolve_release(files[WEIGHTS_NAME].parent, source, "hub", override, revision=pinned)
+
+
+def _hub_file_size_ok(repo: str, name: str, revision: str, endpoint: str | None, limit: int) -> bool:
+    """Refuse a Hub file larger than `limit` from its metadata (one HEAD request), before downloading it.
+
+    False when the Hub cannot be asked: the caller then takes the file from the cache only, since an
+    unjudged file is never downloaded.
+    """
+    from huggingface_hub import get_hf_file_metadata, hf_hub_url
+    from huggingface_hub.errors import HfHubHTTPError
+
+    try:
+        meta = get_hf_file_metadata(hf_hub_url(repo, name, revision=revision, endpoint=endpoint), endpoint=endpoint)
+    except HfHubHTTPError:
+        raise  # not found, gated, unknown revision: the caller names the fix
+    except Exception as exc:  # the HTTP client's transport errors (no network, proxy, timeout)
+        logger.warning("cannot ask the Hub for the size of %s in %s (%s); using the cache only", name, repo, exc)
+        return False
+    if meta.size is None or meta.size > limit:
+        size = "of unknown size" if meta.size is None else f"{meta.size:,} bytes"
+        raise ModelSourceError(
+            f"Hub repo {repo!r} at revision {revision!r}: {name} is {size}, over the {limit:,}-byte download limit "
+            f"for a LidarVerse release (the default one is 5.2 MB); download it yourself (`hf download {repo}`) "
+            "and pass the local folder if you trust it"
+        )
+    return True
 
 
 def _not_cached_message(
@@ -434,6 +470,15 @@ def _config_beside(weights: Path, meta: dict[str, str]) -> dict[str, Any]:
     )
 
 
+def _validated_config(config: dict[str, Any], source: str) -> WorldModelConfig:
+    """The validated `WorldModelConfig` of a source; its bounds (widths, depth, sensor size) hold before
+    anything is built, and the error names the field."""
+    try:
+        return WorldModelConfig.from_dict(config)
+    except (TypeError, ValueError) as exc:
+        raise ModelSourceError(f"the config of {source!r} is not a valid WorldModelConfig: {exc}") from None
+
+
 def _safetensors_metadata(path: Path) -> dict[str, str]:
     """The string metadata of a .safetensors header (iteration, source, ...); no tensor is read."""
     from safetensors import safe_open
@@ -519,13 +564,9 @@ def load_model(
     # 1. Resolve the source to one local weights file and its config.
     resolved = resolve_source(source, config=config, cache_dir=cache_dir, local_files_only=local_files_only)
     dev, dt = select_device(device, dtype)
-    # 2. Rebuild the architecture from the config alone (DESIGN.md: self-describing weights).
-    try:
-        model_config = WorldModelConfig.from_dict(resolved.config)
-    except (TypeError, ValueError) as exc:
-        raise ModelSourceError(
-            f"the config of {resolved.source!r} is not a valid WorldModelConfig: {exc}"
-        ) from None
+    # 2. Rebuild the architecture from the config alone (DESIGN.md: self-describing weights), checked and
+    #    bounded first so a hostile or mistyped config.json cannot allocate a giant network.
+    model_config = _validated_config(resolved.config, resolved.source)
     model = WorldModel(model_config)
     # 3. Load the weights through the checkpointer: safe formats only, prefixes stripped, shapes checked.
     _load_weights(model, resolved)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import time
 from pathlib import Path
 
 import huggingface_hub.constants as hf_constants  # imported before any test sets HF_HUB_OFFLINE
@@ -303,6 +304,8 @@ def online_hub(release, tmp_path, monkeypatch):
     _HubServer.reset({
         "lidarverse/tiny": {name: (folder / name).read_bytes() for name in (CONFIG_NAME, WEIGHTS_NAME)},
         "lidarverse/configonly": {CONFIG_NAME: (folder / CONFIG_NAME).read_bytes()},
+        "lidarverse/wide": {CONFIG_NAME: json.dumps({**tiny_config().to_dict(), "base_channels": 2048}).encode(),
+                            WEIGHTS_NAME: (folder / WEIGHTS_NAME).read_bytes()},
     })
     with serve_hub(monkeypatch, tmp_path / "hub"):
         yield tmp_path / "hub"
@@ -342,6 +345,28 @@ def test_hub_download_fills_the_standard_cache_then_works_offline(online_hub, re
 def test_hub_errors_name_the_fix(online_hub, source, message):
     with pytest.raises(ModelSourceError, match=message):
         resolve_source(source)
+
+
+def weights_fetched(cache: Path) -> list[Path]:
+    return [p for p in cache.rglob(WEIGHTS_NAME)] + [p for p in cache.rglob("*.incomplete")]
+
+
+def test_hub_weights_over_the_size_limit_are_refused_from_their_metadata_before_download(online_hub, monkeypatch):
+    monkeypatch.setattr(loader, "MAX_HUB_WEIGHTS_BYTES", 1000)
+    size = len(_HubServer.repos["lidarverse/tiny"][WEIGHTS_NAME])
+    with pytest.raises(
+        ModelSourceError,
+        match=rf"'lidarverse/tiny' at revision '{_HubServer.commit}': model\.safetensors is {size:,} bytes, "
+        r"over the 1,000-byte download limit.*hf download lidarverse/tiny",
+    ):
+        load_model("lidarverse/tiny")
+    assert weights_fetched(online_hub) == [], "the weights must not be downloaded"
+
+
+def test_hub_config_with_an_unbounded_architecture_is_refused_before_the_weights_download(online_hub):
+    with pytest.raises(ModelSourceError, match=r"config of 'lidarverse/wide' is not a valid WorldModelConfig.*base_channels"):
+        load_model("lidarverse/wide")
+    assert weights_fetched(online_hub) == []
 
 
 # --- bad sources -----------------------------------------------------------------------------------------------
@@ -431,6 +456,26 @@ def test_bad_config_is_named(release, tmp_path):
     (folder / CONFIG_NAME).write_text(json.dumps({"base_channels": 8, "wings": 2}))
     with pytest.raises(ModelSourceError, match=r"not a valid WorldModelConfig.*wings"):
         load_model(folder)
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("base_channels", 2048),  # 2048-wide levels: ~0.4 G parameters if it were built
+        ("channel_mults", [1, 2, 4, 8, 16, 32, 64]),
+        ("blocks", 1000),
+        ("sensor", {**TINY_SENSOR.to_dict(), "width": 1_000_000}),
+        ("strides", [[1, 2], [2], [2, 2]]),  # a wrong-length entry used to raise IndexError
+        ("strides", [[1, 2], [2, 2]]),  # one level short
+    ],
+)
+def test_a_local_config_out_of_bounds_is_refused_quickly_naming_the_field(release, field, value):
+    folder, _ = release
+    (folder / CONFIG_NAME).write_text(json.dumps({**tiny_config().to_dict(), field: value}))
+    start = time.perf_counter()
+    with pytest.raises(ModelSourceError, match=rf"not a valid WorldModelConfig: .*{field}"):
+        load_model(folder)
+    assert time.perf_counter() - start < 1.0, "the config must be refused before the network is built"
 
 
 def test_torn_safetensors_file_is_refused(release):
