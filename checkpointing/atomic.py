@@ -87,7 +87,8 @@ def tensor_bytes(obj: Any) -> int:
     return 0
 
 
-def _fsync_path(path: Path) -> None:
+def fsync_file(path: Path) -> None:
+    """Flush a file's data to disk, for files written by code that does not fsync itself."""
     fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)
@@ -135,7 +136,7 @@ def atomic_torch_save_all(items: Sequence[tuple[Any, str | os.PathLike]]) -> lis
                 current = paths[i]
                 with open(tmps[i], "wb") as f:
                     _torch_save_without_crc(items[i][0], f)
-                pending[i] = (pool.submit(_fsync_path, tmps[i]), pool.submit(sha256_file, tmps[i]))
+                pending[i] = (pool.submit(fsync_file, tmps[i]), pool.submit(sha256_file, tmps[i]))
             records = []
             for i, (path, tmp) in enumerate(zip(paths, tmps, strict=True)):
                 current = path

@@ -2,8 +2,8 @@
 huggingface_hub itself, unmodified, against this server (HF_ENDPOINT=http://127.0.0.1:PORT).
 
 It serves the file endpoint (`/{org}/{name}/resolve/{revision}/{file}`, with the Hub's error headers) and
-the calls a release upload makes: create a repo, create a branch, preupload and commit (the NDJSON body
-`upload_folder` sends). Preupload answers "regular" for every file, so contents travel inside the commit
+the calls a release upload makes: create a repo, create a branch, validate the card's YAML, preupload and
+commit (the NDJSON body `upload_folder` sends). Preupload answers "regular" for every file, so contents travel inside the commit
 instead of through LFS; the client follows whatever mode the server names. Uploaded commits are served
 by the file endpoint, so a test can push a release and load it back.
 """
@@ -13,6 +13,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import json
+import re
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -22,6 +23,7 @@ from typing import ClassVar
 from urllib.parse import unquote
 
 import pytest
+import yaml
 
 #: A repo's uploaded state: branch -> (commit hash, {path: bytes}).
 Branches = dict[str, tuple[str, dict[str, bytes]]]
@@ -95,6 +97,8 @@ class HubServer(BaseHTTPRequestHandler):
         parts = [unquote(p) for p in path.strip("/").split("/")]
         if parts == ["api", "repos", "create"]:
             return self._create_repo(json.loads(body))
+        if parts == ["api", "validate-yaml"]:
+            return self._validate_yaml(json.loads(body)["content"])
         if len(parts) == 6 and parts[:2] == ["api", "models"]:
             repo, action, revision = f"{parts[2]}/{parts[3]}", parts[4], parts[5]
             if repo not in self.uploaded:
@@ -115,6 +119,19 @@ class HubServer(BaseHTTPRequestHandler):
         initial = hashlib.sha1(f"initial {repo}".encode()).hexdigest()
         self.uploaded[repo] = {"main": (initial, {".gitattributes": b"*.safetensors filter=lfs\n"})}
         self._json(200, {"url": url})
+
+    def _validate_yaml(self, card: str) -> None:
+        """The check the Hub runs on a README.md before a commit: its front matter must be a YAML mapping."""
+        match = re.match(r"^---\n(.*?)\n---\n", card, re.DOTALL)
+        if match is None:
+            return self._json(200, {"errors": [], "warnings": [{"message": "Empty or missing yaml metadata"}]})
+        try:
+            metadata = yaml.safe_load(match[1])
+        except yaml.YAMLError as e:
+            return self._json(400, {"errors": [{"message": f"invalid YAML: {e}"}]})
+        if not isinstance(metadata, dict):
+            return self._json(400, {"errors": [{"message": "the metadata must be a YAML mapping"}]})
+        self._json(200, {"errors": [], "warnings": []})
 
     def _create_branch(self, repo: str, branch: str, payload: dict) -> None:
         branches = self.uploaded[repo]

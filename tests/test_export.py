@@ -1,20 +1,26 @@
-"""Export: a job dir becomes a release that loads back to exactly the job's EMA network."""
+"""Export: a job dir becomes a release that loads back to exactly the job's EMA network, is published only
+once verified, and is pushed to the Hub (a localhost stand-in) from where it loads back by revision."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
 
+import huggingface_hub.constants as hf_constants  # imported before any test sets HF_HUB_OFFLINE
 import pytest
 import torch
+from huggingface_hub import ModelCard
 from safetensors import safe_open
 
+import training.export as export_module
 from checkpointing import CheckpointConfig, FSDPCheckpointer, JobConfig, ModelWithEMA
-from inference.loader import load_model
+from inference import load_pipeline
+from inference.loader import ModelSourceError, load_model
 from inference.network import WorldModel, WorldModelConfig
 from lidar.sensors import HDL32
+from tests.hub_stand_in import HubServer, serve_hub
 from training.config import TrainConfig
-from training.export import export, loss_curve_rows, main
+from training.export import ReleaseVerificationError, export, loss_curve_rows, main
 from training.progress import Progress
 
 ITERATION = 7
@@ -108,3 +114,126 @@ def test_loss_curve_summary_averages_stretches_and_ends_at_the_last_iteration() 
 def test_cli_refuses_a_folder_that_is_not_a_job(tmp_path: Path, capsys) -> None:
     assert main([str(tmp_path), str(tmp_path / "out")]) == 2
     assert "not a training job dir" in capsys.readouterr().err
+
+
+# --- commit point: stage, verify by loading back, rename into place --------------------------------------------
+
+
+def _previous_release(job_dir: Path, out: Path) -> dict[str, bytes]:
+    """A release already at `out`, told apart from any new export by a marker in its config."""
+    export(job_dir, out)
+    config = json.loads((out / "config.json").read_text())
+    (out / "config.json").write_text(json.dumps({**config, "previous": True}))
+    return {p.name: p.read_bytes() for p in out.iterdir()}
+
+
+def _leftovers(parent: Path, out: Path) -> list[str]:
+    return sorted(p.name for p in parent.iterdir() if p != out)
+
+
+def test_a_release_that_does_not_load_back_to_the_ema_is_never_published(job, tmp_path, monkeypatch) -> None:
+    job_dir, _, _ = job
+    out = tmp_path / "release"
+    before = _previous_release(job_dir, out)
+    real_save = export_module.save_file
+
+    def save_with_a_flipped_weight(state, path, metadata):  # a writer bug the read-back must catch
+        name = next(iter(state))
+        real_save({**state, name: state[name] + 1.0}, path, metadata=metadata)
+
+    monkeypatch.setattr(export_module, "save_file", save_with_a_flipped_weight)
+    with pytest.raises(ReleaseVerificationError, match=r"differ from the job's EMA.*Nothing was published"):
+        export(job_dir, out)
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before
+    assert _leftovers(tmp_path, out) == []
+
+
+def test_an_export_interrupted_mid_write_leaves_the_previous_release_whole(job, tmp_path, monkeypatch) -> None:
+    job_dir, _, _ = job
+    out = tmp_path / "release"
+    before = _previous_release(job_dir, out)
+
+    def killed(*args, **kwargs):
+        raise KeyboardInterrupt("interrupted after the weights and config were written")
+
+    monkeypatch.setattr(export_module, "model_card", killed)
+    with pytest.raises(KeyboardInterrupt):
+        export(job_dir, out)
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before
+    assert _leftovers(tmp_path, out) == []
+
+
+def test_a_verified_export_replaces_the_previous_release_as_a_whole(job, tmp_path) -> None:
+    job_dir, _, ema = job
+    out = tmp_path / "release"
+    _previous_release(job_dir, out)
+    export(job_dir, out)
+    assert sorted(p.name for p in out.iterdir()) == ["README.md", "config.json", "model.safetensors"]
+    assert "previous" not in json.loads((out / "config.json").read_text())
+    assert oct(out.stat().st_mode & 0o777) == "0o755"
+    loaded, _ = load_model(str(out), device="cpu")
+    assert all(torch.equal(loaded.state_dict()[k], v) for k, v in ema.state_dict().items())
+    assert _leftovers(tmp_path, out) == []
+
+
+def test_export_refuses_to_replace_a_folder_holding_other_files(job, tmp_path, capsys) -> None:
+    out = tmp_path / "weights"
+    out.mkdir()
+    (out / "notes.txt").write_text("not part of a release")
+    assert main([str(job[0]), str(out)]) == 2
+    assert "holds files that are not part of a release (notes.txt)" in capsys.readouterr().err
+    assert (out / "notes.txt").is_file() and _leftovers(tmp_path, out) == []
+
+
+def test_card_front_matter_is_the_hubs_metadata(job, tmp_path) -> None:
+    export(job[0], tmp_path / "release", base_model="lidarverse/lidarverse-default")
+    card = ModelCard.load(tmp_path / "release" / "README.md")
+    assert card.data.license == "apache-2.0" and card.data.library_name == "lidarverse"
+    assert card.data.pipeline_tag == "robotics" and "lidar" in card.data.tags
+    assert card.data.base_model == "lidarverse/lidarverse-default"
+    assert card.text.lstrip().startswith("# LidarVerse")
+
+
+# --- publishing to the Hub (the localhost stand-in; huggingface_hub runs unmodified) -----------------------------
+
+
+@pytest.fixture
+def hub(tmp_path, monkeypatch):
+    if hf_constants.HF_HUB_OFFLINE:
+        pytest.skip("this process started with HF_HUB_OFFLINE=1, so huggingface_hub refuses every request")
+    HubServer.reset()
+    with serve_hub(monkeypatch, tmp_path / "hub-cache"):
+        yield HubServer
+
+
+def test_push_to_hub_uploads_the_release_and_it_loads_back_by_revision(job, tmp_path, hub) -> None:
+    job_dir, _, ema = job
+    out = tmp_path / "release"
+    argv = [str(job_dir), str(out), "--push-to-hub", "lidarverse/tiny-release", "--revision", "v1"]
+    assert main(argv) == 0
+    assert main(argv) == 0  # exporting and pushing again: the repo and the branch exist already
+    assert len(hub.commits) == 2
+    commit = hub.commits[-1]
+    assert (commit["repo"], commit["branch"]) == ("lidarverse/tiny-release", "v1")
+    assert sorted(commit["files"]) == ["README.md", "config.json", "model.safetensors"]
+    assert commit["files"]["model.safetensors"] == (out / "model.safetensors").read_bytes()
+    assert f"iteration {ITERATION}" in commit["summary"]
+    assert {auth for path, auth in hub.requests if path.startswith("POST")} == {"Bearer hf_from_the_environment"}
+    card = ModelCard(commit["files"]["README.md"].decode())
+    assert card.data.library_name == "lidarverse" and card.data.pipeline_tag == "robotics"
+    pipe = load_pipeline("lidarverse/tiny-release@v1", device="cpu", dtype=torch.float32)
+    assert pipe.provenance.iteration == ITERATION and pipe.provenance.revision == hub.uploaded[
+        "lidarverse/tiny-release"]["v1"][0]
+    assert all(torch.equal(pipe.model.state_dict()[k], v) for k, v in ema.state_dict().items())
+    with pytest.raises(ModelSourceError, match="revision 'v2' does not exist"):
+        load_pipeline("lidarverse/tiny-release@v2", device="cpu")
+
+
+def test_push_options_are_checked_before_any_work(job, tmp_path, capsys) -> None:
+    with pytest.raises(SystemExit):
+        main([str(job[0]), str(tmp_path / "out"), "--revision", "v1"])
+    assert "--revision needs --push-to-hub" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main([str(job[0]), str(tmp_path / "out"), "--push-to-hub", "no-org"])
+    assert "expects ORG/NAME" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()

@@ -1,11 +1,17 @@
-"""Turn a training job into a release: `python -m training.export JOB_DIR OUT_DIR [--metrics EVAL.json]`.
+"""Turn a training job into a release, and optionally publish it:
+`python -m training.export JOB_DIR OUT_DIR [--metrics EVAL.json] [--push-to-hub ORG/NAME [--revision R]]`.
 
 A release is what the app loads (DESIGN.md): `model.safetensors` holding the EMA weights with metadata
 naming the iteration and the source, `config.json` with the architecture, sensor and normalisation, and
-`README.md`, the model card. The card is written from what the job recorded (its resolved config,
-`progress.json`, the dataset manifest) and, when given, an evaluation report, so it states facts rather
-than intentions. The weights are read back through `inference.load_pipeline`, the path every user of
-the release takes, and must reproduce the job's EMA exactly.
+`README.md`, the model card (its YAML front matter is the Hub's metadata). The card is written from what
+the job recorded (its resolved config, `progress.json`, the dataset manifest) and, when given, an
+evaluation report, so it states facts rather than intentions.
+
+The release is committed like a checkpoint: it is written into a staging folder beside OUT_DIR, fsynced,
+loaded back through `inference.load_pipeline` (the path every user of the release takes) and required to
+reproduce the job's EMA tensor for tensor; only then is it renamed into place. OUT_DIR therefore holds
+either the previous release or the new verified one, never a mix. `--push-to-hub` uploads that folder as
+one commit with huggingface_hub.
 """
 
 from __future__ import annotations
@@ -15,6 +21,7 @@ import datetime
 import json
 import logging
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -24,7 +31,7 @@ from typing import Any
 import torch
 from safetensors.torch import save_file
 
-from checkpointing import atomic_write_text
+from checkpointing.atomic import atomic_write_text, fsync_dir, fsync_file
 from inference import load_pipeline
 from inference.loader import CONFIG_NAME, WEIGHTS_NAME
 from lidar.sim.dataset import MANIFEST
@@ -35,6 +42,15 @@ from training.progress import read_progress, wall_seconds
 logger = logging.getLogger(__name__)
 
 CARD_NAME = "README.md"
+#: Everything a release folder holds; exporting replaces the whole folder, so nothing else may be in it.
+RELEASE_FILES = (CONFIG_NAME, WEIGHTS_NAME, CARD_NAME)
+#: The card's YAML front matter: what the Hub shows and searches (license, library, task, tags).
+CARD_METADATA: dict[str, Any] = {
+    "license": "apache-2.0",
+    "library_name": "lidarverse",
+    "pipeline_tag": "robotics",
+    "tags": ["lidar", "world-model", "point-cloud", "range-image", "rectified-flow", "autonomous-driving"],
+}
 #: How the network's image channels relate to metres and intensities (lidar.range_image.encode_range).
 NORMALISATION = {
     "range": "encode_range: 2 * log1p(clip(r, 0, max_range)) / log1p(max_range) - 1; -1 = no return",
@@ -43,8 +59,21 @@ NORMALISATION = {
 }
 
 
-def export(job_dir: Path, out_dir: Path, metrics: dict[str, Any] | None = None, notes: list[str] | None = None) -> Path:
-    """Write the release of the job's newest valid checkpoint into `out_dir`; return the weights path."""
+class ReleaseVerificationError(RuntimeError):
+    """The staged release did not load back to the job's EMA; nothing was published."""
+
+
+def export(
+    job_dir: Path,
+    out_dir: Path,
+    metrics: dict[str, Any] | None = None,
+    notes: list[str] | None = None,
+    base_model: str | None = None,
+) -> Path:
+    """Publish the release of the job's newest valid checkpoint at `out_dir`; return the weights path.
+
+    `base_model` (a Hub id) goes into the card's metadata when the job continued another release.
+    """
     # 1. The job's own record of how it was trained.
     cfg = TrainConfig.from_json(job_dir / CONFIG_NAME)
     progress = read_progress(job_dir)
@@ -54,10 +83,49 @@ def export(job_dir: Path, out_dir: Path, metrics: dict[str, Any] | None = None, 
     if provenance.weights != "ema":
         raise ValueError(f"job {job_dir} has no EMA weights at iteration {provenance.iteration}; a release ships the EMA")
     iteration = int(provenance.iteration)
-    # 3. Weights with self-describing metadata, then the config, then the card.
-    out_dir.mkdir(parents=True, exist_ok=True)
-    source = f"{job_dir.resolve().name}/{Path(provenance.resolved_path).name}"
-    metadata = {
+    check_replaceable(out_dir)
+    # 3. Stage the release beside out_dir (same filesystem, so the final rename is atomic).
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.staging-", dir=out_dir.parent))
+    try:
+        staging.chmod(0o755)  # mkdtemp makes it private; a release is read by everyone
+        state = {k: v.detach().contiguous() for k, v in model.state_dict().items()}
+        source = f"{job_dir.resolve().name}/{Path(provenance.resolved_path).name}"
+        weights = _write_weights(staging, state, _weights_metadata(model, iteration, source))
+        dataset = _dataset_summary(Path(cfg.data_root))
+        release_config = _release_config(cfg, progress, model, iteration, dataset)
+        atomic_write_text(staging / CONFIG_NAME, json.dumps(release_config, indent=2) + "\n")
+        card = model_card(cfg, progress, dataset, iteration, model.num_parameters(), weights, metrics,
+                          notes or [], base_model)
+        atomic_write_text(staging / CARD_NAME, card)
+        # 4. Read it back as every user will.
+        verify_release(staging, state, iteration)
+        # 5. Rename it into place; the previous release, if any, goes only now.
+        publish(staging, out_dir)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    logger.info("exported %s (iteration %d, %.1f MB) to %s", source, iteration,
+                (out_dir / WEIGHTS_NAME).stat().st_size / 1e6, out_dir)
+    return out_dir / WEIGHTS_NAME
+
+
+def check_replaceable(out_dir: Path) -> None:
+    """Refuse an OUT_DIR that is anything but a release: the export swaps the whole folder, so other
+    files in it would be lost."""
+    if out_dir.exists() and not out_dir.is_dir():
+        raise FileExistsError(f"{out_dir} exists and is not a folder; expected a release folder or a new path")
+    extra = sorted(set(os.listdir(out_dir)) - set(RELEASE_FILES)) if out_dir.is_dir() else []
+    if extra:
+        raise FileExistsError(
+            f"{out_dir} holds files that are not part of a release ({', '.join(extra[:5])}); the export replaces "
+            f"the whole folder ({', '.join(RELEASE_FILES)}), so move them or choose a new OUT_DIR"
+        )
+
+
+def _weights_metadata(model: Any, iteration: int, source: str) -> dict[str, str]:
+    """The safetensors header that makes the weights file self-describing (DESIGN habit 4)."""
+    return {
         "format": "lidarverse-release",
         "iteration": str(iteration),
         "weights": "ema",
@@ -67,15 +135,21 @@ def export(job_dir: Path, out_dir: Path, metrics: dict[str, Any] | None = None, 
         "exported_at": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
         "config": json.dumps(model.config.to_dict()),
     }
-    state = {k: v.detach().contiguous() for k, v in model.state_dict().items()}
-    weights = out_dir / WEIGHTS_NAME
-    with tempfile.NamedTemporaryFile(dir=out_dir, suffix=".safetensors.tmp", delete=False) as tmp:
-        tmp_path = Path(tmp.name)
-    save_file(state, str(tmp_path), metadata=metadata)
-    tmp_path.chmod(0o644)  # NamedTemporaryFile makes it private; a release is read by everyone
-    os.replace(tmp_path, weights)
-    dataset = _dataset_summary(Path(cfg.data_root))
-    release_config = {
+
+
+def _write_weights(folder: Path, state: dict[str, torch.Tensor], metadata: dict[str, str]) -> Path:
+    """safetensors does not fsync, so flush the file before the release can be published."""
+    weights = folder / WEIGHTS_NAME
+    save_file(state, str(weights), metadata=metadata)
+    fsync_file(weights)
+    return weights
+
+
+def _release_config(
+    cfg: TrainConfig, progress: dict[str, Any], model: Any, iteration: int, dataset: dict[str, Any]
+) -> dict[str, Any]:
+    """config.json: what a loader needs to rebuild the network, and a summary of how it was trained."""
+    return {
         "model": model.config.to_dict(),
         "sensor": model.config.sensor,
         "normalisation": NORMALISATION,
@@ -89,11 +163,76 @@ def export(job_dir: Path, out_dir: Path, metrics: dict[str, Any] | None = None, 
             "world_seeds": dataset.get("world_seeds", []),
         },
     }
-    atomic_write_text(out_dir / CONFIG_NAME, json.dumps(release_config, indent=2) + "\n")
-    card = model_card(cfg, progress, dataset, iteration, model.num_parameters(), weights, metrics, notes or [])
-    atomic_write_text(out_dir / CARD_NAME, card)
-    logger.info("exported %s (iteration %d, %.1f MB) to %s", source, iteration, weights.stat().st_size / 1e6, out_dir)
-    return weights
+
+
+def verify_release(folder: Path, state: dict[str, torch.Tensor], iteration: int) -> None:
+    """Load `folder` through `load_pipeline` and require the job's EMA tensor for tensor at `iteration`."""
+    pipe = load_pipeline(str(folder), device="cpu", dtype=torch.float32)
+    loaded = pipe.model.state_dict()
+    problems = []
+    if (pipe.provenance.iteration, pipe.provenance.weights) != (iteration, "ema"):
+        problems.append(f"it reports {pipe.provenance.weights} weights at iteration {pipe.provenance.iteration}, "
+                        f"expected ema at {iteration}")
+    if loaded.keys() != state.keys():
+        problems.append(f"its keys differ: {sorted(set(loaded) ^ set(state))[:5]}")
+    differing = [k for k in state if k in loaded and not torch.equal(loaded[k], state[k])]
+    if differing:
+        problems.append(f"{len(differing)} tensor(s) differ from the job's EMA, e.g. {differing[0]}")
+    if problems:
+        raise ReleaseVerificationError(
+            f"the staged release {folder} does not load back to the job's EMA: {'; '.join(problems)}. "
+            "Nothing was published."
+        )
+    logger.info("verified the staged release by loading it back (%d tensors)", len(state))
+
+
+def publish(staging: Path, out_dir: Path) -> None:
+    """Rename the verified staging folder to `out_dir`, durably.
+
+    A previous release is renamed aside first and deleted only once the new one is in place (renamed
+    back if that fails). Between the two renames OUT_DIR is briefly absent, never partial.
+    """
+    fsync_dir(staging)
+    previous = None
+    if out_dir.exists():
+        previous = out_dir.with_name(f".{out_dir.name}.previous-{os.getpid()}")
+        shutil.rmtree(previous, ignore_errors=True)
+        os.rename(out_dir, previous)
+    try:
+        os.rename(staging, out_dir)
+    except BaseException:
+        if previous is not None:
+            os.rename(previous, out_dir)
+        raise
+    finally:
+        fsync_dir(out_dir.parent)
+    if previous is not None:
+        shutil.rmtree(previous)
+
+
+def push_to_hub(release: Path, repo_id: str, revision: str | None = None) -> str:
+    """Upload a published release folder to the Hub model repo `repo_id` as one commit; return its hash.
+
+    The repo is created if missing; `revision` names a branch, created from main if missing, so a release
+    can be pushed for review before main moves. The token is huggingface_hub's (HF_TOKEN or `hf auth login`).
+    """
+    from huggingface_hub import HfApi
+
+    api = HfApi(endpoint=os.environ.get("HF_ENDPOINT") or None)  # read now, as the loader does
+    api.create_repo(repo_id, repo_type="model", exist_ok=True)
+    if revision not in (None, "main"):
+        api.create_branch(repo_id, branch=revision, repo_type="model", exist_ok=True)
+    iteration = json.loads((release / CONFIG_NAME).read_text())["training"]["iteration"]
+    info = api.upload_folder(
+        repo_id=repo_id,
+        repo_type="model",
+        folder_path=release,
+        revision=revision,
+        allow_patterns=list(RELEASE_FILES),
+        commit_message=f"LidarVerse release: EMA weights at iteration {iteration}",
+    )
+    logger.info("pushed %s to %s@%s (commit %s)", release, repo_id, revision or "main", info.oid)
+    return info.oid
 
 
 def _git_commit() -> str:
@@ -152,8 +291,16 @@ def loss_curve_rows(losses: list[list[float]], points: int = 8) -> list[tuple[in
     return rows
 
 
+def card_metadata(base_model: str | None = None) -> str:
+    """The card's YAML front matter, as huggingface_hub writes it (the Hub reads it on upload)."""
+    from huggingface_hub import ModelCardData
+
+    return f"---\n{ModelCardData(**CARD_METADATA, base_model=base_model).to_yaml()}\n---\n"
+
+
 def model_card(cfg: TrainConfig, progress: dict[str, Any], dataset: dict[str, Any], iteration: int,
-               parameters: int, weights: Path, metrics: dict[str, Any] | None, notes: list[str]) -> str:
+               parameters: int, weights: Path, metrics: dict[str, Any] | None, notes: list[str],
+               base_model: str | None = None) -> str:
     sensor = cfg.model["sensor"]
     launches = progress["launches"]
     commands = list(dict.fromkeys(launch["command"] for launch in launches))  # in launch order
@@ -161,6 +308,7 @@ def model_card(cfg: TrainConfig, progress: dict[str, Any], dataset: dict[str, An
     speed = launches[-1].get("samples_per_s") if launches else None
     wall = wall_seconds(progress)
     lines = [
+        card_metadata(base_model),
         "# LidarVerse default world model",
         "",
         "A causal, few-step (rectified flow, 4 Euler steps by default), block-autoregressive LiDAR world model:",
@@ -258,14 +406,50 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("out_dir", type=Path, help="release folder to write (e.g. weights/default)")
     parser.add_argument("--metrics", type=Path, default=None, help="`training.evaluate --json` output for the card")
     parser.add_argument("--note", action="append", default=[], help="a line for the card's Notes (repeatable)")
+    parser.add_argument("--base-model", metavar="ORG/NAME", default=None,
+                        help="Hub id of the release this job continued (card metadata)")
+    parser.add_argument("--push-to-hub", metavar="ORG/NAME", default=None,
+                        help="then upload the release to this Hub model repo (created if missing; token from HF_TOKEN)")
+    parser.add_argument("--revision", default=None, help="branch to push to (created from main if missing)")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
+    if args.revision is not None and args.push_to_hub is None:
+        parser.error("--revision needs --push-to-hub")
+    if args.push_to_hub is not None:
+        _check_repo_id(parser, args.push_to_hub)
     if not (args.job_dir / CONFIG_NAME).is_file():
         print(f"error: {args.job_dir} is not a training job dir: it has no {CONFIG_NAME}", file=sys.stderr)
         return 2
     metrics = json.loads(args.metrics.read_text()) if args.metrics else None
-    export(args.job_dir, args.out_dir, metrics, args.note)
+    try:
+        export(args.job_dir, args.out_dir, metrics, args.note, args.base_model)
+    except (FileExistsError, ReleaseVerificationError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    if args.push_to_hub is None:
+        return 0
+    from huggingface_hub.errors import HfHubHTTPError
+
+    try:
+        push_to_hub(args.out_dir, args.push_to_hub, args.revision)
+    except (HfHubHTTPError, OSError) as e:
+        print(f"error: {args.out_dir} is published locally, but pushing it to {args.push_to_hub} failed: {e}",
+              file=sys.stderr)
+        return 1
     return 0
+
+
+def _check_repo_id(parser: argparse.ArgumentParser, repo_id: str) -> None:
+    """Fail on a malformed Hub id before any work is done."""
+    from huggingface_hub.errors import HFValidationError
+    from huggingface_hub.utils import validate_repo_id
+
+    try:
+        validate_repo_id(repo_id)
+    except HFValidationError as e:
+        parser.error(f"--push-to-hub {repo_id!r} is not a Hub repo id: {e}")
+    if repo_id.count("/") != 1:
+        parser.error(f"--push-to-hub expects ORG/NAME, got {repo_id!r}")
 
 
 if __name__ == "__main__":
