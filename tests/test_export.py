@@ -16,7 +16,7 @@ import training.export as export_module
 from checkpointing import CheckpointConfig, FSDPCheckpointer, JobConfig, ModelWithEMA
 from inference import load_pipeline
 from inference.loader import ModelSourceError, load_model
-from inference.network import WorldModel, WorldModelConfig
+from inference.network import IMAGE_CHANNELS, WorldModel, WorldModelConfig
 from lidar.sensors import HDL32
 from tests.hub_stand_in import HubServer, serve_hub
 from training.config import TrainConfig
@@ -58,7 +58,7 @@ def test_export_then_load_gives_the_jobs_ema_outputs_exactly(job, tmp_path: Path
     assert provenance.iteration == ITERATION and provenance.weights == "ema"
     g = torch.Generator().manual_seed(3)
     h, w = loaded.sensor.shape
-    x = torch.randn(2, 2, h, w, generator=g)
+    x = torch.randn(2, IMAGE_CHANNELS, h, w, generator=g)
     t = torch.rand(2, generator=g)
     cond = torch.randn(2, loaded.config.cond_channels, h, w, generator=g)
     with torch.no_grad():
