@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 from scipy.spatial.transform import Rotation, Slerp
 
+from inference.cache import transform_points
 from inference.pipeline import POSES_NAME
 from lidar.formats import Scan
 from lidar.registration import Registration, register_sweeps
@@ -46,6 +47,12 @@ class ObservedScene:
     pose_source: str
     #: The registration, when the poses came from one.
     registration: Registration | None = None
+
+    def world_points(self) -> np.ndarray:
+        """(M, 4) float32 x, y, z, intensity of every sweep in the world frame: what was observed."""
+        return np.concatenate(
+            [transform_points(scan.points, pose) for scan, pose in zip(self.scans, self.poses, strict=True)]
+        )
 
     def prefix_records(self) -> list[dict[str, Any]]:
         """The `prefix` list of poses.json: each observed sweep's file and pose (and fit when registered)."""

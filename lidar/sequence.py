@@ -80,7 +80,10 @@ def read_sequence(
         raise PointCloudError("no sweep files given; expected sweep files, a folder of them or a zip")
     if len(paths) == 1 and zipfile.is_zipfile(paths[0]) and paths[0].suffix.lower() == ".zip":
         with tempfile.TemporaryDirectory(prefix="lidarverse_zip_") as tmp:
-            return _read_folder(extract_zip(paths[0], Path(tmp)), sensor, poses, label=paths[0].name)
+            try:
+                return _read_folder(extract_zip(paths[0], Path(tmp)), sensor, poses, label=paths[0].name)
+            except PointCloudError as err:  # name members as zip:member, not by the scratch folder
+                raise PointCloudError(str(err).replace(f"{tmp}/", f"{paths[0].name}:")) from None
     if len(paths) == 1 and paths[0].is_dir():
         return _read_folder(paths[0], sensor, poses, label=str(paths[0]))
     return _read_files(paths, sensor, poses)

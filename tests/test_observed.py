@@ -67,6 +67,8 @@ def test_several_sweeps_without_poses_are_registered(kitti_scene) -> None:
     records = kitti_scene.prefix_records()
     assert [r["file"] for r in records] == kitti_scene.names and records[2]["fitness"] > 0.7
     assert 2.0 < records[2]["pose"][0][3] < 4.0  # 0.4 s of driving at 18-36 km/h
+    world = kitti_scene.world_points()
+    assert world.shape == (sum(s.num_points for s in kitti_scene.scans), 4) and world.dtype == np.float32
 
 
 @needs_scans

@@ -144,3 +144,12 @@ def test_bad_poses_files_name_what_was_expected(tmp_path: Path) -> None:
         read_poses(bad, ["000000.bin"])
     with pytest.raises(PointCloudError, match="no such poses file"):
         read_poses(tmp_path / "missing.txt", ["a.bin"])
+
+
+def test_a_bad_member_is_named_inside_its_zip_not_by_a_scratch_path(tmp_path: Path) -> None:
+    archive = tmp_path / "upload.zip"
+    with zipfile.ZipFile(archive, "w") as zf:
+        zf.writestr("drive/000000.bin", b"\x01\x02\x03")
+    with pytest.raises(PointCloudError, match=r"^upload\.zip:000000\.bin: ") as err:
+        read_sequence(archive)
+    assert "lidarverse_zip_" not in str(err.value)
