@@ -231,6 +231,15 @@ def test_cache_only_moves_frame_0_straight_to_each_target_pose(quick_run) -> Non
     np.testing.assert_array_equal(via[1], direct[0])  # not re-projected through frame 5 on the way
 
 
+def test_a_cached_set_whose_world_no_longer_matches_the_simulator_is_refused(quick_run, monkeypatch) -> None:
+    import training.evaluate as evaluate_module
+
+    other = evaluate_module.make_world(12345, "urban")
+    monkeypatch.setattr(evaluate_module, "make_world", lambda seed, style: other)
+    with pytest.raises(ValueError, match="delete it to regenerate"):
+        evaluate_module.load_drive(_heldout(quick_run[1]), 0, SENSOR)
+
+
 def test_heldout_worlds_seen_in_training_are_refused(quick_run, tmp_path: Path) -> None:
     heldout = _heldout(quick_run[1])
     seed = heldout.manifest["sequences"][1]["world_seed"]
