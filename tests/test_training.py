@@ -9,7 +9,9 @@ from __future__ import annotations
 import itertools
 import json
 import os
+import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -20,10 +22,12 @@ import psutil
 import pytest
 import torch
 
+from checkpointing import CheckpointConfig, FSDPCheckpointer, JobConfig
 from inference.network import WorldModelConfig
 from lidar.sensors import HDL32
 from lidar.sim.dataset import write_dataset
 from training.config import TrainConfig
+from training.config_record import MARKER_KEY, ConfigChangeError, check_resume_config
 from training.data import StepBatches, WorldModelSamples, load_drives
 from training.train import lr_lambda
 
@@ -153,3 +157,66 @@ def test_a_resumed_sampler_yields_exactly_the_remaining_batches() -> None:
 def test_dataset_for_another_sensor_is_refused_with_both_shapes(tiny_data: Path) -> None:
     with pytest.raises(ValueError, match=r"\(32, 64\).*\(32, 512\)"):
         load_drives(str(tiny_data), HDL32.with_width(512))
+
+
+# --- a resume keeps the config its checkpoint was made with ------------------------------------------------------
+
+
+def _launch_once(config: dict, job: Path, tmp: Path, *flags: str) -> subprocess.CompletedProcess:
+    """One plain-python launch (world size 1) on a free port, so parallel test runs never collide."""
+    path = tmp / "launch.json"
+    path.write_text(json.dumps(config))
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO), "MASTER_PORT": str(port)}
+    cmd = [sys.executable, "-m", "training.train", "--config", str(path), "--job-dir", str(job), *flags]
+    return subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+
+
+@pytest.mark.multiprocess
+def test_a_resume_with_another_config_is_refused_naming_the_fields(killed_and_resumed: dict, tmp_path) -> None:
+    job = tmp_path / "job"
+    shutil.copytree(killed_and_resumed["job"], job)
+    before = (job / "config.json").read_text()
+    original = json.loads(killed_and_resumed["config"].read_text())
+    result = _launch_once({**original, "max_iters": MAX_ITERS + 5, "lr": 2e-3}, job, tmp_path)
+    assert result.returncode == 2, result.stderr[-3000:]
+    assert f"max_iters: {MAX_ITERS} -> {MAX_ITERS + 5}" in result.stderr
+    assert "lr: 0.001 -> 0.002" in result.stderr and "--allow-config-change" in result.stderr
+    assert (job / "config.json").read_text() == before
+    assert _pointer_iteration(job) == MAX_ITERS
+    assert not (job / "config_history.jsonl").exists()
+
+
+@pytest.mark.multiprocess
+def test_allow_config_change_extends_the_schedule_and_keeps_the_original_config(
+    killed_and_resumed: dict, tmp_path
+) -> None:
+    job = tmp_path / "job"
+    shutil.copytree(killed_and_resumed["job"], job)
+    original = json.loads(killed_and_resumed["config"].read_text())
+    longer = MAX_ITERS + 4
+    result = _launch_once({**original, "max_iters": longer}, job, tmp_path, "--allow-config-change")
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert _pointer_iteration(job) == longer
+    assert f"continuing from iteration {MAX_ITERS}" in (job / "train.log").read_text()
+    assert TrainConfig.from_json(job / "config.json").max_iters == longer
+    (entry,) = [json.loads(line) for line in (job / "config_history.jsonl").read_text().splitlines()]
+    assert entry["from_iteration"] == MAX_ITERS
+    assert entry["changed"] == [f"max_iters: {MAX_ITERS} -> {longer}"]
+    assert TrainConfig.from_dict(entry["config"]) == TrainConfig.from_dict(original)
+    marker = torch.load(job / "checkpoints" / f"iter_{longer:09d}.pt", weights_only=True)
+    assert json.loads(marker[MARKER_KEY])["max_iters"] == longer  # each checkpoint says how it was made
+
+
+def test_checkpoints_with_no_record_of_their_config_need_the_explicit_flag(tiny_data: Path, tmp_path) -> None:
+    job = tmp_path / "copied"  # checkpoints copied from elsewhere, saved before markers carried the config
+    FSDPCheckpointer(CheckpointConfig(), JobConfig(path_local=str(job))).save(
+        torch.nn.Linear(2, 2), None, None, None, 5, async_saving=False
+    )
+    cfg = TrainConfig.from_dict(tiny_config(tiny_data))
+    with pytest.raises(ConfigChangeError, match=r"iteration 5, made with another config: \(no record"):
+        check_resume_config(job, cfg, allow_change=False)
+    assert check_resume_config(job, cfg, allow_change=True)[0] == 5
+    assert check_resume_config(tmp_path / "fresh", cfg, allow_change=False) == (0, [])

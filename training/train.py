@@ -21,10 +21,11 @@ import torch
 import torch.distributed as dist
 from torch.distributed.fsdp import fully_shard
 
-from checkpointing import CheckpointConfig, FSDPCheckpointer, JobConfig, ModelWithEMA, atomic_write_text
+from checkpointing import CallBackGroup, CheckpointConfig, FSDPCheckpointer, JobConfig, ModelWithEMA
 from inference.flow import flow_matching_loss
 from inference.network import WorldModel, WorldModelConfig
 from training.config import TrainConfig
+from training.config_record import ConfigChangeError, ConfigRecorder, check_resume_config, record_config
 from training.data import make_loader
 from training.progress import Progress, hardware_description
 
@@ -82,16 +83,22 @@ def setup_distributed() -> tuple[int, int, torch.device]:
     return dist.get_rank(), dist.get_world_size(), device
 
 
-def train(cfg: TrainConfig, job_dir: Path, max_minutes: float | None = None, command: str = "") -> int:
-    """Run (or resume) the job; return the iteration it stopped at."""
+def train(cfg: TrainConfig, job_dir: Path, max_minutes: float | None = None, command: str = "",
+          allow_config_change: bool = False) -> int:
+    """Run (or resume) the job; return the iteration it stopped at.
+
+    A resume under a config other than its checkpoint's raises ConfigChangeError before any process group
+    exists, unless `allow_config_change` (training.config_record).
+    """
     t_start = time.monotonic()
+    resumed_at, config_changes = check_resume_config(job_dir, cfg, allow_config_change)
     rank, world_size, device = setup_distributed()
     job_dir.mkdir(parents=True, exist_ok=True)
     setup_logging(job_dir, rank)
     if device.type == "cpu":
         torch.set_num_threads(cfg.torch_threads)
     if rank == 0:
-        atomic_write_text(job_dir / "config.json", cfg.to_json())
+        record_config(job_dir, cfg, resumed_at, config_changes)
     logger.info("job %s: world size %d on %s; resolved config in %s", job_dir, world_size, device,
                 job_dir / "config.json")
 
@@ -113,7 +120,7 @@ def train(cfg: TrainConfig, job_dir: Path, max_minutes: float | None = None, com
     ckpt_cfg = CheckpointConfig(
         save_iter=cfg.save_iter, keep_last_checkpoints=cfg.keep_last_checkpoints, save_at_iters=cfg.save_at_iters
     )
-    checkpointer = FSDPCheckpointer(ckpt_cfg, JobConfig(path_local=str(job_dir)))
+    checkpointer = FSDPCheckpointer(ckpt_cfg, JobConfig(path_local=str(job_dir)), CallBackGroup([ConfigRecorder(cfg)]))
     state = ModelWithEMA(model, ema)  # the EMA is saved as `_ema_model.pt` and is what a release ships
     iteration = checkpointer.load(state, optimizer, scheduler, None)
     logger.info("starting at iteration %d of %d", iteration, cfg.max_iters)
@@ -178,6 +185,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--config", required=True, help="training config JSON (see training/configs/)")
     parser.add_argument("--job-dir", required=True, help="folder for checkpoints, logs and the resolved config")
     parser.add_argument("--max-minutes", type=float, default=None, help="save and exit cleanly after this long")
+    parser.add_argument("--allow-config-change", action="store_true",
+                        help="resume even though the config differs from the checkpoint's (e.g. a longer schedule)")
     args = parser.parse_args(argv)
     if args.max_minutes is not None and args.max_minutes <= 0:
         parser.error(f"--max-minutes must be positive, got {args.max_minutes}")
@@ -186,7 +195,13 @@ def main(argv: list[str] | None = None) -> None:
     command = f"torchrun --nproc_per_node {world_size} -m training.train --config {args.config} --job-dir {args.job_dir}"
     if args.max_minutes is not None:
         command += f" --max-minutes {args.max_minutes:g}"
-    train(cfg, Path(args.job_dir), args.max_minutes, command)
+    if args.allow_config_change:
+        command += " --allow-config-change"
+    try:
+        train(cfg, Path(args.job_dir), args.max_minutes, command, args.allow_config_change)
+    except ConfigChangeError as e:
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(2)
 
 
 if __name__ == "__main__":
