@@ -33,7 +33,6 @@ from training.evaluate import (
     PICTURE_LABEL,
     SIM_PICTURE,
     EvalConfig,
-    _times_kwarg,
     bars,
     cache_only,
     check_disjoint,
@@ -172,17 +171,6 @@ def test_bars_compare_within_the_run_and_report_unmeasured_bars_as_unknown() -> 
     assert out["sim generate Chamfer"]["value"] == pytest.approx(1.2) and out["sim generate Chamfer"]["pass"] is False
     assert out["real KITTI forecast Chamfer"]["value"] is None and out["real KITTI forecast Chamfer"]["pass"] is None
     assert out["BEV JSD"]["value"] == pytest.approx(1.2) and out["BEV JSD"]["pass"] and not out["BEV JSD"]["goal_met"]
-
-
-def test_times_reach_the_pipeline_only_where_it_takes_them() -> None:
-    times = np.arange(3) / 10.0
-
-    def old(*, map=None) -> None: ...
-
-    def new(*, map=None, times=None) -> None: ...
-
-    assert _times_kwarg(old, times) == {}
-    assert _times_kwarg(new, times)["times"] is times
 
 
 def test_frames_below_the_last_horizon_are_refused() -> None:

@@ -34,14 +34,13 @@ Protocol (issue 10), everything measured in the same run:
 from __future__ import annotations
 
 import argparse
-import inspect
 import json
 import logging
 import math
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -222,16 +221,6 @@ def noise_floor(drive: Drive, sensor: Sensor) -> list[np.ndarray]:
     return [unproject(f.image, sensor) for f in seq.frames]
 
 
-def _times_kwarg(method: Callable[..., Any], times: np.ndarray) -> dict[str, np.ndarray]:
-    """LEAD SWITCH-OVER: the one place the frame times reach the pipeline.
-
-    `times=` (seconds, one per target pose) lets a World condition on its actor layout at each frame's time.
-    Until `LidarVersePipeline.forecast` / `generate_world` take it, it is left out; once they do, replace
-    this function by passing `times=times` at its two call sites.
-    """
-    return {"times": times} if "times" in inspect.signature(method).parameters else {}
-
-
 def model_frames(pipe: LidarVersePipeline, drive: Drive, cfg: EvalConfig, seed: int,
                  observed: bool) -> tuple[list[np.ndarray], float]:
     """Model frames at the targets: forecast from frame 0 (`observed`) or generated from the World alone."""
@@ -239,10 +228,9 @@ def model_frames(pipe: LidarVersePipeline, drive: Drive, cfg: EvalConfig, seed: 
     sampling = {"steps": cfg.steps, "seed": seed, "guidance": cfg.guidance}
     if observed:
         result = pipe.forecast(prefix_scans=[drive.points[0]], prefix_poses=drive.poses[:1], poses=targets,
-                               map=drive.world, **sampling, **_times_kwarg(pipe.forecast, times))
+                               map=drive.world, times=times, **sampling)
     else:
-        result = pipe.generate_world(map=drive.world, poses=targets, **sampling,
-                                     **_times_kwarg(pipe.generate_world, times))
+        result = pipe.generate_world(map=drive.world, poses=targets, times=times, **sampling)
     return [f.points for f in result.frames], result.timings["total"]
 
 
