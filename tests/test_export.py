@@ -89,20 +89,25 @@ def test_release_is_self_describing(job, tmp_path: Path) -> None:
 
 
 def test_card_includes_the_evaluation_table_when_given(job, tmp_path: Path) -> None:
-    from training.evaluate import bars
+    from training.evaluate import BAR_SPAN, bars
 
     rows = [{"name": n, "bev_jsd": j, "bev_mmd": m, "temporal_chamfer_m": c, "map_adherence": 0.9, "return_rate": 0.5}
-            for n, j, m, c in [("model (forecast)", 0.1, 0.001, 0.5), ("model (generate)", 0.2, 0.002, 0.6),
-                               ("cache-only", 0.3, 0.003, 0.2), ("map-only", 0.4, 0.004, 0.3),
+            for n, j, m, c in [("model (forecast)", 0.1, 0.001, 0.5), ("cache-only", 0.3, 0.003, 0.2),
                                ("ground truth", None, None, 0.4), ("sim-vs-sim floor", 0.05, 0.0005, None)]]
-    report = {"protocol": {"rollouts": 64, "frames": 8, "eval_seed": 100000, "floor_seed": 200000, "steps": 4,
-                           "guidance": 1.0, "sensor": "hdl32", "shape": [32, 64]},
-              "rows": rows, "bars": bars(rows), "timings": {"total_s": 120.0, "model_frames_per_s": 3.0}}
+    per_ray = {"chamfer": 0.5, "l1_mean": 0.4, "l1_median": 0.1, "absrel": 0.05, "iou": 0.8, "coverage": 0.9}
+    table = {"model (forecast)": per_ray, "model (generate)": {**per_ray, "chamfer": 1.0},
+             "cache-only": {**per_ray, "chamfer": 2.0, "l1_median": 0.2, "iou": 0.5}, "noise floor": per_ray}
+    report = {"protocol": {"rollouts": 64, "frames": 10, "eval_seed": 100000, "floor_seed": 200000, "steps": 4,
+                           "guidance": 1.0, "sensor": "hdl32", "shape": [32, 64], "horizons": {"1.0 s": 10},
+                           "bar_span": BAR_SPAN},
+              "per_ray": {"1.0 s": table, BAR_SPAN: table}, "real": {"skipped": "no scans"}, "rows": rows,
+              "bars": bars(table, None, rows), "timings": {"total_s": 120.0, "model_frames_per_s": 3.0}}
     export(job[0], tmp_path / "release", metrics=report)
     card = (tmp_path / "release" / "README.md").read_text()
     assert "| model (forecast) | 0.1000 |" in card
-    assert "| bev_jsd <= 3x floor (goal 1.5x) | 2.0000 | 3.0000 | yes |" in card
-    assert "| temporal Chamfer <= 1.5x ground truth | 1.2500 | 1.5000 | yes |" in card
+    assert "| sim forecast Chamfer ÷ cache-only's | 0.250 | ≤ 0.700 | ≤ 0.400 | yes | yes |" in card
+    assert "| BEV JSD ÷ sim-vs-sim floor | 2.000 | ≤ 1.500 | ≤ 1.100 | NO | NO |" in card
+
 
 
 def test_loss_curve_summary_averages_stretches_and_ends_at_the_last_iteration() -> None:

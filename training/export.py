@@ -363,9 +363,9 @@ def model_card(cfg: TrainConfig, progress: dict[str, Any], dataset: dict[str, An
         f"- optimiser: AdamW lr {cfg.lr:g}, betas {list(cfg.betas)}, weight decay {cfg.weight_decay:g}, "
         f"{cfg.warmup_iters} warm-up steps then cosine to {cfg.min_lr_ratio:g} x lr; grad clip {cfg.grad_clip:g}",
         f"- EMA decay {cfg.ema_decay} from iteration {cfg.ema_start_iter}; the release holds the EMA weights",
-        f"- objective: rectified flow, the network predicting {cfg.model.get('prediction', 'x0')}, "
-        f"{'L1' if cfg.loss_norm == 'l1' else 'MSE'} loss (`inference.flow.flow_matching_loss`, uniform t) "
-        "for the final launch; a job whose launches changed the objective says so in the notes",
+        "- objective: rectified flow on (range, intensity, return); the network predicts the clean image as a "
+        "log-range residual to its geometric prior plus a return logit: L1 on range and intensity where the "
+        "target returns, BCE on the return (`inference.flow.flow_matching_loss`, uniform t)",
         "",
     ]
     rows = loss_curve_rows(progress["losses"])
