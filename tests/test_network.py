@@ -1,10 +1,22 @@
-"""The range-image UNet: shapes, config round trip and validation, and azimuth wrap-around."""
+"""The range-image UNet: shapes, config round trip and validation, azimuth wrap-around, and the prior anchor."""
 
+import numpy as np
 import pytest
 import torch
 
-from inference.network import IMAGE_CHANNELS, WorldModel, WorldModelConfig
+from inference.conditioning import LayoutView, build_condition, decode_image, prior_image
+from inference.network import (
+    IMAGE_CHANNELS,
+    MAX_LEVEL_CHANNELS,
+    MAX_SENSOR_SHAPE,
+    RETURN,
+    WorldModel,
+    WorldModelConfig,
+    to_encoded_image,
+)
+from lidar.range_image import decode_range
 from lidar.sensors import HDL32, VLP16
+from lidar.sim.hdmap import MapView
 
 
 def tiny_config(**overrides) -> WorldModelConfig:
@@ -26,7 +38,7 @@ def test_default_config_is_the_32x512_model_sensor_and_small_enough_for_cpu_trai
     assert 1_000_000 <= params <= 3_000_000
 
 
-def test_forward_maps_noisy_image_and_condition_to_a_velocity_of_the_image_shape():
+def test_forward_maps_noisy_image_and_condition_to_range_intensity_and_return_logit_of_the_image_shape():
     config = tiny_config()
     model = WorldModel(config)
     h, w = config.sensor_obj.shape
@@ -50,8 +62,10 @@ def test_forward_rejects_a_condition_with_the_wrong_channel_count():
     h, w = config.sensor_obj.shape
     with pytest.raises(ValueError, match="cond"):
         WorldModel(config)(
-            torch.randn(1, 2, h, w), torch.rand(1), torch.randn(1, config.cond_channels + 1, h, w)
+            torch.randn(1, IMAGE_CHANNELS, h, w), torch.rand(1), torch.randn(1, config.cond_channels + 1, h, w)
         )
+    with pytest.raises(ValueError, match="x_t"):  # the v1 two-channel image is refused by name
+        WorldModel(config)(torch.randn(1, 2, h, w), torch.rand(1), torch.randn(1, config.cond_channels, h, w))
 
 
 def test_rolling_input_in_azimuth_rolls_the_output_by_the_same_amount():
@@ -61,7 +75,7 @@ def test_rolling_input_in_azimuth_rolls_the_output_by_the_same_amount():
     for p in model.parameters():  # zero-initialised output convs would make the test trivially pass
         torch.nn.init.normal_(p, std=0.1)
     h, w = config.sensor_obj.shape
-    x, cond, t = torch.randn(1, 2, h, w), torch.randn(1, config.cond_channels, h, w), torch.rand(1)
+    x, cond, t = torch.randn(1, IMAGE_CHANNELS, h, w), torch.randn(1, config.cond_channels, h, w), torch.rand(1)
     shift = 4 * 3  # a multiple of the total width stride (4)
     with torch.no_grad():
         out = model(x, t, cond)
@@ -70,15 +84,77 @@ def test_rolling_input_in_azimuth_rolls_the_output_by_the_same_amount():
     torch.testing.assert_close(rolled, out.roll(shift, dims=-1), atol=1e-4, rtol=1e-4)
 
 
-def test_a_fresh_cache_residual_model_predicts_exactly_the_cached_image():
-    config = tiny_config(cache_residual=True)
+def tiny_condition(config: WorldModelConfig, seed: int = 0) -> torch.Tensor:
+    """A (1, C, H, W) condition with a partial cache, a map with ground and buildings and a layout box."""
+    sensor = config.sensor_obj
+    rng = np.random.default_rng(seed)
+    r = rng.uniform(3.0, 60.0, sensor.shape)
+    keep = (rng.random(sensor.shape) < 0.4).reshape(-1)
+    pts = np.concatenate([(sensor.ray_directions() * r[..., None]).reshape(-1, 3), rng.random((r.size, 1))], 1)
+    ground = np.where(np.asarray(sensor.elevations)[:, None] < 0, rng.uniform(4, 50, sensor.shape), 0.0)
+    building = np.where(rng.random(sensor.shape) < 0.3, rng.uniform(5, 80, sensor.shape), 0.0)
+    view = MapView(np.ones(sensor.shape, np.uint8), ground.astype(np.float32), building.astype(np.float32),
+                   np.zeros(sensor.shape, np.float32))
+    box = np.zeros(sensor.shape, np.float32)
+    box[4:10, 20:30] = 7.0
+    layout = LayoutView(box, np.where(box > 0, 0, -1).astype(np.int64))
+    cond = build_condition(pts[keep].astype(np.float32), np.eye(4), view, layout, sensor, config.num_map_classes)
+    return cond[None]
+
+
+@pytest.mark.parametrize("t", [1.0, 0.5, 0.01])
+def test_an_untrained_model_reproduces_the_prior_at_any_time(t):
+    config = tiny_config()
+    torch.manual_seed(0)
+    model = WorldModel(config).eval()
+    sensor = config.sensor_obj
+    cond = tiny_condition(config)
+    prior, returns = prior_image(cond)
+    assert 0.2 < returns.float().mean() < 1.0, "the test needs pixels with and without a prior"
+    with torch.no_grad():
+        x0 = model.predict_x0(torch.randn(1, IMAGE_CHANNELS, *sensor.shape), torch.tensor([t]), cond)
+    image = decode_image(to_encoded_image(x0[0]), sensor)
+    np.testing.assert_array_equal(image.mask, returns[0].numpy())
+    expected = decode_range(prior[0].numpy(), sensor.max_range, sensor.min_range)
+    np.testing.assert_allclose(image.range[image.mask], expected[image.mask], rtol=1e-5)
+    assert (x0[0, RETURN][returns[0]] > 0).all() and (x0[0, RETURN][~returns[0]] < 0).all()
+
+
+def test_the_residual_head_starts_at_zero_and_the_prior_is_an_explicit_input():
+    config = tiny_config()
     model = WorldModel(config)
+    head = model.head[-1]
+    assert torch.count_nonzero(head.weight) == 0 and torch.count_nonzero(head.bias) == 0
+    assert model.stem.in_channels == IMAGE_CHANNELS + config.cond_channels + 2
+    # a trained head moves the estimate off the prior
+    with torch.no_grad():
+        torch.nn.init.normal_(head.weight, std=0.1)
+    cond = tiny_condition(config)
+    x = torch.randn(1, IMAGE_CHANNELS, *config.sensor_obj.shape)
+    with torch.no_grad():
+        out = model(x, torch.rand(1), cond)
+    base_range = model.base_image(cond)[0]
+    assert (out[:, 0] - base_range).abs().mean() > 1e-3
+
+
+def test_the_flow_target_keeps_returns_and_puts_the_base_under_ray_drops():
+    config = tiny_config()
+    model = WorldModel(config)
+    cond = tiny_condition(config, seed=1)
+    rng = np.random.default_rng(2)
     h, w = config.sensor_obj.shape
-    cond = torch.randn(2, config.cond_channels, h, w)
-    out = model(torch.randn(2, IMAGE_CHANNELS, h, w), torch.rand(2), cond)
-    torch.testing.assert_close(out, cond[:, :2])
-    with pytest.raises(ValueError, match="cache_residual"):
-        tiny_config(cache_residual=True, prediction="velocity")
+    image = torch.from_numpy(rng.uniform(-0.9, 0.9, (1, 2, h, w)).astype(np.float32))
+    drops = torch.from_numpy(rng.random((1, h, w)) < 0.3)
+    image[:, 0][drops] = -1.0
+    image[:, 1][drops] = -1.0
+    target = model.flow_target(image, cond)
+    base_range, base_intensity, _ = model.base_image(cond)
+    assert target.shape == (1, IMAGE_CHANNELS, h, w)
+    assert torch.equal(target[:, 2], torch.where(drops, -1.0, 1.0))
+    assert torch.equal(target[:, 0][~drops], image[:, 0][~drops])
+    assert torch.equal(target[:, 0][drops], base_range[drops])
+    assert torch.equal(target[:, 1][drops], base_intensity[drops])
+    assert torch.equal(to_encoded_image(target), image)  # back to the encode_image layout
 
 
 def test_config_round_trips_through_a_dict_and_rebuilds_the_same_architecture():
@@ -98,7 +174,13 @@ def test_config_round_trips_through_a_dict_and_rebuilds_the_same_architecture():
         ({"norm_groups": 3}, "norm_groups"),
         ({"p_drop_map": 1.0}, "p_drop_map"),
         ({"num_map_classes": 0}, "num_map_classes"),
-        ({"prediction": "epsilon"}, "prediction"),
+        ({"strides": ((1, 2), (2, 2), (2, 2))}, "strides"),
+        ({"strides": ((1, 2), (2, 2, 1))}, "strides"),
+        ({"strides": 2}, "strides"),
+        ({"p_drop_layout": 1.0}, "p_drop_layout"),
+        ({"p_drop_cache": -0.1}, "p_drop_cache"),
+        ({"blocks": 0}, "blocks"),
+        ({"default_steps": 0}, "default_steps"),
     ],
 )
 def test_bad_config_fields_are_named_in_the_error(overrides, message):
@@ -109,3 +191,36 @@ def test_bad_config_fields_are_named_in_the_error(overrides, message):
 def test_unknown_config_fields_are_rejected_by_name():
     with pytest.raises(ValueError, match="bogus"):
         WorldModelConfig.from_dict({**tiny_config().to_dict(), "bogus": 1})
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        ({"base_channels": 1_000_000}, "base_channels"),
+        ({"channel_mults": (1, 2, 100_000)}, "channel_mults"),
+        ({"base_channels": 64, "channel_mults": (1, 64, 64)}, "channel_mults"),  # each number fine, the product not
+        ({"channel_mults": (1,) * 50, "strides": ((1, 1),) * 49}, "channel_mults"),
+        ({"blocks": 10_000}, "blocks"),
+        ({"sensor": VLP16.with_width(MAX_SENSOR_SHAPE[1] * 2).to_dict()}, "sensor"),
+    ],
+)
+def test_an_oversized_architecture_is_refused_by_field_before_anything_is_allocated(overrides, message, monkeypatch):
+    def no_allocation(*args, **kwargs):
+        raise AssertionError("a network was built from a config that should have been refused")
+
+    monkeypatch.setattr(WorldModel, "__init__", no_allocation)
+    with pytest.raises(ValueError, match=rf"WorldModelConfig\.{message}"):
+        tiny_config(**overrides)
+    with pytest.raises(ValueError, match=message):
+        WorldModelConfig.from_dict({**tiny_config().to_dict(), **overrides})
+
+
+def test_the_widest_allowed_level_is_accepted():
+    config = tiny_config(base_channels=8, channel_mults=(1, 2, MAX_LEVEL_CHANNELS // 8))
+    assert max(config.level_channels) == MAX_LEVEL_CHANNELS
+
+
+def test_removed_v1_fields_are_refused_by_name():
+    for name, value in (("prediction", "x0"), ("cache_residual", True)):
+        with pytest.raises(ValueError, match=name):
+            WorldModelConfig.from_dict({**tiny_config().to_dict(), name: value})
