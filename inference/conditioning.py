@@ -17,7 +17,7 @@ block holds -1 ranges and zero flags, exactly what `drop_map` / `build_condition
 
 `prior_image` turns a condition into the deterministic sweep the network corrects (DESIGN.md): the cache
 where it returns, else the nearest of the map's ground and buildings, with a layout box in front of either
-winning. Green areas are condition only, not prior: the map knows where trees grow, not where their trunks
+winning; where a cached return lies on the map's surface, the map's exact range replaces it. Green areas are condition only, not prior: the map knows where trees grow, not where their trunks
 stand.
 """
 
@@ -46,6 +46,8 @@ CACHE_IMAGE = slice(0, 2)
 MAP_START = 3
 GROUND_RANGE, BUILDING_RANGE, VEGETATION_RANGE = 3, 4, 5
 MAP_RANGE_CHANNELS = 3
+#: Encoded-range gap (about 10 % of the range) within which a cached return confirms the map's surface.
+SNAP_TOLERANCE = 0.05
 #: Beam elevation, sin and cos of azimuth at the end of the condition.
 COORD_CHANNELS = 3
 
@@ -255,9 +257,12 @@ def prior_image(cond: torch.Tensor, num_map_classes: int = len(MAP_CLASSES)) -> 
         value = cond[:, channel]
         return torch.where(value > -1.0 + 1e-6, value, big)
 
-    geometry = torch.where(
-        cond[:, CACHE_MASK] > 0.5, cond[:, CACHE_RANGE], torch.minimum(known(GROUND_RANGE), known(BUILDING_RANGE))
-    )
+    mapped = torch.minimum(known(GROUND_RANGE), known(BUILDING_RANGE))
+    cached = cond[:, CACHE_MASK] > 0.5
+    # a cached point re-projected from another pose is off by up to a beam's spacing (most of a metre on
+    # the ground at 10 m); where it confirms the map's surface, the map's exact range is the better guess
+    confirmed = cached & ((cond[:, CACHE_RANGE] - mapped).abs() < SNAP_TOLERANCE)
+    geometry = torch.where(cached & ~confirmed, cond[:, CACHE_RANGE], mapped)
     geometry = torch.where(geometry > -1.0 + 1e-6, geometry, big)
     prior = torch.minimum(geometry, known(lay.box_range))
     returns = prior < big
