@@ -1,20 +1,21 @@
 """Rectified flow: the path and its velocity, the loss, the Euler sampler and classifier-free guidance."""
 
-from types import SimpleNamespace
-
 import pytest
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from inference.flow import (
+    RANGE_WEIGHT,
     FlowMatchSampler,
     flow_matching_loss,
     guided_velocity,
     interpolate,
-    prediction_type,
     to_velocity,
     velocity_target,
 )
+from inference.network import WorldModel, WorldModelConfig
+from lidar.sensors import VLP16
 
 
 class Oracle(nn.Module):
@@ -29,15 +30,41 @@ class Oracle(nn.Module):
 
 
 class X0Oracle(nn.Module):
-    """An x0-predicting network (as `WorldModelConfig.prediction = "x0"`) that knows the answer."""
+    """A model that knows the clean image: `predict_x0` is what the sampler and guidance call."""
 
     def __init__(self, x0: torch.Tensor) -> None:
         super().__init__()
         self.x0 = x0
-        self.config = SimpleNamespace(prediction="x0")
+
+    def predict_x0(self, x_t, t, cond):
+        return self.x0.expand_as(x_t)
+
+
+class FixedOutput(nn.Module):
+    """A stub world model: a given flow target and a given raw output (range, intensity, return logit)."""
+
+    def __init__(self, target: torch.Tensor, output: torch.Tensor) -> None:
+        super().__init__()
+        self.target, self.output = target, output
+
+    def flow_target(self, image, cond):
+        return self.target
 
     def forward(self, x_t, t, cond):
-        return self.x0.expand_as(x_t)
+        return self.output.clone()
+
+
+def flow_target_with_drops(seed: int = 0, shape=(2, 3, 4, 8)) -> torch.Tensor:
+    """A flow target: encoded ranges and intensities, return +1 / ray drop -1 (about a third drops)."""
+    gen = torch.Generator().manual_seed(seed)
+    x0 = torch.rand(shape, generator=gen) * 1.8 - 0.9
+    x0[:, 2] = torch.where(torch.rand(shape[0], *shape[2:], generator=gen) < 0.35, -1.0, 1.0)
+    return x0
+
+
+def perfect_output(x0: torch.Tensor, logit: float = 60.0) -> torch.Tensor:
+    """Range and intensity exactly the target, and a return logit sure of the right answer."""
+    return torch.stack([x0[:, 0], x0[:, 1], logit * x0[:, 2]], dim=1)
 
 
 def test_path_runs_from_data_at_t0_to_noise_at_t1_with_constant_velocity():
@@ -49,21 +76,86 @@ def test_path_runs_from_data_at_t0_to_noise_at_t1_with_constant_velocity():
     torch.testing.assert_close(finite_diff, velocity_target(x0, noise), atol=1e-2, rtol=1e-2)
 
 
-def test_loss_is_zero_for_the_oracle_velocity_and_positive_otherwise():
-    x0 = torch.randn(1, 2, 4, 8)
+def test_loss_is_zero_where_the_model_outputs_exactly_the_target():
+    x0 = flow_target_with_drops()
     gen = torch.Generator().manual_seed(0)
-    assert flow_matching_loss(Oracle(x0), x0, None, gen).item() < 1e-8
-    zero = flow_matching_loss(lambda x_t, t, c: torch.zeros_like(x_t), x0, None, gen)
-    assert zero.item() > 0.5  # E|noise - x0|^2 = 2 per element
+    assert flow_matching_loss(FixedOutput(x0, perfect_output(x0)), x0[:, :2], None, gen).item() < 1e-12
 
 
-def test_loss_is_deterministic_per_generator_seed():
-    model = nn.Conv2d(2, 2, 1)
-    x0 = torch.randn(4, 2, 4, 8)
-    fwd = lambda x_t, t, c: model(x_t) * t.view(-1, 1, 1, 1)  # noqa: E731
-    a = flow_matching_loss(fwd, x0, None, torch.Generator().manual_seed(7))
-    b = flow_matching_loss(fwd, x0, None, torch.Generator().manual_seed(7))
-    c = flow_matching_loss(fwd, x0, None, torch.Generator().manual_seed(8))
+def test_the_range_term_is_the_weighted_l1_over_returning_pixels_only():
+    x0 = flow_target_with_drops(1)
+    returns = x0[:, 2] > 0
+    out = perfect_output(x0)
+    b, y, x = torch.nonzero(returns)[0]
+    out[b, 0, y, x] += 0.25
+    loss = flow_matching_loss(FixedOutput(x0, out), x0[:, :2], None, torch.Generator().manual_seed(0))
+    assert loss.item() == pytest.approx(RANGE_WEIGHT * 0.25 / returns.sum().item(), rel=1e-5)
+    out[b, 1, y, x] += 0.5  # intensity: weight 1
+    loss = flow_matching_loss(FixedOutput(x0, out), x0[:, :2], None, torch.Generator().manual_seed(0))
+    assert loss.item() == pytest.approx((RANGE_WEIGHT * 0.25 + 0.5) / returns.sum().item(), rel=1e-5)
+
+
+def test_the_loss_ignores_range_and_intensity_where_the_target_is_a_ray_drop():
+    x0 = flow_target_with_drops(2)
+    out = perfect_output(x0)
+    out[:, :2] += 0.3  # every range and intensity is off
+    drops = (x0[:, 2] < 0).unsqueeze(1).expand(-1, 2, -1, -1)
+    moved = x0.clone()
+    moved[:, :2][drops] = torch.rand(int(drops.sum()), generator=torch.Generator().manual_seed(5)) * 2 - 1
+    loss = lambda target: flow_matching_loss(  # noqa: E731
+        FixedOutput(target, out), target[:, :2], None, torch.Generator().manual_seed(3)
+    ).item()
+    assert loss(moved) == loss(x0)
+    hit = x0.clone()
+    hit[:, 0][x0[:, 2] > 0] += 0.1  # the same change where the target returns does count
+    assert loss(hit) != loss(x0)
+
+
+def test_the_bce_term_reacts_to_return_mistakes():
+    x0 = flow_target_with_drops(3)
+    out = perfect_output(x0, logit=60.0)
+    drop = torch.nonzero(x0[:, 2] < 0)[0]
+    ret = torch.nonzero(x0[:, 2] > 0)[0]
+    out[drop[0], 2, drop[1], drop[2]] = 60.0  # a spurious return
+    loss = flow_matching_loss(FixedOutput(x0, out), x0[:, :2], None, torch.Generator().manual_seed(0))
+    assert loss.item() == pytest.approx(60.0 / x0[:, 2].numel(), rel=1e-4)
+    out[ret[0], 2, ret[1], ret[2]] = -60.0  # and a missed one
+    loss = flow_matching_loss(FixedOutput(x0, out), x0[:, :2], None, torch.Generator().manual_seed(0))
+    assert loss.item() == pytest.approx(120.0 / x0[:, 2].numel(), rel=1e-4)
+    unsure = perfect_output(x0, logit=0.0)  # p = 1/2 everywhere: log 2 per pixel
+    loss = flow_matching_loss(FixedOutput(x0, unsure), x0[:, :2], None, torch.Generator().manual_seed(0))
+    assert loss.item() == pytest.approx(F.softplus(torch.tensor(0.0)).item(), rel=1e-5)
+
+
+def tiny_model() -> WorldModel:
+    config = WorldModelConfig(
+        sensor=VLP16.with_width(32).to_dict(), base_channels=8, channel_mults=(1, 2), strides=((1, 2),),
+        bottleneck_attention=False,
+    )
+    torch.manual_seed(0)
+    return WorldModel(config)
+
+
+def test_loss_of_a_world_model_is_deterministic_per_generator_seed_and_trains_its_head():
+    model = tiny_model()
+    fresh = model.head[-1]
+    h, w = model.sensor.shape
+    gen = torch.Generator().manual_seed(1)
+    image = torch.rand(4, 2, h, w, generator=gen) * 1.8 - 0.9
+    image[:, :, :4] = -1.0  # the top beams see nothing
+    cond = torch.randn(4, model.config.cond_channels, h, w, generator=gen)
+    a = flow_matching_loss(model, image, cond, torch.Generator().manual_seed(7))
+    b = flow_matching_loss(model, image, cond, torch.Generator().manual_seed(7))
+    c = flow_matching_loss(model, image, cond, torch.Generator().manual_seed(8))
+    # a fresh model ignores x_t (its head is zero), so its loss cannot depend on the noise; its head still learns
+    assert a.item() == b.item() == c.item()
+    a.backward()
+    assert fresh.weight.grad.abs().sum() > 0
+    with torch.no_grad():
+        torch.nn.init.normal_(fresh.weight, std=0.05)
+    a = flow_matching_loss(model, image, cond, torch.Generator().manual_seed(7))
+    b = flow_matching_loss(model, image, cond, torch.Generator().manual_seed(7))
+    c = flow_matching_loss(model, image, cond, torch.Generator().manual_seed(8))
     assert a.item() == b.item() != c.item()
 
 
@@ -109,22 +201,29 @@ def test_step_rejects_misuse_with_clear_errors():
         sampler.set_timesteps(0)
 
 
+class CondX0:
+    """predict_x0 = the first three condition channels."""
+
+    def predict_x0(self, x_t, t, cond):
+        return cond[:, :3] + 0 * x_t
+
+
 def test_guidance_extrapolates_from_the_unconditional_towards_the_conditional_velocity():
-    model = lambda x_t, t, c: c[:, :2] + 0 * x_t  # noqa: E731  (velocity = first two cond channels)
-    x = torch.zeros(1, 2, 4, 8)
-    cond, uncond = torch.full((1, 3, 4, 8), 2.0), torch.full((1, 3, 4, 8), 0.5)
+    model = CondX0()
+    x = torch.zeros(1, 3, 4, 8)
+    cond, uncond = torch.full((1, 5, 4, 8), 2.0), torch.full((1, 5, 4, 8), 0.5)
     t = torch.tensor(0.5)
-    assert torch.equal(guided_velocity(model, x, t, cond, uncond, 1.0), cond[:, :2])
-    torch.testing.assert_close(guided_velocity(model, x, t, cond, uncond, 3.0), torch.full((1, 2, 4, 8), 5.0))
-    torch.testing.assert_close(guided_velocity(model, x, t, cond, uncond, 0.0), uncond[:, :2])
+    # v = (x_t - x0) / t = -2 x0 here
+    torch.testing.assert_close(guided_velocity(model, x, t, cond, uncond, 1.0), torch.full((1, 3, 4, 8), -4.0))
+    torch.testing.assert_close(guided_velocity(model, x, t, cond, uncond, 3.0), torch.full((1, 3, 4, 8), -10.0))
+    torch.testing.assert_close(guided_velocity(model, x, t, cond, uncond, 0.0), torch.full((1, 3, 4, 8), -1.0))
+    torch.testing.assert_close(guided_velocity(model, x, t, cond, None, 3.0), torch.full((1, 3, 4, 8), -4.0))
 
 
 @pytest.mark.parametrize("steps", [1, 4])
-def test_an_x0_predicting_model_samples_and_trains_through_the_same_functions(steps):
-    x0 = torch.randn(1, 2, 4, 8)
+def test_an_x0_predicting_model_samples_onto_its_prediction(steps):
+    x0 = torch.randn(1, 3, 4, 8)
     model = X0Oracle(x0)
-    assert prediction_type(model) == "x0" and prediction_type(Oracle(x0)) == "velocity"
-    assert flow_matching_loss(model, x0, None, torch.Generator().manual_seed(0)).item() < 1e-10
     sampler = FlowMatchSampler()
     sampler.set_timesteps(steps)
     x = sampler.init_noise(x0.shape, torch.Generator().manual_seed(1))
@@ -133,23 +232,8 @@ def test_an_x0_predicting_model_samples_and_trains_through_the_same_functions(st
     torch.testing.assert_close(x, x0, atol=1e-5, rtol=1e-5)
 
 
-def test_x0_and_velocity_outputs_imply_the_same_velocity():
-    x0, noise = torch.randn(2, 2, 4, 8), torch.randn(2, 2, 4, 8)
+def test_an_x0_estimate_implies_the_path_velocity():
+    x0, noise = torch.randn(2, 3, 4, 8), torch.randn(2, 3, 4, 8)
     t = torch.tensor([0.9, 0.3])
     x_t = interpolate(x0, noise, t)
-    torch.testing.assert_close(
-        to_velocity(x0, x_t, t, "x0"), velocity_target(x0, noise), atol=1e-5, rtol=1e-5
-    )
-    v = velocity_target(x0, noise)
-    assert to_velocity(v, x_t, t, "velocity") is v
-
-
-def test_l1_loss_is_the_mean_absolute_error_of_the_same_prediction():
-    x0 = torch.randn(2, 2, 4, 8)
-    model = lambda x_t, t, c: torch.zeros_like(x_t)  # noqa: E731  (a velocity model predicting 0)
-    l1 = flow_matching_loss(model, x0, None, torch.Generator().manual_seed(0), norm="l1")
-    gen = torch.Generator().manual_seed(0)
-    noise = torch.randn(x0.shape, generator=gen)
-    assert l1.item() == pytest.approx((noise - x0).abs().mean().item(), rel=1e-6)
-    with pytest.raises(ValueError, match="norm"):
-        flow_matching_loss(model, x0, None, gen, norm="huber")
+    torch.testing.assert_close(to_velocity(x0, x_t, t), velocity_target(x0, noise), atol=1e-5, rtol=1e-5)
