@@ -108,23 +108,36 @@ def box_range_view(boxes: np.ndarray, pose: np.ndarray, sensor: Sensor) -> BoxVi
     height, width = sensor.shape
     rng = np.full(height * width, np.inf)
     index = np.full(height * width, -1, dtype=np.int64)
-    # 1. boxes into the sensor frame (yaw only: boxes stand upright, the sensor may pitch a little)
-    inv = np.linalg.inv(pose)
-    local = boxes.copy()
-    local[:, :3] = boxes[:, :3] @ inv[:3, :3].T + inv[:3, 3]
-    local[:, 6] = boxes[:, 6] - np.arctan2(pose[1, 0], pose[0, 0])
-    reach = np.hypot(local[:, 0], local[:, 1]) - 0.5 * np.hypot(local[:, 3], local[:, 4])
+    # 1. boxes into the level frame at the sensor (its heading only: boxes stand upright, the sensor may pitch
+    #    and roll with the terrain), where each box is still an upright yawed box and the slab test is exact
+    heading = np.arctan2(pose[1, 0], pose[0, 0])
+    c, s = np.cos(heading), np.sin(heading)
+    level_from_world = np.array([[c, s, 0.0], [-s, c, 0.0], [0.0, 0.0, 1.0]])
+    level = boxes.copy()
+    level[:, :3] = (boxes[:, :3] - pose[:3, 3]) @ level_from_world.T
+    level[:, 6] = boxes[:, 6] - heading
+    level_from_sensor = level_from_world @ pose[:3, :3]
+    reach = np.hypot(level[:, 0], level[:, 1]) - 0.5 * np.hypot(level[:, 3], level[:, 4])
     keep = np.flatnonzero(reach < sensor.max_range)
-    # 2. every (pixel, box) pair a box can cover, then one vectorised slab test
-    windows = _pixel_windows(local[keep], sensor)
+    # 2. pixel windows in the sensor frame, each box grown to hold itself tilted by the sensor's pitch and roll
+    inv = np.linalg.inv(pose)
+    local = boxes[keep].copy()
+    local[:, :3] = boxes[keep, :3] @ inv[:3, :3].T + inv[:3, 3]
+    sin_tilt = float(np.hypot(level_from_sensor[2, 0], level_from_sensor[2, 1]))
+    if sin_tilt > 0:
+        radius = 0.5 * np.hypot(local[:, 3], local[:, 4])
+        local[:, 3:5] *= ((radius + 0.5 * local[:, 5] * sin_tilt) / radius)[:, None]
+        local[:, 5] += 2.0 * radius * sin_tilt
+    # 3. every (pixel, box) pair a box can cover, then one vectorised slab test along the rays in the level frame
+    windows = _pixel_windows(local, sensor)
     pixels = np.concatenate(windows) if windows else np.zeros(0, np.int64)
     if len(pixels):
         owners = np.repeat(keep, [len(w) for w in windows])
-        dirs = sensor.ray_directions().reshape(-1, 3)[pixels]
-        t = _slab_entry(np.zeros(3), dirs, local[owners])
+        dirs = sensor.ray_directions().reshape(-1, 3)[pixels] @ level_from_sensor.T
+        t = _slab_entry(np.zeros(3), dirs, level[owners])
         ok = np.isfinite(t) & (t >= sensor.min_range) & (t <= sensor.max_range)
         pixels, owners, t = pixels[ok], owners[ok], t[ok]
-        # 3. the nearest box per pixel: sort by distance, keep each pixel's first
+        # 4. the nearest box per pixel: sort by distance, keep each pixel's first
         order = np.lexsort((t, pixels))
         first = np.ones(len(order), bool)
         first[1:] = pixels[order[1:]] != pixels[order[:-1]]

@@ -12,9 +12,13 @@ from lidar.sensors import HDL32, Sensor
 SENSOR = HDL32.with_width(256)
 
 
-def yaw_pose(x: float = 0.0, y: float = 0.0, z: float = 0.0, yaw: float = 0.0) -> np.ndarray:
+def yaw_pose(x: float = 0.0, y: float = 0.0, z: float = 0.0, yaw: float = 0.0, pitch_deg: float = 0.0,
+             roll_deg: float = 0.0) -> np.ndarray:
+    """world_from_sensor: heading `yaw`, then the sensor tilted (as on a slope) by pitch and roll."""
+    from scipy.spatial.transform import Rotation
+
     pose = np.eye(4)
-    pose[:2, :2] = [[np.cos(yaw), -np.sin(yaw)], [np.sin(yaw), np.cos(yaw)]]
+    pose[:3, :3] = Rotation.from_euler("ZYX", [yaw, np.deg2rad(pitch_deg), np.deg2rad(roll_deg)]).as_matrix()
     pose[:3, 3] = [x, y, z]
     return pose
 
@@ -65,10 +69,11 @@ def random_boxes(seed: int, count: int = 150) -> np.ndarray:
     return np.concatenate([boxes, far])
 
 
-@pytest.mark.parametrize("seed", [0, 1])
-def test_box_range_view_equals_a_brute_force_slab_test_over_every_pixel(seed):
+@pytest.mark.parametrize(("seed", "pitch", "roll"), [(0, 0.0, 0.0), (1, 0.0, 0.0), (4, 3.0, -2.0), (5, -4.0, 1.5)])
+def test_box_range_view_equals_a_brute_force_slab_test_over_every_pixel(seed, pitch, roll):
+    """Tilted sensors too (a drive follows the terrain): the boxes stand upright in the world, not the sensor."""
     boxes = random_boxes(seed)
-    pose = yaw_pose(0.7, -1.2, 0.3, yaw=0.9 + seed)
+    pose = yaw_pose(0.7, -1.2, 0.3, yaw=0.9 + seed, pitch_deg=pitch, roll_deg=roll)
     # boxes in the world frame, around the sensor
     boxes[:, :2] += pose[:2, 3]
     view = box_range_view(boxes, pose, SENSOR)
@@ -81,7 +86,7 @@ def test_box_range_view_equals_a_brute_force_slab_test_over_every_pixel(seed):
 
 def test_the_pixel_windows_never_miss_a_pixel_that_testing_every_pixel_finds(monkeypatch):
     boxes = random_boxes(2)
-    pose = yaw_pose(3.0, 4.0, 1.8, yaw=-2.5)
+    pose = yaw_pose(3.0, 4.0, 1.8, yaw=-2.5, pitch_deg=2.0, roll_deg=3.0)
     boxes[:, :2] += pose[:2, 3]
     windowed = box_range_view(boxes, pose, SENSOR)
     everything = np.arange(SENSOR.height * SENSOR.width)
