@@ -596,3 +596,107 @@ def test_hdl32_sweeps_meet_the_speed_target_on_one_core(urban):
         sim.scan(urban, pose, i * 0.1)
         times.append(time.process_time() - t0)
     assert np.median(times) < 0.1, f"median {np.median(times) * 1e3:.0f} ms per sweep"
+
+
+# ------------------------------------------------------------------------- HDMap.range_view (conditioning v2)
+def _flat_map(raised_from_x: float | None = None, layers: dict | None = None) -> HDMap:
+    """A flat map at height 0: road, or sidewalk (raised) wherever x >= `raised_from_x`."""
+    raster = np.full((400, 400), MAP_CLASS_INDEX["road"], dtype=np.uint8)
+    if raised_from_x is not None:
+        xs = -100.0 + 0.5 * (np.arange(400) + 0.5)
+        raster[:, xs >= raised_from_x] = MAP_CLASS_INDEX["sidewalk"]
+    return HDMap(layers=layers or {}, raster=raster, origin=(-100.0, -100.0), resolution=0.5,
+                 terrain=np.zeros((3, 3), np.float32), terrain_origin=(-200.0, -200.0), terrain_resolution=200.0)
+
+
+def _building(x0: float, x1: float, y0: float, y1: float, height: float) -> dict:
+    ring = [[x1, y1], [x0, y1], [x0, y0], [x1, y0], [x1, y1]]
+    return {"geometry": {"type": "Polygon", "coordinates": [ring]}, "properties": {"height": height}}
+
+
+def test_map_ground_range_on_a_flat_map_is_mount_height_over_the_sine_of_the_beam():
+    sensor = HDL32.with_width(128)
+    pose = np.eye(4)
+    pose[2, 3] = sensor.mount_height
+    view = _flat_map().range_view(pose, sensor)
+    analytic = sensor.mount_height / np.sin(-sensor.elevations)
+    hits = (sensor.elevations < 0) & (analytic <= sensor.max_range)
+    assert hits.sum() >= 20
+    np.testing.assert_allclose(view.ground[hits], np.broadcast_to(analytic[hits, None], (hits.sum(), 128)), rtol=1e-4)
+    assert (view.ground[~hits] == 0).all(), "no ground above the horizon or beyond max range"
+    assert (view.classes[hits] == MAP_CLASS_INDEX["road"]).all() and (view.classes[~hits] == 0).all()
+    assert (view.building == 0).all() and (view.vegetation == 0).all(), "a map without footprints hits none"
+    assert view.ground.dtype == view.building.dtype == np.float32 and view.ground.shape == sensor.shape
+
+
+def test_a_raised_class_is_met_one_curb_higher_at_a_shorter_range():
+    from lidar.sim.hdmap import CURB_HEIGHT
+
+    sensor = HDL32.with_width(128)
+    pose = np.eye(4)
+    pose[2, 3] = sensor.mount_height
+    view = _flat_map(raised_from_x=0.0).range_view(pose, sensor)  # sidewalk ahead, road behind
+    down = sensor.elevations < np.deg2rad(-3.0)
+    ahead, behind = sensor.width // 2, 0
+    np.testing.assert_allclose(
+        view.ground[down, ahead], (sensor.mount_height - CURB_HEIGHT) / np.sin(-sensor.elevations[down]), rtol=1e-4
+    )
+    np.testing.assert_allclose(view.ground[down, behind], sensor.mount_height / np.sin(-sensor.elevations[down])
+                               / np.cos(sensor.azimuths[behind] - np.pi), rtol=1e-3)
+    assert (view.classes[down, ahead] == MAP_CLASS_INDEX["sidewalk"]).all()
+    assert (view.classes[down, behind] == MAP_CLASS_INDEX["road"]).all()
+    # range_view_classes is the same ground class the range view carries
+    np.testing.assert_array_equal(_flat_map(raised_from_x=0.0).range_view_classes(pose, sensor), view.classes)
+
+
+def test_a_building_footprint_straight_ahead_gives_its_walls_distance_up_to_its_height():
+    sensor = HDL32.with_width(256)
+    pose = np.eye(4)
+    pose[2, 3] = sensor.mount_height
+    hdmap = _flat_map(layers={"building": [_building(20.0, 30.0, -10.0, 10.0, height=4.0)]})
+    boxes = hdmap.footprint_boxes["building"]
+    assert boxes.shape == (1, 7)
+    np.testing.assert_allclose(boxes[0, [0, 1, 3, 4]], [25.0, 0.0, 10.0, 20.0], atol=1e-6)
+    view = hdmap.range_view(pose, sensor)
+    col = sensor.width // 2
+    el = sensor.elevations
+    wall = 20.0 / (np.cos(el) * np.cos(sensor.azimuths[col]))
+    z = sensor.mount_height + wall * np.sin(el)
+    on_wall = (z > 0.05) & (z < 4.0 - 0.05)
+    assert on_wall.sum() >= 8
+    np.testing.assert_allclose(view.building[on_wall, col], wall[on_wall], rtol=1e-5)
+    above = z > 4.0 + 0.05
+    assert above.any() and (view.building[above, col] == 0).all(), "nothing above the roof line"
+    assert (view.building[:, : sensor.width // 4] == 0).all(), "nothing behind the sensor"
+    assert (view.vegetation == 0).all()
+
+
+def test_a_green_area_is_a_vegetation_block_of_the_fixed_height():
+    from lidar.sim.hdmap import VEGETATION_HEIGHT
+
+    green = _building(-20.0, -10.0, -5.0, 5.0, height=1.0)
+    green["properties"] = {}
+    hdmap = _flat_map(layers={"vegetation": [green]})
+    box = hdmap.footprint_boxes["vegetation"][0]
+    assert box[2] + box[5] / 2 == pytest.approx(VEGETATION_HEIGHT)  # top of the block above the flat terrain
+    sensor = HDL32.with_width(256)
+    pose = np.eye(4)
+    pose[2, 3] = sensor.mount_height
+    view = hdmap.range_view(pose, sensor)
+    assert (view.vegetation[:, 0] > 0).any() and (view.vegetation[:, sensor.width // 2] == 0).all()
+    assert (view.building == 0).all()
+
+
+def test_box_range_view_matches_brute_force_on_a_worlds_actor_layout(urban):
+    from lidar.boxes import box_range_view
+    from tests.test_boxes import brute_force_view
+
+    sensor = HDL32.with_width(256)
+    boxes = urban.boxes(0.0)["boxes"].astype(np.float64)
+    pose = plan_drive(urban, "straight", 1, seed=0)[0]
+    near = np.hypot(boxes[:, 0] - pose[0, 3], boxes[:, 1] - pose[1, 3]) < sensor.max_range + 10
+    view = box_range_view(boxes, pose, sensor)
+    expected_range, expected_index = brute_force_view(boxes, pose, sensor)
+    assert near.sum() >= 5 and (expected_range > 0).sum() > 50, "the drive must see some actors"
+    np.testing.assert_array_equal(view.index, expected_index)
+    np.testing.assert_allclose(view.range, expected_range, atol=1e-4)
