@@ -142,6 +142,11 @@ def rollout(
     if poses.ndim != 3 or poses.shape[1:] != (4, 4) or len(poses) < 1:
         raise ValueError(f"rollout: poses must be (T, 4, 4) world_from_sensor with T >= 1, got {poses.shape}")
     times = frame_times(len(poses), times)
+    if map_source is not None and not hasattr(map_source, "range_view"):
+        raise TypeError(
+            f"rollout: map_source must have range_view(pose, sensor) (an HDMap), got {type(map_source).__name__}; "
+            "a callable is no longer a map source"
+        )
     steps = config.default_steps if steps is None else int(steps)
     guidance = config.default_guidance if guidance is None else float(guidance)
     generator = seed if isinstance(seed, torch.Generator) else torch.Generator().manual_seed(int(seed))
