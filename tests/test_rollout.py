@@ -5,13 +5,19 @@ import pytest
 import torch
 
 from inference.cache import SpatialCache, transform_points
-from inference.conditioning import build_condition
+from inference.conditioning import LAYOUT_CLASSES, ConditionLayout, build_condition, layout_view
 from inference.network import WorldModel, WorldModelConfig
-from inference.rollout import Progress, cache_from_scans, rollout
+from inference.rollout import Progress, cache_from_scans, frame_times, rollout
+from lidar.boxes import box_range_view
 from lidar.formats import read_points
 from lidar.range_image import project, unproject
 from lidar.real_scans import real_scans_dir
 from lidar.sensors import VLP16
+from lidar.sim.actors import OBJECT_CLASSES, Actor
+from lidar.sim.hdmap import MAP_CLASS_INDEX, HDMap
+from lidar.sim.primitives import Shapes
+from lidar.sim.roads import RoadGraph
+from lidar.sim.world import World
 
 SENSOR = VLP16.with_width(64)
 
@@ -49,35 +55,55 @@ def straight_poses(frames: int, spacing: float = 1.0) -> np.ndarray:
     return poses
 
 
-def flat_map(pose: np.ndarray, sensor) -> np.ndarray:
-    """Beams below the horizon hit "road" (1), the steepest ones "lane_marking" (2), the rest miss (0)."""
-    elev = np.asarray(sensor.elevations_deg)[:, None]
-    return np.broadcast_to(np.where(elev < -5, 2, np.where(elev < 0, 1, 0)), sensor.shape).astype(np.uint8)
+def flat_hdmap() -> HDMap:
+    """An all-road map on the plane z = 0: every beam below the horizon meets ground within range."""
+    return HDMap(layers={}, raster=np.full((200, 200), MAP_CLASS_INDEX["road"], np.uint8), origin=(-100.0, -100.0),
+                 resolution=1.0, terrain=np.zeros((3, 3), np.float32), terrain_origin=(-200.0, -200.0),
+                 terrain_resolution=200.0)
+
+
+FLAT = flat_hdmap()
+
+
+def untrained(**overrides) -> WorldModel:
+    config = WorldModelConfig(sensor=SENSOR.to_dict(), base_channels=8, channel_mults=(1, 2, 2),
+                              strides=((1, 2), (2, 2)), **overrides)
+    torch.manual_seed(0)
+    return WorldModel(config).eval()
+
+
+def car_world(speed: float = 0.0) -> World:
+    """A flat world with one car 12 m ahead of the origin, facing +x (driving at `speed` m/s along x)."""
+    path = np.array([[12.0, 0.0], [200.0, 0.0]]) if speed else None
+    car = Actor(id=1, cls="car", size=(4.5, 1.9, 1.6), parts=Shapes.empty(), x=12.0, y=0.0, yaw=0.0, path=path,
+                speed=speed, s_stop=100.0)
+    graph = RoadGraph(nodes=np.zeros((0, 2)), roads=[], style="test")
+    return World(seed=0, style="test", hdmap=FLAT, graph=graph, actors=[car], scenery=Shapes.empty())
 
 
 def test_rollout_is_deterministic_per_seed_and_differs_across_seeds(model):
     poses = straight_poses(3)
-    a = rollout(model, poses, map_source=flat_map, seed=11)
-    b = rollout(model, poses, map_source=flat_map, seed=11)
-    c = rollout(model, poses, map_source=flat_map, seed=12)
+    a = rollout(model, poses, map_source=FLAT, seed=11)
+    b = rollout(model, poses, map_source=FLAT, seed=11)
+    c = rollout(model, poses, map_source=FLAT, seed=12)
     for fa, fb in zip(a.frames, b.frames, strict=True):
         np.testing.assert_array_equal(fa.range_image.range, fb.range_image.range)
         np.testing.assert_array_equal(fa.points, fb.points)
     np.testing.assert_array_equal(a.world, b.world)
     assert not np.array_equal(a.frames[0].range_image.range, c.frames[0].range_image.range)
     # a torch.Generator works as the seed too
-    g = rollout(model, poses, map_source=flat_map, seed=torch.Generator().manual_seed(11))
+    g = rollout(model, poses, map_source=FLAT, seed=torch.Generator().manual_seed(11))
     np.testing.assert_array_equal(g.frames[-1].points, a.frames[-1].points)
 
 
 def test_frames_are_decoded_sweeps_in_their_own_sensor_frame(model):
-    result = rollout(model, straight_poses(2), seed=0)
+    result = rollout(model, straight_poses(2), map_source=FLAT, seed=0)
     assert len(result.frames) == 2
     for i, frame in enumerate(result.frames):
         assert frame.index == i and frame.range_image.shape == SENSOR.shape
         np.testing.assert_array_equal(frame.points, unproject(frame.range_image, SENSOR))
         assert frame.points.dtype == np.float32 and frame.points.shape[1] == 4
-        assert len(frame.points) > 0  # a random net still yields some returns
+        assert len(frame.points) > 0  # the map's ground gives the prior returns
     assert result.world.shape[1] == 4 and len(result.world) > 0
     assert set(result.timings) == {"per_frame", "total", "frames_per_second"}
     assert len(result.timings["per_frame"]) == 2 and result.timings["frames_per_second"] > 0
@@ -97,7 +123,7 @@ def test_callback_sees_every_step_and_every_finished_frame(model):
 
 def test_generated_frames_feed_the_cache_unless_resimulating(model):
     poses = straight_poses(2)
-    result = rollout(model, poses, seed=0)
+    result = rollout(model, poses, map_source=FLAT, seed=0)
     assert len(result.cache) > 0
     seeded = cache_from_scans([result.frames[0].points], poses[:1])
     before = seeded.points()
@@ -117,8 +143,8 @@ def test_a_seeded_cache_changes_what_is_generated(model):
 
 def test_guidance_uses_the_map_dropped_branch(model):
     poses = straight_poses(1)
-    plain = rollout(model, poses, map_source=flat_map, seed=5, guidance=1.0)
-    guided = rollout(model, poses, map_source=flat_map, seed=5, guidance=3.0)
+    plain = rollout(model, poses, map_source=FLAT, seed=5, guidance=1.0)
+    guided = rollout(model, poses, map_source=FLAT, seed=5, guidance=3.0)
     assert not np.array_equal(plain.frames[0].range_image.range, guided.frames[0].range_image.range)
     # without a map there is nothing to guide towards: guidance is a no-op
     a = rollout(model, poses, seed=5, guidance=1.0)
@@ -126,18 +152,20 @@ def test_guidance_uses_the_map_dropped_branch(model):
     np.testing.assert_array_equal(a.frames[0].range_image.range, b.frames[0].range_image.range)
 
 
-def test_map_source_may_be_an_hdmap_like_object(model):
+def test_map_source_may_be_an_hdmap_like_object_and_a_callable_is_refused(model):
     class Map:
         calls = 0
 
-        def range_view_classes(self, pose, sensor):
+        def range_view(self, pose, sensor):
             Map.calls += 1
-            return flat_map(pose, sensor)
+            return FLAT.range_view(pose, sensor)
 
     via_object = rollout(model, straight_poses(2), map_source=Map(), seed=1)
-    via_callable = rollout(model, straight_poses(2), map_source=flat_map, seed=1)
+    via_hdmap = rollout(model, straight_poses(2), map_source=FLAT, seed=1)
     assert Map.calls == 2
-    np.testing.assert_array_equal(via_object.frames[1].points, via_callable.frames[1].points)
+    np.testing.assert_array_equal(via_object.frames[1].points, via_hdmap.frames[1].points)
+    with pytest.raises(TypeError, match="range_view"):
+        rollout(model, straight_poses(1), map_source=lambda pose, sensor: None)
 
 
 def test_bad_poses_and_scans_are_named(model):
@@ -158,31 +186,84 @@ def test_forecast_from_a_real_kitti_scan_produces_frames_conditioned_on_it(model
     scan = read_points(REAL_SCANS / "kitti_patchworkpp_000000.bin")
     poses = straight_poses(3)
     cache = cache_from_scans([scan.points], poses[:1])
-    cond = build_condition(cache.points(), poses[0], None, SENSOR)
+    cond = build_condition(cache.points(), poses[0], None, None, SENSOR)
     assert cond[2].mean() > 0.5  # the scan covers most of the small sensor's view
     result = rollout(model, poses[1:], cache=cache, seed=0)
     assert len(result.frames) == 2 and all(len(f.points) > 0 for f in result.frames)
     assert len(result.cache) > len(scan.points) // 20
 
 
-def test_a_fresh_cache_residual_model_re_renders_the_cache_from_a_new_pose():
-    """Zero-initialised corrections: the untrained model is the cache-only baseline, exactly."""
-    config = WorldModelConfig(
-        sensor=SENSOR.to_dict(),
-        base_channels=8,
-        channel_mults=(1, 2, 2),
-        strides=((1, 2), (2, 2)),
-        cache_residual=True,
-    )
+def test_an_untrained_model_re_renders_the_cache_from_a_new_pose():
+    """Zero-initialised corrections: where the cache returns, the untrained model is the cache-only baseline."""
     rng = np.random.default_rng(0)
     r = rng.uniform(5, 40, SENSOR.shape)
     scan = np.concatenate(
         [(SENSOR.ray_directions() * r[..., None]).reshape(-1, 3), rng.random((r.size, 1))], 1
     ).astype(np.float32)
     poses = straight_poses(2, spacing=0.5)
-    result = rollout(WorldModel(config).eval(), poses[1:], cache=cache_from_scans([scan], poses[:1]), seed=0)
+    result = rollout(untrained(), poses[1:], cache=cache_from_scans([scan], poses[:1]), seed=0)
     expected = project(transform_points(transform_points(scan, poses[0]), np.linalg.inv(poses[1])), SENSOR)
     got = result.frames[0].range_image
     np.testing.assert_array_equal(got.mask, expected.mask)
     np.testing.assert_allclose(got.range, expected.range, rtol=1e-4)
     np.testing.assert_allclose(got.intensity, expected.intensity, atol=1e-4)
+
+
+def test_a_worlds_layout_fills_the_condition_and_an_untrained_model_draws_the_box_ahead():
+    world = car_world()
+    poses = straight_poses(1)
+    boxes = world.boxes(0.0)
+    view = layout_view(boxes["boxes"], boxes["box_class"], poses[0], SENSOR)
+    cond = build_condition(None, poses[0], None, view, SENSOR)
+    lay = ConditionLayout()
+    car = LAYOUT_CLASSES.index("car")
+    seen = view.range > 0
+    assert seen.sum() >= 4 and (cond[lay.box_range + 1 + car].numpy() == seen).all()
+    assert (cond[lay.coords_start - 1] == 1).all()
+    # nothing else known: the untrained model's sweep is exactly the box, at the box's range
+    frame = rollout(untrained(), poses, layout=world.boxes, seed=0).frames[0].range_image
+    np.testing.assert_array_equal(frame.mask, seen)
+    np.testing.assert_allclose(frame.range[seen], view.range[seen], rtol=1e-4)
+    near_face = 12.0 - 4.5 / 2
+    assert abs(frame.range[seen].min() - near_face) < 0.3
+    without = rollout(untrained(), poses, seed=0).frames[0].range_image
+    assert not without.mask.any()
+
+
+def test_each_frame_sees_the_layout_at_its_own_time():
+    world = car_world(speed=10.0)  # 1 m per frame at 10 Hz
+    poses = np.repeat(straight_poses(1), 3, axis=0)  # the ego stands still
+    asked: list[float] = []
+
+    def layout(t: float) -> dict:
+        asked.append(t)
+        return world.boxes(t)
+
+    result = rollout(untrained(), poses, layout=layout, seed=0, update_cache=False)
+    np.testing.assert_allclose(asked, [0.0, 0.1, 0.2])
+    nearest = [f.range_image.range[f.range_image.mask].min() for f in result.frames]
+    np.testing.assert_allclose(np.diff(nearest), [1.0, 1.0], atol=0.1)  # the car drives away
+    later = rollout(untrained(), poses[:1], layout=layout, times=np.array([0.5]), seed=0)
+    assert asked[-1] == 0.5
+    expected = box_range_view(world.boxes(0.5)["boxes"], poses[0], SENSOR).range
+    np.testing.assert_allclose(later.frames[0].range_image.range, expected, rtol=1e-4)
+
+
+def test_a_rollout_with_map_and_layout_is_deterministic_per_seed(model):
+    world = car_world(speed=5.0)
+    poses = straight_poses(2, spacing=0.5)
+    a = rollout(model, poses, map_source=world.hdmap, layout=world.boxes, seed=4)
+    b = rollout(model, poses, map_source=world.hdmap, layout=world.boxes, seed=4)
+    c = rollout(model, poses, map_source=world.hdmap, layout=None, seed=4)
+    for fa, fb in zip(a.frames, b.frames, strict=True):
+        np.testing.assert_array_equal(fa.points, fb.points)
+    assert not np.array_equal(a.frames[0].range_image.range, c.frames[0].range_image.range)
+
+
+def test_times_must_give_one_finite_second_per_pose(model):
+    with pytest.raises(ValueError, match="times must be 3"):
+        rollout(model, straight_poses(3), times=np.array([0.0, 0.1]))
+    with pytest.raises(ValueError, match="times"):
+        rollout(model, straight_poses(2), times=np.array([0.0, np.nan]))
+    np.testing.assert_allclose(frame_times(3, None, start=2.0), [2.0, 2.1, 2.2])
+    assert OBJECT_CLASSES[car_world().boxes()["box_class"][0]] == "car"
