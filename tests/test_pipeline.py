@@ -200,7 +200,10 @@ def test_bf16_pipeline_returns_float32_points(tmp_path):
     """bf16 is the CUDA default; the same plumbing must hold on CPU (points stay float32 for the writers)."""
     pipe = load_pipeline(write_release(tmp_path / "r", tiny_model(seed=3)), dtype="bf16")
     assert pipe.provenance.dtype == "bfloat16"
-    out = pipe.sample_sweep(steps=1, seed=0)
+    # v2 anchors on the prior: with nothing known a near-untrained model returns nothing, so give it a cache
+    ring = (pipe.sensor.ray_directions() * 8.0).reshape(-1, 3) + np.array([0.0, 0.0, pipe.sensor.mount_height])
+    cache = np.concatenate([ring, np.full((len(ring), 1), 0.5)], 1).astype(np.float32)
+    out = pipe.sample_sweep(cache_points=cache, steps=1, seed=0)
     assert out.frames[0].points.dtype == np.float32 and len(out.frames[0].points) > 0
 
 
@@ -218,3 +221,26 @@ def test_embedded_default_loads_with_no_arguments(monkeypatch):
     )
     out = pipe.sample_sweep(steps=1, seed=0)
     assert out.frames[0].range_image.shape == pipe.sensor.shape and len(out.frames[0].points) > 0
+
+
+def test_map_is_a_world_or_an_hdmap_and_a_world_conditions_on_its_actor_layout(pipe, monkeypatch):
+    """A World gives rollout its HD map and its boxes (10 Hz from World.time); an HDMap the map only."""
+    import inference.pipeline as pipeline_module
+    from tests.test_rollout import car_world
+
+    seen = {}
+    real = pipeline_module.rollout
+
+    def spy(model, poses, **kwargs):
+        seen.update(kwargs)
+        return real(model, poses, **kwargs)
+
+    monkeypatch.setattr(pipeline_module, "rollout", spy)
+    world = car_world().at_time(2.0)
+    pipe.sample_sweep(map=world, steps=1, seed=0)
+    assert seen["map_source"] is world.hdmap and seen["layout"] == world.boxes
+    np.testing.assert_allclose(seen["times"], [2.0])
+    pipe.sample_sweep(map=world.hdmap, steps=1, seed=0)
+    assert seen["map_source"] is world.hdmap and seen["layout"] is None
+    with pytest.raises(ValueError, match=r"World.*HDMap"):
+        pipe.sample_sweep(map=lambda pose, sensor: None, steps=1, seed=0)
