@@ -110,6 +110,24 @@ def test_card_includes_the_evaluation_table_when_given(job, tmp_path: Path) -> N
 
 
 
+def test_release_carries_the_evaluation_pictures_and_the_card_shows_them(job, tmp_path: Path) -> None:
+    from PIL import Image
+
+    pictures = tmp_path / "pictures"
+    pictures.mkdir()
+    Image.new("RGB", (8, 4), (10, 20, 30)).save(pictures / "eval_sim_bev.png")
+    (pictures / "unrelated.png").write_bytes(b"not copied")
+    release = tmp_path / "release"
+    export(job[0], release, pictures=pictures)
+    assert sorted(p.name for p in release.iterdir()) == ["README.md", "config.json", "eval_sim_bev.png",
+                                                          "model.safetensors"]
+    assert Image.open(release / "eval_sim_bev.png").getpixel((0, 0)) == (10, 20, 30)
+    card = (release / "README.md").read_text()
+    assert "](eval_sim_bev.png)" in card and "eval_kitti_bev.png" not in card
+    export(job[0], release, pictures=pictures)  # a release with pictures can be replaced by the next export
+    assert main([str(job[0]), str(tmp_path / "other"), "--pictures", str(tmp_path / "missing")]) == 2
+
+
 def test_loss_curve_summary_averages_stretches_and_ends_at_the_last_iteration() -> None:
     losses = [[i, float(i)] for i in range(1, 101)]
     rows = loss_curve_rows(losses, points=4)

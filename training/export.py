@@ -42,8 +42,10 @@ from training.progress import read_progress, wall_seconds
 logger = logging.getLogger(__name__)
 
 CARD_NAME = "README.md"
+#: The evaluation's pictures (`training.evaluate --pictures`) a release may carry for its card.
+PICTURE_FILES = ("eval_sim_bev.png", "eval_kitti_bev.png")
 #: Everything a release folder holds; exporting replaces the whole folder, so nothing else may be in it.
-RELEASE_FILES = (CONFIG_NAME, WEIGHTS_NAME, CARD_NAME)
+RELEASE_FILES = (CONFIG_NAME, WEIGHTS_NAME, CARD_NAME, *PICTURE_FILES)
 #: The card's YAML front matter: what the Hub shows and searches (license, library, task, tags).
 CARD_METADATA: dict[str, Any] = {
     "license": "apache-2.0",
@@ -69,10 +71,12 @@ def export(
     metrics: dict[str, Any] | None = None,
     notes: list[str] | None = None,
     base_model: str | None = None,
+    pictures: Path | None = None,
 ) -> Path:
     """Publish the release of the job's newest valid checkpoint at `out_dir`; return the weights path.
 
-    `base_model` (a Hub id) goes into the card's metadata when the job continued another release.
+    `base_model` (a Hub id) goes into the card's metadata when the job continued another release;
+    `pictures` is a folder written by `training.evaluate --pictures`, whose BEV panels the card shows.
     """
     # 1. The job's own record of how it was trained.
     cfg = TrainConfig.from_json(job_dir / CONFIG_NAME)
@@ -95,8 +99,9 @@ def export(
         dataset = _dataset_summary(Path(cfg.data_root))
         release_config = _release_config(cfg, progress, model, iteration, dataset)
         atomic_write_text(staging / CONFIG_NAME, json.dumps(release_config, indent=2) + "\n")
+        shown = _copy_pictures(pictures, staging)
         card = model_card(cfg, progress, dataset, iteration, model.num_parameters(), weights, metrics,
-                          notes or [], base_model)
+                          notes or [], base_model, shown)
         atomic_write_text(staging / CARD_NAME, card)
         # 4. Read it back as every user will.
         verify_release(staging, state, iteration)
@@ -108,6 +113,19 @@ def export(
     logger.info("exported %s (iteration %d, %.1f MB) to %s", source, iteration,
                 (out_dir / WEIGHTS_NAME).stat().st_size / 1e6, out_dir)
     return out_dir / WEIGHTS_NAME
+
+
+def _copy_pictures(pictures: Path | None, staging: Path) -> list[str]:
+    """Copy the evaluation pictures that exist into the staged release; their names, for the card."""
+    if pictures is None:
+        return []
+    if not pictures.is_dir():
+        raise FileNotFoundError(f"--pictures {pictures} is not a folder; expected `training.evaluate --pictures` output")
+    shown = [name for name in PICTURE_FILES if (pictures / name).is_file()]
+    for name in shown:
+        shutil.copyfile(pictures / name, staging / name)
+        fsync_file(staging / name)
+    return shown
 
 
 def check_replaceable(out_dir: Path) -> None:
@@ -300,7 +318,7 @@ def card_metadata(base_model: str | None = None) -> str:
 
 def model_card(cfg: TrainConfig, progress: dict[str, Any], dataset: dict[str, Any], iteration: int,
                parameters: int, weights: Path, metrics: dict[str, Any] | None, notes: list[str],
-               base_model: str | None = None) -> str:
+               base_model: str | None = None, pictures: list[str] | None = None) -> str:
     sensor = cfg.model["sensor"]
     launches = progress["launches"]
     commands = list(dict.fromkeys(launch["command"] for launch in launches))  # in launch order
@@ -313,9 +331,12 @@ def model_card(cfg: TrainConfig, progress: dict[str, Any], dataset: dict[str, An
         "",
         "A causal, few-step (rectified flow, 4 Euler steps by default), block-autoregressive LiDAR world model:",
         f"a {parameters / 1e6:.2f} M-parameter range-image UNet with circular azimuth padding that generates the next",
-        f"360° sweep of a {sensor['name']} ({len(sensor['elevations_deg'])} x {sensor['width']}) conditioned on the HD map",
-        "ray-cast from the new pose, the rolling spatial cache of everything generated so far, and beam/azimuth",
-        "coordinates. It was trained in this repository, on the CPU, from the procedural simulator only.",
+        f"360° sweep of a {sensor['name']} ({len(sensor['elevations_deg'])} x {sensor['width']}). Each frame starts from a",
+        "deterministic prior (the rolling spatial cache of everything generated or observed, else the HD map's",
+        "ground and buildings, with the actors' 3-D boxes in front) and the network predicts a log-range residual",
+        "to it plus a return (ray-drop) logit, conditioned on the cache, the map's geometry and classes, the actor",
+        "layout and beam/azimuth coordinates. It was trained in this repository, on the CPU, from the procedural",
+        "simulator only.",
         "",
         "| file | what |",
         "|---|---|",
@@ -346,8 +367,11 @@ def model_card(cfg: TrainConfig, progress: dict[str, Any], dataset: dict[str, An
         "unprojected, corrupted with `augment_cache_points` "
         f"(dropout {cfg.augment.dropout}, range noise {cfg.augment.range_noise} m, pose jitter "
         f"{cfg.augment.jitter_translation} m / {cfg.augment.jitter_rotation_deg}°) and merged in a `SpatialCache`;",
-        f"the cache is emptied with probability {cfg.model['p_drop_cache']} (first frame) and the map dropped with "
-        f"probability {cfg.model['p_drop_map']} (free generation / CFG).",
+        f"the actor layout is the frame's boxes with {cfg.augment.layout_missing:.0%} missing, centres shifted by "
+        f"{cfg.augment.layout_center_noise} m and, {cfg.augment.layout_stale:.0%} of the time, 1-3 frames stale.",
+        f"The cache is emptied with probability {cfg.model['p_drop_cache']} (first frame), the map dropped with "
+        f"probability {cfg.model['p_drop_map']} (free generation / CFG) and the layout with "
+        f"{cfg.model.get('p_drop_layout', 0.0)} (real-data forecasting).",
         "",
         "## Training",
         "",
@@ -379,13 +403,19 @@ def model_card(cfg: TrainConfig, progress: dict[str, Any], dataset: dict[str, An
         lines += ["Not evaluated yet: run `python -m training.evaluate --model weights/default --json`.", ""]
     else:
         lines += evaluation_section(metrics)
+    for name in pictures or []:
+        what = "simulated drive: ground truth | forecast | generate" if "sim" in name else "real KITTI pair"
+        lines += [f"![{what}]({name})", ""]
     if notes:
         lines += ["## Notes", "", *[f"- {note}" for note in notes], ""]
     lines += [
         "## Limitations",
         "",
         "- Trained on simulated worlds only (boxes, cylinders and ellipsoids on a procedural road network); real",
-        "  scans are out of distribution: forecasts from them show the model's prior more than the scene.",
+        "  scans are out of distribution. On them there is no map or layout, so the prior is the observed sweep",
+        "  moved to the new pose and the model mostly fills its holes.",
+        "- What the map does not list (trees, poles, signs, walls, fences, parked clutter) is generated from",
+        "  scratch where nothing observed covers it, and comes out softer than the ground truth.",
         f"- One sensor geometry ({sensor['name']}, {sensor['width']} columns); other sensors are re-projected.",
         "- Small and briefly trained on 2 CPU cores; quality figures above are what it reaches, not a ceiling.",
         "",
@@ -406,6 +436,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("out_dir", type=Path, help="release folder to write (e.g. weights/default)")
     parser.add_argument("--metrics", type=Path, default=None, help="`training.evaluate --json` output for the card")
     parser.add_argument("--note", action="append", default=[], help="a line for the card's Notes (repeatable)")
+    parser.add_argument("--pictures", type=Path, default=None,
+                        help="folder of `training.evaluate --pictures` output; the card shows its BEV panels")
     parser.add_argument("--base-model", metavar="ORG/NAME", default=None,
                         help="Hub id of the release this job continued (card metadata)")
     parser.add_argument("--push-to-hub", metavar="ORG/NAME", default=None,
@@ -422,8 +454,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     metrics = json.loads(args.metrics.read_text()) if args.metrics else None
     try:
-        export(args.job_dir, args.out_dir, metrics, args.note, args.base_model)
-    except (FileExistsError, ReleaseVerificationError) as e:
+        export(args.job_dir, args.out_dir, metrics, args.note, args.base_model, args.pictures)
+    except (FileExistsError, FileNotFoundError, ReleaseVerificationError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     if args.push_to_hub is None:
