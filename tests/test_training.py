@@ -148,6 +148,50 @@ def test_samples_are_a_pure_function_of_seed_iteration_and_rank(tiny_data: Path)
     assert any(not torch.equal(samples[(k, 0, 0)]["cond"], reseeded[(k, 0, 0)]["cond"]) for k in range(5))
 
 
+def _samples_with(tiny_data: Path, p_drop_layout: float = 0.15, **augment) -> WorldModelSamples:
+    base = tiny_config(tiny_data)
+    cfg = TrainConfig.from_dict({**base, "model": {**base["model"], "p_drop_layout": p_drop_layout},
+                                 "augment": augment})
+    return WorldModelSamples(load_drives(cfg.data_root, TINY_SENSOR), cfg)
+
+
+def test_a_samples_layout_block_is_sometimes_dropped_and_otherwise_holds_the_frames_boxes(tiny_data: Path) -> None:
+    from inference.conditioning import ConditionLayout, empty_condition
+
+    samples = _samples_with(tiny_data, p_drop_layout=0.5)
+    lay = ConditionLayout(WorldModelConfig.from_dict(samples.cfg.model).num_map_classes)
+    empty = torch.from_numpy(empty_condition(TINY_SENSOR))[lay.layout_block]
+    conds = [samples[(k, 0, 0)]["cond"] for k in range(16)]
+    dropped = [torch.equal(c[lay.layout_block], empty) for c in conds]
+    kept = [c for c, d in zip(conds, dropped, strict=True) if not d]
+    assert 3 <= sum(dropped) <= 13
+    assert all((c[lay.coords_start - 1] == 1).all() for c in kept), "a kept layout raises its flag"
+    assert any((c[lay.box_range] > -1).any() for c in kept), "the drives' actors show in some kept layouts"
+    for c in kept:  # every pixel with a box range has exactly one class, and only those
+        has_box = c[lay.box_range] > -1
+        assert torch.equal(c[lay.box_range + 1 : lay.coords_start - 1].sum(0), has_box.float())
+
+
+def test_the_layout_is_the_frames_boxes_unless_augmented_and_missing_actors_drop_out(tiny_data: Path) -> None:
+    from inference.conditioning import layout_view
+
+    exact = _samples_with(tiny_data, layout_missing=0.0, layout_stale=0.0, layout_center_noise=0.0)
+    drive = exact.drives[0]
+    frames = [t for t in range(len(drive)) if (layout_view(*drive.frame_boxes(t), drive.poses[t], TINY_SENSOR)
+                                               .range > 0).any()]
+    assert frames, "the tiny drive must see an actor"
+    t = frames[-1]
+    want = layout_view(*drive.frame_boxes(t), drive.poses[t], TINY_SENSOR)
+    got = exact.layout_at(drive, t, np.random.default_rng(0))
+    np.testing.assert_array_equal(got.range, want.range)
+    np.testing.assert_array_equal(got.classes, want.classes)
+    missing = _samples_with(tiny_data, layout_missing=0.99, layout_stale=0.0, layout_center_noise=0.0)
+    assert (missing.layout_at(drive, t, np.random.default_rng(0)).range > 0).sum() < (want.range > 0).sum()
+    a = missing.layout_at(drive, t, np.random.default_rng(5))
+    b = missing.layout_at(drive, t, np.random.default_rng(5))
+    np.testing.assert_array_equal(a.range, b.range)
+
+
 def test_a_resumed_sampler_yields_exactly_the_remaining_batches() -> None:
     full = list(StepBatches(0, 10, 3, rank=1))
     assert list(StepBatches(4, 10, 3, rank=1)) == full[4:]
