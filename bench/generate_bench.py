@@ -24,7 +24,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from inference.network import IMAGE_CHANNELS, WorldModel, WorldModelConfig
-from inference.rollout import rollout
+from inference.rollout import frame_times, rollout
 from lidar.sim import make_world, plan_drive
 
 TARGET_FPS = 2.0
@@ -80,7 +80,9 @@ def main() -> None:
     model, origin = load_model(args.model, args.device)
     world = make_world(args.map_seed, "urban")
     poses = plan_drive(world, "straight", args.frames + 1, seed=0, mount_height=model.sensor.mount_height)
-    rollout(model, poses[:1], map_source=world.hdmap, steps=1, seed=0)  # warm-up: allocator, kernels
+    times = frame_times(len(poses), None, world.time)  # 10 Hz: the actors are where each frame sees them
+    scene = {"map_source": world.hdmap, "layout": world.boxes}  # the full v2 condition: map + actor layout
+    rollout(model, poses[:1], **scene, times=times[:1], steps=1, seed=0)  # warm-up: allocator, kernels
     forward_s = time_forward(model)
     default_steps = model.config.default_steps
 
@@ -90,7 +92,7 @@ def main() -> None:
         f"{torch.get_num_threads()}; load average {os.getloadavg()[0]:.2f}"
     )
     print(
-        f"rollout of {args.frames} frames on map seed {args.map_seed} (map ray-cast, condition, sampling, "
+        f"rollout of {args.frames} frames on map seed {args.map_seed} (map + layout ray-casts, condition, sampling, "
         f"decode, unproject, cache update); one forward pass = {1000 * forward_s:.1f} ms\n"
     )
     print(
@@ -98,7 +100,7 @@ def main() -> None:
     )
     print("|---:|---:|---:|---:|---:|---:|---:|")
     for steps in args.steps:
-        result = rollout(model, poses[1:], map_source=world.hdmap, steps=steps, seed=0)
+        result = rollout(model, poses[1:], **scene, times=times[1:], steps=steps, seed=0)
         fps = result.timings["frames_per_second"]
         bare_fps = 1.0 / (steps * forward_s)
         points = np.mean([len(f.points) for f in result.frames])

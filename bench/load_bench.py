@@ -125,11 +125,12 @@ def bench_generate(release: Path, frames: int, steps: int, repeats: int) -> None
     pipe = load_pipeline(release, device="cpu")
     world = make_world(3, "urban")
     poses = plan_drive(world, "turn_left", frames, seed=0, mount_height=pipe.sensor.mount_height)
-    rollout(pipe.model, poses[:1], map_source=world.hdmap, steps=steps)  # warm-up
+    scene = {"map_source": world.hdmap, "layout": world.boxes}  # what generate_world(map=World) conditions on
+    rollout(pipe.model, poses[:1], **scene, steps=steps)  # warm-up
     direct, piped = [], []
     for _ in range(repeats):
         start = time.perf_counter()
-        rollout(pipe.model, poses, map_source=world.hdmap, steps=steps, seed=0)
+        rollout(pipe.model, poses, **scene, steps=steps, seed=0)
         direct.append(time.perf_counter() - start)
         start = time.perf_counter()
         pipe.generate_world(map=world, action="turn_left", frames=frames, steps=steps, seed=0)
