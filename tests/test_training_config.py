@@ -35,7 +35,7 @@ def test_default_config_loads_and_round_trips() -> None:
         ("betas", [0.9]),
         ("data_root", ""),
         ("model", {}),
-        ("loss_norm", "l3"),
+        ("loss_norm", "l1"),  # removed with the v2 objective: refused as unknown, by name
     ],
 )
 def test_bad_value_names_the_field(field: str, value: object) -> None:
@@ -49,6 +49,17 @@ def test_bad_augment_value_names_the_nested_field() -> None:
     data = _default()
     data["augment"] = {**data.get("augment", {}), "dropout": 1.5}
     with pytest.raises(ValueError, match=r"augment\.dropout"):
+        TrainConfig.from_dict(data)
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [("layout_missing", 1.0), ("layout_stale", -0.1), ("layout_center_noise", -1.0), ("layout_center_noise", 50.0)],
+)
+def test_bad_layout_augmentation_names_the_nested_field(field: str, value: float) -> None:
+    data = _default()
+    data["augment"] = {**data.get("augment", {}), field: value}
+    with pytest.raises(ValueError, match=rf"augment\.{field}"):
         TrainConfig.from_dict(data)
 
 
