@@ -5,6 +5,10 @@ files (lidar.formats) are other packages' business; this file holds the page lay
 the per-request scratch folder and the small formatting that turns a rollout into Gradio outputs.
 
     python app.py [--model SRC] [--host H] [--port P] [--share] [--threads N]
+                  [--allow-model-switch [--allow-source SRC ...]] [--allow-any-source]
+
+A public Space serves the model it was started with: visitors can read where it came from (a label,
+never a server path) but not switch it, unless the operator allows switching among named sources.
 """
 
 from __future__ import annotations
@@ -24,6 +28,8 @@ import io
 import json
 import logging
 import math
+import os
+import re
 import secrets
 import shutil
 import tempfile
@@ -44,6 +50,7 @@ from inference import MAX_STEPS as PIPELINE_MAX_STEPS
 from inference import LidarVersePipeline, ModelSourceError, RolloutResult, load_pipeline, write_rollout
 from inference import Progress as RolloutProgress
 from inference.cache import transform_points
+from inference.loader import MODEL_ENV, env_flag
 from lidar import render
 from lidar.formats import check_sensor, detect_sensor, read_points, write_points
 from lidar.real_scans import real_scans_dir
@@ -73,12 +80,76 @@ VIEWER_MAX_POINTS = 400_000
 VIEWER_BACKGROUND = (0.05, 0.05, 0.08, 1.0)  # RGBA; dark, so height colours stand out
 PATH_COLOUR = (0, 220, 255)
 APP_DIR = Path(__file__).resolve().parent
-# The shared real scans (examples of the forecast tab); absent in a bare clone.
+#: Real sweeps shipped with the app (licences in its README): the forecast examples of a fresh clone.
+EXAMPLE_SCANS_DIR = APP_DIR / "examples" / "scans"
+# The shared real scans (more forecast examples); absent in a bare clone.
 REAL_SCANS_DIR = real_scans_dir()
+#: The release shipped in the repository, as visitors see it named.
+DEFAULT_SOURCE = "weights/default"
+#: Environment variable that turns model switching on, like --allow-model-switch (a Space sets it in its settings).
+SWITCH_ENV = "LIDARVERSE_ALLOW_MODEL_SWITCH"
 
 
 #: The loaded model. Swapped whole by the Model tab; each request reads it once, at its start.
 PIPELINE: LidarVersePipeline | None = None
+#: What visitors see as the loaded model's source: a repo-relative path, a Hub id or a folder name.
+SOURCE_LABEL = DEFAULT_SOURCE
+
+
+@dataclass(frozen=True)
+class ModelSwitch:
+    """The sources visitors may switch the served model to; `SWITCH` is None (no switching) unless the
+    operator starts the app with --allow-model-switch, because a load replaces the model for everyone."""
+
+    #: label shown to visitors -> source passed to `load_pipeline` (absolute paths stay on the server)
+    sources: dict[str, str]
+    #: local development only (--allow-any-source): any path or Hub id a visitor types is loaded
+    allow_any: bool = False
+
+    @classmethod
+    def of(cls, sources: list[str], allow_any: bool = False) -> ModelSwitch:
+        """Label each source for visitors, once per folder; a label two sources share gets a number."""
+        labelled: dict[str, str] = {}
+        seen: set[str] = set()
+        for source in sources:
+            key = str(Path(source).resolve()) if Path(source).exists() else source
+            if key in seen:
+                continue
+            seen.add(key)
+            base = public_text(source)
+            label, k = base, 2
+            while label in labelled:
+                label, k = f"{base} ({k})", k + 1
+            labelled[label] = source
+        return cls(labelled, allow_any)
+
+    def source_for(self, label: str) -> str:
+        """The source behind a visitor's choice, or a gr.Error naming what is offered."""
+        if label in self.sources:
+            return self.sources[label]
+        if self.allow_any and label:
+            return str(APP_DIR / label) if (APP_DIR / label).exists() else label  # repo-relative from any cwd
+        raise gr.Error(f"{public_text(label)!r} is not a model this server offers; choose one of: "
+                       f"{', '.join(self.sources)}.")
+
+
+SWITCH: ModelSwitch | None = None
+
+#: An absolute (or home-relative) path inside a message: not after a word character, a dot, a colon or a
+#: slash, so Hub ids (org/name) and URLs are left alone.
+_SERVER_PATH = re.compile(r"(?<![\w.:/~-])[/~][^\s'\"`,;()\[\]{}<>]*")
+
+
+def public_text(text: str) -> str:
+    """`text` with every server path cut to what a visitor may see: repo-relative inside the app's folder,
+    else its last component. The server log keeps the full paths."""
+    return _SERVER_PATH.sub(lambda match: _public_path(Path(match.group()).expanduser()), text)
+
+
+def _public_path(path: Path) -> str:
+    if path.is_relative_to(APP_DIR):
+        return str(path.relative_to(APP_DIR))
+    return path.name or "(server path)"
 
 
 def _pipeline() -> LidarVersePipeline:
@@ -143,7 +214,7 @@ def _user_errors(what: str, path: Path | None = None) -> Iterator[None]:
     except gr.Error:
         raise
     except ValueError as err:  # the pipeline's and the readers' input checks (PointCloudError included)
-        message = str(err) if path is None else str(err).replace(str(path), path.name)
+        message = public_text(str(err) if path is None else str(err).replace(str(path), path.name))
         raise gr.Error(f"{what}: {message}") from None
     except Exception as err:
         logger.exception("%s failed", what)
@@ -390,27 +461,47 @@ def reset_frame_viewer(frame_pngs: list[tuple[bytes, bytes]] | None) -> tuple:
 
 
 def model_info() -> dict[str, Any]:
-    """Where the loaded weights came from: source, iteration, EMA or regular, parameters, sensor, device."""
-    return json.loads(json.dumps(_pipeline().provenance.to_dict(), default=str))
+    """Where the loaded weights came from (source, iteration, EMA or regular, parameters, sensor, device),
+    as a visitor may see it: the source by its label, file names without server paths."""
+    info = json.loads(json.dumps(_pipeline().provenance.to_dict(), default=str))
+    info = {key: public_text(value) if isinstance(value, str) else value for key, value in info.items()}
+    info["notes"] = [public_text(note) for note in info["notes"]]
+    info["source"] = SOURCE_LABEL
+    return info
 
 
-def load_model(source: str | None) -> LidarVersePipeline:
+def source_label(source: str | None) -> str:
+    """How visitors see a start-up source: None is $LIDARVERSE_MODEL or the shipped release."""
+    return public_text(source or os.environ.get(MODEL_ENV, "").strip() or DEFAULT_SOURCE)
+
+
+def load_model(source: str | None, label: str | None = None) -> LidarVersePipeline:
     """Load a pipeline and make it the one every tab uses (startup and the Model tab)."""
-    global PIPELINE
+    global PIPELINE, SOURCE_LABEL
     PIPELINE = load_pipeline(source)
-    logger.info("model loaded: %s", PIPELINE.provenance.to_dict())
+    SOURCE_LABEL = label or source_label(source)
+    logger.info("model loaded as %r: %s", SOURCE_LABEL, PIPELINE.provenance.to_dict())
     return PIPELINE
 
 
-def reload_model(source: Any) -> tuple[dict[str, Any], str]:
-    """Switch to another checkpoint: a release folder, a Hub id, or a training job dir's latest."""
-    source = (str(source).strip() if source is not None else "") or None
-    if source is not None and (APP_DIR / source).exists():  # "weights/default" and job dirs, from any cwd
-        source = str(APP_DIR / source)
+def reload_model(choice: Any) -> tuple[dict[str, Any], str]:
+    """Switch the served model, when the operator allows it, to one of the offered sources (or, in local
+    development, to any path or Hub id). A failure keeps the old model and tells the visitor no more
+    than that: loader messages name server paths and folder contents, so they go to the log only."""
+    if SWITCH is None:
+        raise gr.Error("Model switching is off on this server: it serves the model it was started with.")
+    label = str(choice if choice is not None else "").strip()
+    source = SWITCH.source_for(label)
     start = time.perf_counter()
-    with _user_errors(f"Could not load {source or 'the default model'!r}"):
-        load_model(source)
-    return model_info(), f"Loaded **{source or 'the default model'}** in {time.perf_counter() - start:.1f} s."
+    try:
+        load_model(source, public_text(label))
+    except ModelSourceError as err:
+        logger.warning("could not load %r (%s): %s", label, source, err)
+        raise gr.Error(f"Could not load {public_text(label)!r}; the details are in the server log.") from None
+    except Exception:
+        logger.exception("loading %r (%s) failed", label, source)
+        raise gr.Error(f"Loading {public_text(label)!r} failed on the server; the details are in the server log.") from None
+    return model_info(), f"Loaded **{SOURCE_LABEL}** in {time.perf_counter() - start:.1f} s."
 
 
 def random_seed() -> int:
@@ -492,16 +583,13 @@ def _on_gpu(fn: Callable) -> Callable:
 
 @functools.cache
 def example_scans() -> tuple[Path, ...]:
-    """The shared real scans beside the repository (when there) that a forecast can start from: those in
-    their sensor's frame (PandaSet's are in the ego frame, which the pipeline refuses with a message)."""
-    paths = sorted(REAL_SCANS_DIR.glob("*.bin")) if REAL_SCANS_DIR.is_dir() else []
-    return tuple(p for p in paths if read_points(p).sensor_frame)
-
-
-def known_sources() -> list[str]:
-    """Sources offered in the Model tab: the shipped release and any local training job dirs."""
-    jobs = sorted(str(d.parent.relative_to(APP_DIR)) for d in APP_DIR.glob("*/*/checkpoints") if d.is_dir())
-    return ["weights/default", *jobs]
+    """Scans a forecast can start from: those shipped in examples/scans (so a fresh clone has some), then
+    the shared real scans beside the repository when there, minus the shipped ones and those not in their
+    sensor's frame (PandaSet's are in the ego frame, which the pipeline refuses with a message)."""
+    shipped = sorted(p for p in EXAMPLE_SCANS_DIR.iterdir() if p.suffix in SCAN_SUFFIXES)
+    shared = sorted(REAL_SCANS_DIR.glob("*.bin")) if REAL_SCANS_DIR.is_dir() else []
+    names = {p.name for p in shipped}
+    return (*shipped, *(p for p in shared if p.name not in names and read_points(p).sensor_frame))
 
 
 def build_demo() -> gr.Blocks:
@@ -548,21 +636,11 @@ def build_demo() -> gr.Blocks:
                     f_seed = gr.Number(0, label="Seed", precision=0, minimum=0, maximum=MAX_SEED)
                     forecast = gr.Button("Forecast", variant="primary", elem_id="forecast")
                 with gr.Column(scale=1):
-                    scans = example_scans()
-                    if scans:
-                        gr.Examples([[str(p)] for p in scans], [scan_file], label="Real scans (click one)")
-                    else:
-                        gr.Markdown("*The shared real scans are not beside this checkout; upload your own.*")
+                    gr.Examples([[str(p)] for p in example_scans()], [scan_file], label="Real scans (click one)")
             forecast_view = RolloutView.build("forecast")
         with gr.Tab("Model"):
             info = gr.JSON(label="Loaded checkpoint (source, iteration, EMA or regular, parameters, sensor, device)")
-            with gr.Row():
-                source = gr.Dropdown(
-                    known_sources(), value=None, allow_custom_value=True, scale=4, label="Source",
-                    info="a release folder, a Hub id org/name[@revision], or a training job dir (its latest checkpoint)",
-                )
-                reload_button = gr.Button("Load", scale=1)
-            status = gr.Markdown()
+            switch = _model_switch_controls()
         gr.Markdown(HOW_IT_WORKS)
 
         gr.on([demo.load, map_seed.change, style.change, action.change, frames.release, seed.change], preview_map,
@@ -578,10 +656,26 @@ def build_demo() -> gr.Blocks:
             api_name="forecast_from_scan", concurrency_id="model", concurrency_limit=GENERATION_CONCURRENCY,
         ))
         demo.load(model_info, None, info, api_name="model_info")
-        reload_button.click(reload_model, source, [info, status], api_name="reload_model", concurrency_id="model",
-                            concurrency_limit=GENERATION_CONCURRENCY)
+        if switch is not None:  # no switching, no endpoint: nothing for a client to call
+            source, reload_button, status = switch
+            reload_button.click(reload_model, source, [info, status], api_name="reload_model", concurrency_id="model",
+                                concurrency_limit=GENERATION_CONCURRENCY)
     demo.queue(max_size=QUEUE_MAX_SIZE)
     return demo
+
+
+def _model_switch_controls() -> tuple[gr.Dropdown, gr.Button, gr.Markdown] | None:
+    """The Model tab's source picker when the operator allows switching, else a line saying it is off."""
+    if SWITCH is None:
+        gr.Markdown("This server serves the model it was started with; switching is off "
+                    "(`python app.py --allow-model-switch` offers other sources).")
+        return None
+    info = "a release folder, a Hub id org/name[@revision] or a job dir" if SWITCH.allow_any else "the sources this server offers"
+    with gr.Row():
+        source = gr.Dropdown(list(SWITCH.sources), value=None, allow_custom_value=SWITCH.allow_any, scale=4,
+                             label="Source", info=info)
+        reload_button = gr.Button("Load", scale=1)
+    return source, reload_button, gr.Markdown()
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -593,6 +687,13 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--share", action="store_true", help="also serve through a public gradio.live link")
     parser.add_argument("--threads", type=int, default=None,
                         help="CPU threads for the model (default: torch's choice; 1 is fastest on a busy machine)")
+    parser.add_argument("--allow-model-switch", action="store_true", default=env_flag(SWITCH_ENV),
+                        help=f"let visitors switch the model among weights/default, --model and --allow-source "
+                             f"(default: off, or on when ${SWITCH_ENV}=1)")
+    parser.add_argument("--allow-source", action="append", default=[], metavar="SRC",
+                        help="one more source visitors may switch to (repeatable; needs --allow-model-switch)")
+    parser.add_argument("--allow-any-source", action="store_true",
+                        help="LOCAL DEVELOPMENT ONLY: visitors may load any path or Hub id on this machine")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     if args.threads is not None:
@@ -600,15 +701,31 @@ def main(argv: list[str] | None = None) -> None:
             parser.error(f"--threads must be >= 1, got {args.threads}")
         torch.set_num_threads(args.threads)
 
+    if args.allow_source and not (args.allow_model_switch or args.allow_any_source):
+        parser.error(f"--allow-source needs --allow-model-switch (or {SWITCH_ENV}=1)")
+
     try:
         load_model(args.model)
     except ModelSourceError as err:
         parser.exit(2, f"app.py: cannot load the model: {err}\n")
-    allowed = [str(REAL_SCANS_DIR)] if REAL_SCANS_DIR.is_dir() else []
+    _configure_switch(args.model, args.allow_source, args.allow_model_switch, args.allow_any_source)
+    allowed = [str(EXAMPLE_SCANS_DIR), *([str(REAL_SCANS_DIR)] if REAL_SCANS_DIR.is_dir() else [])]
     build_demo().launch(
         server_name=args.host, server_port=args.port, share=args.share, max_file_size=f"{MAX_UPLOAD_MB}mb",
         allowed_paths=allowed, theme=gr.themes.Soft(),
     )
+
+
+def _configure_switch(model: str | None, extra: list[str], allow_switch: bool, allow_any: bool) -> None:
+    """Set `SWITCH` from the command line: off, an allowlist (the shipped release, the start-up model, the
+    --allow-source entries), or any source for local development."""
+    global SWITCH
+    if not (allow_switch or allow_any):
+        return
+    start_up = model or os.environ.get(MODEL_ENV, "").strip() or None
+    SWITCH = ModelSwitch.of([str(APP_DIR / DEFAULT_SOURCE), *([start_up] if start_up else []), *extra], allow_any)
+    logger.info("model switching on among %s%s", SWITCH.sources,
+                "; ANY path or Hub id may be loaded (--allow-any-source: local development only)" if allow_any else "")
 
 
 if __name__ == "__main__":

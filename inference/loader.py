@@ -295,7 +295,7 @@ def _resolve_hub(
     offline = (
         local_files_only
         if local_files_only is not None
-        else (constants.HF_HUB_OFFLINE or _env_flag("HF_HUB_OFFLINE"))
+        else (constants.HF_HUB_OFFLINE or env_flag("HF_HUB_OFFLINE"))
     )
     cache = Path(cache_dir or os.environ.get("HF_HUB_CACHE") or constants.HF_HUB_CACHE).expanduser()
     endpoint = os.environ.get("HF_ENDPOINT") or None  # a mirror or a private Hub; None: huggingface.co
@@ -407,7 +407,8 @@ def _not_cached_message(
     )
 
 
-def _env_flag(name: str) -> bool:
+def env_flag(name: str) -> bool:
+    """True when the environment variable is set to 1, true, yes or on (any case)."""
     return os.environ.get(name, "").strip().lower() in {"1", "true", "yes", "on"}
 
 

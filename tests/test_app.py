@@ -12,6 +12,7 @@ import itertools
 import json
 import re
 import zipfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import gradio as gr
@@ -31,6 +32,15 @@ from lidar.sensors import Sensor
 REAL_SCANS = real_scans_dir()
 KITTI_SCAN = REAL_SCANS / "kitti_patchworkpp_000000.bin"
 needs_real_scans = pytest.mark.skipif(not KITTI_SCAN.is_file(), reason=f"shared real scans not found at {REAL_SCANS}")
+
+#: The endpoints a visitor may call, and nothing else: exposing another one is a decision made here (issue 12
+#: adds "/forecast_from_scans" and "/resimulate"). With --allow-model-switch, "/reload_model" joins them.
+PUBLIC_ENDPOINTS = frozenset({"/generate_world", "/forecast_from_scan", "/model_info"})
+#: What the app ships in examples/scans; a fresh clone offers these as forecast examples.
+SHIPPED_EXAMPLES = ("kitti_patchworkpp_000000.bin", "nuscenes_ff9eff4389a740848f9a56ad749a4ae8_keyframe.pcd",
+                    "ouster_oustersdk_OS-1-128_v2.3.0_1024x10_lb_n3.bin")
+#: Sources a visitor might try in order to look around the server or make it download.
+PROBING_SOURCES = ("/root", "/etc", "../", "lidarverse/lidarverse-default")
 
 TINY_SENSOR = Sensor.from_angles("tiny16", np.linspace(10.0, -25.0, 16), width=128, max_range=80.0, mount_height=1.8)
 
@@ -310,29 +320,121 @@ def test_an_undetectable_sensor_asks_the_user_to_choose_one(tmp_path):
 # Model tab
 
 
-def test_model_info_reports_the_loaded_release(tiny_release):
+def test_model_info_names_the_source_by_its_label_and_shows_no_server_path(tiny_release):
     info = app.model_info()
+    assert info["source"] == "tiny" and info["resolved_path"] == "model.safetensors"
     assert info["iteration"] == 7 and info["weights"] == "ema"
-    assert Path(info["resolved_path"]).resolve().is_relative_to(tiny_release.resolve())
     assert info["parameters"] == sum(p.numel() for p in app.PIPELINE.model.parameters())
     assert info["device"] == "cpu"
-    assert json.dumps(info)  # what /model_info returns must be plain JSON
+    text = json.dumps(info)  # what /model_info returns must be plain JSON
+    assert str(tiny_release.parent) not in text and "/tmp" not in text
 
 
-def test_reload_switches_the_model_and_a_bad_source_keeps_the_old_one(tmp_path, tiny_release):
+def test_public_text_cuts_server_paths_but_keeps_hub_ids_and_urls():
+    text = f"folder /root holds ['.bashrc'] and {app.APP_DIR}/weights/default; see org/name and https://hf.co/a/b"
+    assert app.public_text(text) == (
+        "folder root holds ['.bashrc'] and weights/default; see org/name and https://hf.co/a/b"
+    )
+
+
+def api_endpoints(demo: gr.Blocks) -> set[str]:
+    """What a client can call: named endpoints (unnamed ones must not exist at all)."""
+    api = demo.get_api_info()
+    assert api["unnamed_endpoints"] == {}
+    return set(api["named_endpoints"])
+
+
+def test_by_default_the_model_cannot_be_switched(monkeypatch):
+    monkeypatch.setattr(app, "SWITCH", None)
+    assert api_endpoints(app.build_demo()) == PUBLIC_ENDPOINTS
+    with pytest.raises(gr.Error, match="Model switching is off on this server"):
+        app.reload_model("weights/default")
+
+
+@pytest.fixture
+def switch(monkeypatch, tmp_path, tiny_release) -> Iterator[app.ModelSwitch]:
+    """Switching on among the tiny release and another one; the tiny one is served again afterwards."""
     other = write_tiny_release(tmp_path / "other", seed=1)
-    info, status = app.reload_model(str(other))
-    assert Path(info["resolved_path"]).resolve().is_relative_to(other.resolve()) and "Loaded" in status
-    with pytest.raises(gr.Error, match=r"Could not load '.*does-not-exist'"):
-        app.reload_model(str(tmp_path / "does-not-exist"))
-    assert Path(app.model_info()["resolved_path"]).resolve().is_relative_to(other.resolve())
-    app.reload_model(str(tiny_release))
+    allowed = app.ModelSwitch.of([str(tiny_release), str(other)])
+    monkeypatch.setattr(app, "SWITCH", allowed)
+    yield allowed
+    app.load_model(str(tiny_release))
+
+
+def test_with_switching_on_only_the_offered_sources_load(switch, tmp_path):
+    assert list(switch.sources) == ["tiny", "other"]  # labels: no server paths in the dropdown
+    assert api_endpoints(app.build_demo()) == PUBLIC_ENDPOINTS | {"/reload_model"}
+    info, status = app.reload_model("other")
+    assert info["source"] == "other" and "Loaded **other**" in status
+    for probe in (*PROBING_SOURCES, str(tmp_path)):
+        with pytest.raises(gr.Error) as refused:
+            app.reload_model(probe)
+        message = str(refused.value)
+        assert "is not a model this server offers; choose one of: tiny, other" in message
+        assert ".bashrc" not in message and "passwd" not in message and str(tmp_path) not in message
+    assert app.model_info()["source"] == "other", "a refused source keeps the served model"
+
+
+def test_a_source_that_fails_to_load_tells_the_visitor_nothing_of_the_server(switch, tmp_path, caplog):
+    secret = tmp_path / "not-a-model"
+    secret.mkdir()
+    (secret / "secret.txt").write_text("x")
+    allow_any = app.ModelSwitch.of(list(switch.sources.values()), allow_any=True)
+    app.SWITCH = allow_any  # the fixture's monkeypatch restores it
+    with pytest.raises(gr.Error) as failed:
+        app.reload_model(str(secret))
+    assert failed.value.message == "Could not load 'not-a-model'; the details are in the server log."
+    assert "secret.txt" in caplog.text and str(secret) in caplog.text, "the server log keeps the details"
+    assert app.model_info()["source"] == "tiny"
+
+
+def test_sources_are_offered_once_each_with_distinct_labels(tmp_path, monkeypatch):
+    monkeypatch.chdir(app.APP_DIR)
+    same = [str(app.APP_DIR / "weights" / "default"), "weights/default"]  # the default, and --model weights/default
+    switch = app.ModelSwitch.of([*same, str(tmp_path / "a" / "release"), str(tmp_path / "b" / "release"), "org/name"])
+    assert list(switch.sources) == ["weights/default", "release", "release (2)", "org/name"]
+    assert switch.source_for("release (2)") == str(tmp_path / "b" / "release")
+
+
+def test_allow_source_without_the_switch_is_refused_and_the_env_var_turns_it_on(monkeypatch, capsys, tmp_path):
+    monkeypatch.delenv(app.SWITCH_ENV, raising=False)
+    with pytest.raises(SystemExit) as exit_info:
+        app.main(["--allow-source", "org/name", "--port", "1"])
+    assert exit_info.value.code == 2 and "--allow-source needs --allow-model-switch" in capsys.readouterr().err
+    monkeypatch.setenv(app.SWITCH_ENV, "1")  # past the flag check: fails later, loading the model
+    with pytest.raises(SystemExit):
+        app.main(["--allow-source", "org/name", "--model", str(tmp_path / "absent"), "--port", "1"])
+    assert "cannot load the model" in capsys.readouterr().err
+
+
+@pytest.fixture
+def fresh_clone(monkeypatch, tmp_path) -> Iterator[None]:
+    """The app as a fresh clone sees it: no shared real scans anywhere."""
+    empty = tmp_path / "no_real_scans"
+    empty.mkdir()
+    monkeypatch.setattr(app, "REAL_SCANS_DIR", empty)
+    app.example_scans.cache_clear()
+    yield
+    app.example_scans.cache_clear()
+
+
+def test_a_fresh_clone_offers_the_shipped_examples_and_each_one_forecasts(fresh_clone):
+    examples = app.example_scans()
+    assert tuple(p.name for p in examples) == SHIPPED_EXAMPLES
+    assert sum(p.stat().st_size for p in examples) < 8_000_000
+    for path in examples:
+        gen = app.forecast_from_scan(str(path), app.AUTO_SENSOR, "Straight", 1, 1, 0)
+        stats = first_yield(gen)[3]
+        gen.close()
+        assert stats["frames"] == 1 and stats["input sensor"] in ("hdl64", "hdl32", "os1-128"), path.name
 
 
 @needs_real_scans
 def test_every_real_scan_offered_as_an_example_can_be_forecast():
     examples = app.example_scans()
-    assert KITTI_SCAN in examples and not any(p.name.startswith("pandaset") for p in examples)
+    names = [p.name for p in examples]
+    assert KITTI_SCAN.name in names and len(names) == len(set(names))
+    assert not any(name.startswith("pandaset") for name in names)
     for path in examples:
         gen = app.forecast_from_scan(str(path), app.AUTO_SENSOR, "Turn right", 1, 1, 0)
         stats = first_yield(gen)[3]

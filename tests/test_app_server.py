@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import json
 import os
 import shutil
 import socket
@@ -35,7 +36,15 @@ from gradio_client.exceptions import AppError
 from PIL import Image
 
 import app
-from tests.test_app import KITTI_SCAN, needs_real_scans, write_tiny_release
+from tests.test_app import (
+    KITTI_SCAN,
+    PROBING_SOURCES,
+    PUBLIC_ENDPOINTS,
+    SHIPPED_EXAMPLES,
+    needs_real_scans,
+    write_tiny_release,
+)
+from tests.test_formats import BOMBS
 
 REPO = Path(__file__).resolve().parents[1]
 CHROMIUM = Path(shutil.which("chromium") or "/usr/bin/chromium")
@@ -68,10 +77,16 @@ class Server:
     def scratch_dirs(self) -> list[Path]:
         return sorted(self.tmp.glob("lidarverse-request-*"))
 
+    def peak_rss_bytes(self) -> int:
+        """The server process's high-water mark of resident memory (VmHWM), as the kernel keeps it."""
+        status = Path(f"/proc/{self.process.pid}/status").read_text()
+        return int(next(line.split()[1] for line in status.splitlines() if line.startswith("VmHWM:"))) * 1024
+
 
 @contextlib.contextmanager
 def launch_app(model: Path, workdir: Path, timeout: float = 120.0) -> Iterator[Server]:
-    """Start `python app.py` on a free port with its own temp and Gradio cache dirs; stop it afterwards."""
+    """Start `python app.py` on a free port with its own temp and Gradio cache dirs, as a fresh clone would
+    run it (no shared real scans); stop it afterwards."""
     port = free_port()
     tmp = workdir / "tmp"
     tmp.mkdir(parents=True, exist_ok=True)
@@ -80,7 +95,7 @@ def launch_app(model: Path, workdir: Path, timeout: float = 120.0) -> Iterator[S
     # creeps up by ~20-30 MiB per wave of requests from fragmentation alone, which would hide a real leak.
     env = {**os.environ, "TMPDIR": str(tmp), "GRADIO_TEMP_DIR": str(workdir / "gradio"), "OMP_NUM_THREADS": "1",
            "MALLOC_ARENA_MAX": "2", "GRADIO_ANALYTICS_ENABLED": "False", "HF_HUB_OFFLINE": "1",
-           "PYTHONUNBUFFERED": "1"}
+           "PYTHONUNBUFFERED": "1", "LIDARVERSE_REAL_SCANS": str(workdir / "no_real_scans")}
     log = workdir / "server.log"
     with log.open("wb") as out:
         proc = subprocess.Popen(
@@ -124,11 +139,49 @@ def client(server: Server) -> Client:
 WORLD_ARGS = (3, "urban", "Turn left", 3, 2, 0, 1.0)
 
 
-def test_the_three_named_endpoints_are_served(client):
-    endpoints = client.view_api(return_format="dict", print_info=False)["named_endpoints"]
-    assert {"/generate_world", "/forecast_from_scan", "/model_info"} <= set(endpoints)
+def test_the_public_api_is_exactly_the_pinned_endpoints(client):
+    api = client.view_api(return_format="dict", print_info=False)
+    assert set(api["named_endpoints"]) == PUBLIC_ENDPOINTS and api["unnamed_endpoints"] == {}
     info = client.predict(api_name="/model_info")
     assert info["iteration"] == 7 and info["device"] == "cpu"
+
+
+def test_a_visitor_can_neither_reload_the_model_nor_learn_the_server_files(client, server):
+    for probe in PROBING_SOURCES:
+        with pytest.raises(ValueError, match="reload_model") as refused:  # gradio_client: no such endpoint
+            client.predict(probe, api_name="/reload_model")
+        raw = httpx.post(f"{server.url}gradio_api/call/reload_model", json={"data": [probe]}, timeout=30)
+        assert raw.status_code >= 400, raw.text  # Gradio answers an unknown api_name with an error status
+        for text in (str(refused.value), raw.text):
+            assert ".bashrc" not in text and "passwd" not in text, text
+    info = json.dumps(client.predict(api_name="/model_info"))
+    assert '"source": "release"' in info and '"resolved_path": "model.safetensors"' in info
+    assert str(server.tmp.parent) not in info and "/tmp" not in info and str(REPO) not in info
+
+
+def test_a_fresh_clone_offers_the_shipped_example_scans_and_one_forecasts(client):
+    datasets = [c["props"]["samples"] for c in client.config["components"] if c.get("type") == "dataset"]
+    scans = [[row[0] for row in samples] for samples in datasets if isinstance(samples[0][0], str)]
+    assert scans == [list(SHIPPED_EXAMPLES)], "the server was started with no real scans"
+    *_, stats, downloads = client.predict(handle_file(str(REPO / "examples" / "scans" / SHIPPED_EXAMPLES[1])),
+                                          "auto-detect", "Straight", 1, 1, 0, api_name="/forecast_from_scan")
+    assert stats["input sensor"] == "hdl32" and stats["frames"] == 1 and len(downloads) == 4
+
+
+@pytest.mark.parametrize(("kind", "message"), [
+    ("npz", r"bomb\.npz: the \.npz archive would decode to 268 MB, over the 200 MB limit"),
+    ("pcd", r"bomb\.pcd: corrupt PCD binary_compressed data: LZF stream decodes past the 16000 bytes"),
+    ("laz", r"bomb\.laz: the LAS point records .* would decode to 268 MB, over the 200 MB limit"),
+    ("ply", r"bomb\.ply: PLY ASCII vertex element is not 4,000,000 rows of 3 numbers"),
+])
+def test_an_upload_bomb_is_refused_with_a_clear_message_and_the_server_keeps_serving(client, server, tmp_path,
+                                                                                      kind, message):
+    bomb = BOMBS[kind](tmp_path / f"bomb.{kind}")
+    peak = server.peak_rss_bytes()
+    with pytest.raises(AppError, match=rf"Cannot read the scan: {message}"):
+        client.predict(handle_file(str(bomb)), "auto-detect", "Straight", 2, 1, 0, api_name="/forecast_from_scan")
+    assert server.peak_rss_bytes() - peak < 100 * 2**20, "the bomb raised the server's memory high-water mark"
+    assert client.predict(api_name="/model_info")["iteration"] == 7 and server.process.poll() is None
 
 
 def test_generate_world_over_http_downloads_readable_files(client, server):
