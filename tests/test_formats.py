@@ -448,6 +448,20 @@ def test_npz_ring_of_the_wrong_length_is_refused(tmp_path, cloud):
         read_points(tmp_path / "short.npz")
 
 
+def test_npz_listing_many_members_is_refused_from_its_tail_before_the_directory_is_read(tmp_path):
+    import time
+    import zipfile
+
+    path = tmp_path / "members.npz"
+    with zipfile.ZipFile(path, "w") as archive:
+        for i in range(20_000):
+            archive.writestr(f"a{i}.npy", b"")
+    start = time.perf_counter()
+    with pytest.raises(PointCloudError, match=r"members\.npz.*20000 members.*at most 64"):
+        read_points(path)
+    assert time.perf_counter() - start < 0.05  # zipfile alone takes ~0.1 s to list 20,000 entries
+
+
 def test_npz_without_points_is_refused(tmp_path):
     np.savez(tmp_path / "other.npz", a=np.zeros(3), b=np.ones(3))
     with pytest.raises(PointCloudError, match=r"other\.npz.*expected 'points'"):

@@ -7,6 +7,7 @@ Columns of a plain array follow the KITTI/nuScenes order (x, y, z, intensity, th
 from __future__ import annotations
 
 import math
+import struct
 import zipfile
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -25,6 +26,12 @@ from lidar.formats.scan import (
 from lidar.sensors import Sensor
 
 NPY_MAGIC = b"\x93NUMPY"
+#: A point cloud archive holds a few named arrays; zipfile reads the whole central directory into memory
+#: before anything else can be checked, so its entry count and size are read from the file's tail first.
+MAX_NPZ_MEMBERS = 64
+MAX_NPZ_DIRECTORY = 1 << 20
+EOCD = struct.Struct("<4s4H2LH")  # end-of-central-directory record
+EOCD_SIGNATURE = b"PK\x05\x06"
 
 
 def _npy_header(path: Path, f: BinaryIO, what: str) -> tuple[tuple[int, ...], np.dtype]:
@@ -60,10 +67,28 @@ def _npy_rows(path: Path) -> int:
     return int(shape[0]) if shape else 0
 
 
+def _check_zip_directory(path: Path) -> None:
+    """Refuse an archive whose central directory lists more members, or more bytes, than a cloud needs."""
+    size = path.stat().st_size
+    with path.open("rb") as f:
+        f.seek(max(0, size - EOCD.size - 0xFFFF))
+        tail = f.read()
+    at = tail.rfind(EOCD_SIGNATURE)
+    if at < 0 or len(tail) - at < EOCD.size:
+        raise PointCloudError(f"{path}: not a valid .npz (no zip end-of-directory record)")
+    _, _, _, _, entries, directory_bytes, _, _ = EOCD.unpack_from(tail, at)
+    if entries > MAX_NPZ_MEMBERS or directory_bytes > MAX_NPZ_DIRECTORY:
+        raise PointCloudError(
+            f"{path}: the .npz lists {entries} members in a {directory_bytes:,}-byte directory; expected at "
+            f"most {MAX_NPZ_MEMBERS} named arrays (points, ring, ...)"
+        )
+
+
 def _check_npz_members(path: Path) -> None:
     """Bound an archive before anything is decompressed: the zip's declared sizes against the decode limit
     and each member's .npy header against the point limit and its declared size (zipfile never inflates a
     member past that size, and NumPy allocates what the header says before reading)."""
+    _check_zip_directory(path)
     with zipfile.ZipFile(path) as archive:
         members = archive.infolist()
         check_decoded_size(path, sum(m.file_size for m in members), "the .npz archive")
