@@ -208,6 +208,19 @@ def test_prior_is_the_cache_where_it_returns_even_if_the_map_is_nearer():
     assert torch.equal(prior[0][cached], cond[CACHE_RANGE][cached])
 
 
+def test_a_cached_return_on_the_maps_surface_takes_the_maps_exact_range_and_one_off_it_keeps_its_own():
+    pose = np.eye(4)
+    cache = wall_cache(20.0, pose)
+    on = build_condition(cache, pose, constant_map_view(ground=20.5), None, SENSOR)
+    off = build_condition(cache, pose, constant_map_view(ground=30.0), None, SENSOR)
+    cached = (on[CACHE_MASK] > 0.5)[None]
+    p_on, r_on = prior_image(on[None])
+    p_off, _ = prior_image(off[None])
+    assert r_on[cached].all()
+    torch.testing.assert_close(p_on[cached], torch.full_like(p_on[cached], float(enc(20.5))))
+    assert torch.equal(p_off[cached], off[CACHE_RANGE][None][cached])
+
+
 def test_prior_without_cache_is_the_nearest_of_ground_and_building_and_ignores_vegetation():
     view = random_map_view(2)
     cond = build_condition(None, np.eye(4), view, None, SENSOR)
