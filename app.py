@@ -51,10 +51,12 @@ from inference import LidarVersePipeline, ModelSourceError, RolloutResult, load_
 from inference import Progress as RolloutProgress
 from inference.cache import transform_points
 from inference.loader import MODEL_ENV, env_flag
+from inference.observed import ObservedScene, check_inside, observe, record_prefix, shifted_path
 from lidar import render
 from lidar.formats import check_sensor, detect_sensor, read_points, write_points
 from lidar.real_scans import real_scans_dir
 from lidar.sensors import PRESETS, get_sensor
+from lidar.sequence import MAX_SWEEPS
 from lidar.sim import HDMap, World, make_world, plan_drive
 
 logger = logging.getLogger(__name__)
@@ -74,6 +76,12 @@ ACTIONS = {"Straight": "straight", "Turn left": "turn_left", "Turn right": "turn
 STYLES = ("urban", "suburban", "highway")
 SCAN_SUFFIXES = (".bin", ".pcd", ".ply", ".npy", ".npz", ".las", ".laz")
 AUTO_SENSOR = "auto-detect"
+#: Re-simulation sliders: how far the new path may leave the observed one (check_inside has the last word).
+MAX_LATERAL_M = 5.0
+MAX_FORWARD_M = 8.0
+MAX_YAW_DEG = 45.0
+#: Columns of the "Registered prefix" table.
+PREFIX_COLUMNS = ["file", "x m", "y m", "z m", "yaw deg", "fitness"]
 BEV_EXTENT_M = 50.0
 ANIMATION_FPS = 5.0
 VIEWER_MAX_POINTS = 400_000
@@ -188,7 +196,7 @@ def _choice(value: Any, name: str, choices: dict[str, str] | tuple[str, ...]) ->
     return choices[value] if isinstance(choices, dict) else value
 
 
-def _upload_path(upload: str | Path | None) -> Path:
+def _upload_path(upload: str | Path | None, suffixes: tuple[str, ...] = SCAN_SUFFIXES) -> Path:
     """The uploaded file's path, after the checks that need no parsing: present, size, extension."""
     if upload is None:
         raise gr.Error("No scan uploaded: drop a .bin, .pcd, .ply, .npy or .las file on 'Scan'.")
@@ -200,8 +208,8 @@ def _upload_path(upload: str | Path | None) -> Path:
         raise gr.Error(f"{path.name!r} is empty (0 bytes); expected a LiDAR scan.")
     if size > MAX_UPLOAD_MB * 1024 * 1024:
         raise gr.Error(f"{path.name!r} is {size / 2**20:.1f} MB; uploads are limited to {MAX_UPLOAD_MB} MB.")
-    if path.suffix.lower() not in SCAN_SUFFIXES:
-        raise gr.Error(f"{path.name!r} has an unsupported extension; expected one of {', '.join(SCAN_SUFFIXES)}.")
+    if path.suffix.lower() not in suffixes:
+        raise gr.Error(f"{path.name!r} has an unsupported extension; expected one of {', '.join(suffixes)}.")
     return path
 
 
@@ -272,7 +280,7 @@ class Presented:
 
 
 def _present(result: RolloutResult, out: Path, pipe: LidarVersePipeline, request: dict[str, Any], stats: dict[str, Any],
-             observed: np.ndarray | None = None) -> Presented:
+             observed: np.ndarray | None = None, scene: ObservedScene | None = None) -> Presented:
     """Write the files for one rollout into `out` and collect what the page shows."""
     sensor, provenance = pipe.sensor, pipe.provenance
     frames = result.frames
@@ -296,6 +304,8 @@ def _present(result: RolloutResult, out: Path, pipe: LidarVersePipeline, request
     # 3. Downloads: per-frame KITTI .bin + poses.json (the CLI's layout) in a zip, the world in three formats.
     folder = out / "frames_kitti"
     write_rollout(folder, result, "bin", sensor=sensor, provenance=provenance, request=request)
+    if scene is not None:  # poses.json lists the observed sweeps too, as the CLI writes it
+        record_prefix(folder, scene)
     frames_zip = out / "frames_kitti.zip"
     with zipfile.ZipFile(frames_zip, "w", zipfile.ZIP_DEFLATED, compresslevel=1) as zf:
         for path in sorted(folder.iterdir()):
@@ -442,6 +452,109 @@ def forecast_from_scan(
                    "steps": steps, "seed": seed}
         presented = _present(result, out, pipe, request, stats, observed=scan.points)
         yield presented.outputs()
+
+
+def _sweep_uploads(uploads: Any) -> list[Path]:
+    """Several uploaded sweeps, or one zip of them, after the checks that need no parsing (count, sizes)."""
+    items = [uploads] if isinstance(uploads, str | Path) else list(uploads or [])
+    if not items:
+        raise gr.Error("No sweeps uploaded: drop the sweeps of one drive (or one .zip of them) on 'Sweeps'.")
+    if len(items) > MAX_SWEEPS:
+        raise gr.Error(f"{len(items)} files uploaded; a scene may hold at most {MAX_SWEEPS} sweeps.")
+    zips = [Path(p) for p in items if Path(p).suffix.lower() == ".zip"]
+    if zips and len(items) > 1:
+        raise gr.Error("Upload either sweep files or one .zip of them, not both.")
+    return [_upload_path(p, (*SCAN_SUFFIXES, ".zip")) for p in items]
+
+
+def _observed_scene(paths: list[Path], progress: gr.Progress) -> ObservedScene:
+    """Read the uploads and register them (several sweeps without poses) or take their poses file."""
+    progress(0.0, desc=f"Registering {len(paths)} upload(s)")
+    with _user_errors("Cannot register these sweeps"):
+        return observe(paths if len(paths) > 1 else paths[0])
+
+
+def _prefix_table(scene: ObservedScene) -> list[list[Any]]:
+    """One row per observed sweep, as the 'Registered prefix' table shows it."""
+    rows = []
+    for record in scene.prefix_records():
+        pose = np.asarray(record["pose"])
+        yaw = math.degrees(math.atan2(pose[1, 0], pose[0, 0]))
+        rows.append([record["file"], *np.round(pose[:3, 3], 2).tolist(), round(yaw, 2), record.get("fitness")])
+    return rows
+
+
+def forecast_from_scans(
+    scan_files: Any,
+    action: Any,
+    frames: Any,
+    steps: Any,
+    seed: Any,
+    progress: gr.Progress = gr.Progress(),  # noqa: B008 - Gradio finds the tracker by this default
+) -> Iterator[tuple]:
+    """Continue several sweeps of one drive (files or one zip): registered with KISS-ICP, then forecast
+    from the last one; the registered prefix is shown beside the rollout."""
+    pipe = _pipeline()
+    paths = _sweep_uploads(scan_files)
+    action = _choice(action, "Action", ACTIONS)
+    frames = _whole_number(frames, "Frames", 1, MAX_FRAMES)
+    steps = _whole_number(steps, "Sampling steps", 1, MAX_STEPS)
+    seed = _whole_number(seed, "Seed", 0, MAX_SEED)
+
+    start = time.perf_counter()
+    scene = _observed_scene(paths, progress)
+    yield (*(gr.skip() for _ in Presented.__dataclass_fields__), _prefix_table(scene))  # the prefix, at once
+    with _user_errors("Cannot forecast from these sweeps"):
+        result = pipe.forecast(
+            scene.scans, prefix_poses=scene.poses, action=action, frames=frames, steps=steps, seed=seed,
+            callback=_progress_callback(progress, "Forecasting"),
+        )
+    seconds = time.perf_counter() - start
+    stats = {**_rollout_stats(result, seconds, pipe), "inputs": scene.names, "poses": scene.pose_source}
+    with _request_dir() as out, _user_errors("Writing the results"):
+        request = {"inputs": scene.names, "poses": scene.pose_source, "action": action, "frames": frames,
+                   "steps": steps, "seed": seed}
+        presented = _present(result, out, pipe, request, stats, observed=scene.world_points(), scene=scene)
+        yield (*presented.outputs(), _prefix_table(scene))
+
+
+def resimulate(
+    scan_files: Any,
+    lateral: Any,
+    forward: Any,
+    yaw: Any,
+    frames: Any,
+    steps: Any,
+    seed: Any,
+    progress: gr.Progress = gr.Progress(),  # noqa: B008 - Gradio finds the tracker by this default
+) -> Iterator[tuple]:
+    """Render the uploaded scene from a path shifted sideways / forward and turned, along the observed one;
+    generated frames are not fed back, so every frame shows the observed world from its new pose."""
+    pipe = _pipeline()
+    paths = _sweep_uploads(scan_files)
+    lateral = _real_number(lateral, "Lateral shift", -MAX_LATERAL_M, MAX_LATERAL_M)
+    forward = _real_number(forward, "Forward shift", -MAX_FORWARD_M, MAX_FORWARD_M)
+    yaw = _real_number(yaw, "Yaw", -MAX_YAW_DEG, MAX_YAW_DEG)
+    frames = _whole_number(frames, "Frames", 1, MAX_FRAMES)
+    steps = _whole_number(steps, "Sampling steps", 1, MAX_STEPS)
+    seed = _whole_number(seed, "Seed", 0, MAX_SEED)
+
+    start = time.perf_counter()
+    scene = _observed_scene(paths, progress)
+    yield (*(gr.skip() for _ in Presented.__dataclass_fields__), _prefix_table(scene))  # the prefix, at once
+    with _user_errors("Cannot re-simulate this scene"):
+        targets = shifted_path(scene.poses, (forward, lateral), yaw, frames)
+        check_inside(targets, scene.poses)
+        result = pipe.resimulate(scene.scans, scene.poses, targets, steps=steps, seed=seed,
+                                 callback=_progress_callback(progress, "Re-simulating"))
+    seconds = time.perf_counter() - start
+    stats = {**_rollout_stats(result, seconds, pipe), "inputs": scene.names, "poses": scene.pose_source,
+             "shift (forward, left) m": [forward, lateral], "yaw deg": yaw}
+    with _request_dir() as out, _user_errors("Writing the results"):
+        request = {"inputs": scene.names, "poses": scene.pose_source, "shift": [forward, lateral], "yaw_deg": yaw,
+                   "frames": frames, "steps": steps, "seed": seed}
+        presented = _present(result, out, pipe, request, stats, observed=scene.world_points(), scene=scene)
+        yield (*presented.outputs(), _prefix_table(scene))
 
 
 def show_frame(index: Any, frame_pngs: list[tuple[bytes, bytes]] | None) -> tuple[Image.Image | None, Image.Image | None]:
@@ -592,6 +705,25 @@ def example_scans() -> tuple[Path, ...]:
     return (*shipped, *(p for p in shared if p.name not in names and read_points(p).sensor_frame))
 
 
+def example_scene() -> list[str]:
+    """KITTI seq-00 sweeps 0, 2, 4 (0.2 s apart) when the shared scans complete the shipped sweep 0, else
+    nothing: one shipped sweep is the single-scan example already."""
+    by_name = {p.name: p for p in example_scans()}
+    kitti = [by_name.get(f"kitti_patchworkpp_{i:06d}.bin") for i in (0, 2, 4)]
+    return [str(p) for p in kitti] if all(kitti) else []
+
+
+def _scene_inputs(label: str) -> tuple[gr.File, gr.Dataframe]:
+    """The upload of several sweeps (or one zip), its example when there is one, and the table of their
+    registered poses."""
+    files = gr.File(label=label, file_count="multiple", file_types=[*SCAN_SUFFIXES, ".zip"], type="filepath")
+    if scene := example_scene():
+        gr.Examples([[scene]], [files], label="KITTI seq 00, sweeps 0, 2, 4 (click)")
+    table = gr.Dataframe(headers=PREFIX_COLUMNS, label="Registered prefix (world frame = the first sweep)",
+                         interactive=False)
+    return files, table
+
+
 def build_demo() -> gr.Blocks:
     """The page. Callbacks read the model from `PIPELINE` at request time, so the Model tab can swap it."""
     guidance_default = _pipeline().config.default_guidance  # 1 = no guidance; the model card says what it was tuned for
@@ -637,7 +769,24 @@ def build_demo() -> gr.Blocks:
                     forecast = gr.Button("Forecast", variant="primary", elem_id="forecast")
                 with gr.Column(scale=1):
                     gr.Examples([[str(p)] for p in example_scans()], [scan_file], label="Real scans (click one)")
+                    with gr.Accordion("Several sweeps of one drive: registered, then forecast", open=True):
+                        sweep_files, prefix_table = _scene_inputs("Sweeps, oldest first (files or one .zip)")
+                        forecast_many = gr.Button("Register and forecast", elem_id="forecast-scans")
             forecast_view = RolloutView.build("forecast")
+        with gr.Tab("Re-simulate"):
+            with gr.Row():
+                with gr.Column(scale=1):
+                    resim_files, resim_table = _scene_inputs("Sweeps of the scene (files or one .zip)")
+                with gr.Column(scale=1):
+                    lateral = gr.Slider(-MAX_LATERAL_M, MAX_LATERAL_M, value=2.0, step=0.1, label="Lateral shift (m, left +)")
+                    forward = gr.Slider(-MAX_FORWARD_M, MAX_FORWARD_M, value=0.0, step=0.1, label="Forward shift (m)")
+                    yaw = gr.Slider(-MAX_YAW_DEG, MAX_YAW_DEG, value=0.0, step=1, label="Yaw (deg, left +)")
+                    r_frames = gr.Slider(1, MAX_FRAMES, value=min(3, MAX_FRAMES), step=1,
+                                         label="Frames along the observed path")
+                    r_steps = gr.Slider(1, MAX_STEPS, value=min(4, MAX_STEPS), step=1, label="Sampling steps")
+                    r_seed = gr.Number(0, label="Seed", precision=0, minimum=0, maximum=MAX_SEED)
+                    resim_button = gr.Button("Re-simulate", variant="primary", elem_id="resimulate")
+            resim_view = RolloutView.build("resim")
         with gr.Tab("Model"):
             info = gr.JSON(label="Loaded checkpoint (source, iteration, EMA or regular, parameters, sensor, device)")
             switch = _model_switch_controls()
@@ -654,6 +803,16 @@ def build_demo() -> gr.Blocks:
             _on_gpu(forecast_from_scan), [scan_file, sensor, f_action, f_frames, f_steps, f_seed],
             forecast_view.outputs,
             api_name="forecast_from_scan", concurrency_id="model", concurrency_limit=GENERATION_CONCURRENCY,
+        ))
+        forecast_view.wire(forecast_many.click(
+            _on_gpu(forecast_from_scans), [sweep_files, f_action, f_frames, f_steps, f_seed],
+            [*forecast_view.outputs, prefix_table],
+            api_name="forecast_from_scans", concurrency_id="model", concurrency_limit=GENERATION_CONCURRENCY,
+        ))
+        resim_view.wire(resim_button.click(
+            _on_gpu(resimulate), [resim_files, lateral, forward, yaw, r_frames, r_steps, r_seed],
+            [*resim_view.outputs, resim_table],
+            api_name="resimulate", concurrency_id="model", concurrency_limit=GENERATION_CONCURRENCY,
         ))
         demo.load(model_info, None, info, api_name="model_info")
         if switch is not None:  # no switching, no endpoint: nothing for a client to call

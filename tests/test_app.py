@@ -35,7 +35,7 @@ needs_real_scans = pytest.mark.skipif(not KITTI_SCAN.is_file(), reason=f"shared 
 
 #: The endpoints a visitor may call, and nothing else: exposing another one is a decision made here (issue 12
 #: adds "/forecast_from_scans" and "/resimulate"). With --allow-model-switch, "/reload_model" joins them.
-PUBLIC_ENDPOINTS = frozenset({"/generate_world", "/forecast_from_scan", "/model_info"})
+PUBLIC_ENDPOINTS = frozenset({"/generate_world", "/forecast_from_scan", "/forecast_from_scans", "/resimulate", "/model_info"})
 #: What the app ships in examples/scans; a fresh clone offers these as forecast examples.
 SHIPPED_EXAMPLES = ("kitti_patchworkpp_000000.bin", "nuscenes_ff9eff4389a740848f9a56ad749a4ae8_keyframe.pcd",
                     "ouster_oustersdk_OS-1-128_v2.3.0_1024x10_lb_n3.bin")
@@ -483,7 +483,7 @@ def test_on_zerogpu_the_generation_callbacks_run_inside_spaces_gpu(monkeypatch):
     fake = FakeSpaces()
     monkeypatch.setattr(app, "spaces", fake)
     demo = app.build_demo()
-    assert sorted(fake.wrapped) == ["forecast_from_scan", "generate_world"]
+    assert sorted(fake.wrapped) == ["forecast_from_scan", "forecast_from_scans", "generate_world", "resimulate"]
     fns = {block_fn.api_name: block_fn for block_fn in demo.fns.values()}
     assert fns["generate_world"].fn.__name__ == "on_gpu" and fns["model_info"].fn is app.model_info
     assert fns["generate_world"].concurrency_limit == app.GENERATION_CONCURRENCY

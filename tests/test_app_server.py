@@ -215,6 +215,34 @@ def test_a_bad_upload_gets_a_clear_error_and_the_next_good_request_works(client,
     assert sorted(Path(p).suffix for p in downloads) == [".las", ".pcd", ".ply", ".zip"]
 
 
+@needs_real_scans
+def test_forecast_from_scans_registers_kitti_sweeps_and_lists_the_prefix_in_poses_json(client, server):
+    sweeps = [handle_file(str(KITTI_SCAN.with_name(f"kitti_patchworkpp_{i:06d}.bin"))) for i in (0, 2, 4)]
+    *_, stats, downloads, prefix = client.predict(sweeps, "Straight", 2, 1, 0, api_name="/forecast_from_scans")
+    assert stats["poses"] == "registered" and stats["frames"] == 2
+    assert [row[0] for row in prefix["data"]] == [f"kitti_patchworkpp_{i:06d}.bin" for i in (0, 2, 4)]
+    assert 1.0 < prefix["data"][1][1] < 2.0 and prefix["data"][2][5] > 0.7  # x of sweep 2 (m), fitness
+    with zipfile.ZipFile(next(p for p in downloads if p.endswith(".zip"))) as zf:
+        meta = json.loads(zf.read("frames_kitti/poses.json"))
+    assert len(meta["prefix"]) == 3 and meta["frames"][0]["pose"][0][3] > meta["prefix"][2]["pose"][0][3]
+    assert server.scratch_dirs() == []
+
+
+@needs_real_scans
+def test_resimulate_renders_a_zipped_scene_from_a_shifted_path_and_refuses_unrelated_sweeps(client, tmp_path):
+    archive = tmp_path / "drive.zip"
+    with zipfile.ZipFile(archive, "w") as zf:
+        for i in (0, 2, 4):
+            zf.write(KITTI_SCAN.with_name(f"kitti_patchworkpp_{i:06d}.bin"), f"velodyne/{i:06d}.bin")
+    *_, stats, _, prefix = client.predict([handle_file(str(archive))], 2.0, 0.0, 5.0, 3, 1, 0,
+                                          api_name="/resimulate")
+    assert stats["frames"] == 3 and stats["shift (forward, left) m"] == [0.0, 2.0] and len(prefix["data"]) == 3
+    unrelated = [handle_file(str(KITTI_SCAN)), handle_file(str(KITTI_SCAN.with_name("kitti_mmdet3d_000008.bin")))]
+    with pytest.raises(AppError, match=r"kitti_mmdet3d_000008\.bin\) does not register") as err:
+        client.predict(unrelated, "Straight", 2, 1, 0, api_name="/forecast_from_scans")
+    assert "/" not in str(err.value).split("register these sweeps:")[-1].split("expected")[0]  # no server paths
+
+
 def test_an_upload_over_50_mb_is_refused_by_the_server_itself(server, tmp_path):
     """The limit holds against clients that skip gradio_client's own check (it reads max_file_size too)."""
     big = tmp_path / "big.bin"
