@@ -22,18 +22,21 @@ import math
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from inference.conditioning import CACHE_INTENSITY, CACHE_MASK, condition_channels, prior_image
+from lidar.range_image import encode_range
 from lidar.sensors import HDL32, Sensor
 from lidar.sim.hdmap import MAP_CLASSES
 
 #: Channels of the flow image x: encoded log-range, intensity*2-1, return (+1) or ray drop (-1).
 IMAGE_CHANNELS = 3
 RANGE, INTENSITY, RETURN = 0, 1, 2
-#: Residual bases where the prior knows nothing: encoded range of about 20 m, intensity of about 0.2.
+#: Residual bases where the prior knows nothing: flat ground under the sensor for a downward beam
+#: (`flat_ground_range`), else an encoded range of about 20 m; an intensity of about 0.2.
 RANGE_FILL = 0.3
 INTENSITY_FILL = -0.6
 #: Logit bias of a fresh model: returns where the prior returns with p = sigmoid(3) = 0.95.
@@ -241,6 +244,8 @@ class WorldModel(nn.Module):
     def __init__(self, config: WorldModelConfig) -> None:
         super().__init__()
         self.config = config
+        # not saved: derived from the sensor, so releases made before it existed load unchanged
+        self.register_buffer("range_fill", flat_ground_range(config.sensor_obj), persistent=False)
         chans = config.level_channels
         temb = 4 * config.base_channels
         groups = config.norm_groups
@@ -288,7 +293,7 @@ class WorldModel(nn.Module):
     def base_image(self, cond: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """What the residuals are added to: (B, H, W) range and intensity bases and the prior's returns."""
         prior, returns = prior_image(cond, self.config.num_map_classes)
-        base_range = torch.where(returns, prior, torch.full_like(prior, RANGE_FILL))
+        base_range = torch.where(returns, prior, self.range_fill.to(prior.dtype).expand_as(prior))
         cached = cond[:, CACHE_MASK] > 0.5
         base_intensity = torch.where(cached, cond[:, CACHE_INTENSITY], torch.full_like(prior, INTENSITY_FILL))
         return base_range, base_intensity, returns
@@ -351,6 +356,20 @@ class WorldModel(nn.Module):
 
     def num_parameters(self) -> int:
         return sum(p.numel() for p in self.parameters())
+
+
+def flat_ground_range(sensor: Sensor) -> torch.Tensor:
+    """(H, W) encoded range at which each beam meets flat ground `mount_height` below it; RANGE_FILL above.
+
+    Where nothing is known the ground is still most likely there: with a constant base, the residual at a
+    blind pixel would be large while at its cached neighbour it is zero, and a small conv net blurs the two
+    (without a map it drew cached ground rings 30-45 % short).
+    """
+    down = -np.sin(sensor.elevations)
+    ground = np.where(down > 1e-3, sensor.mount_height / np.maximum(down, 1e-3), np.inf)
+    ground = np.where(ground <= sensor.max_range, ground, np.nan)
+    rows = np.where(np.isfinite(ground), encode_range(np.nan_to_num(ground), sensor.max_range), RANGE_FILL)
+    return torch.from_numpy(np.repeat(rows[:, None], sensor.width, axis=1).astype(np.float32))
 
 
 def to_encoded_image(x: torch.Tensor) -> torch.Tensor:

@@ -92,6 +92,28 @@ def rows_from_ring(points: np.ndarray, ring: np.ndarray, sensor: Sensor) -> np.n
     return np.where(valid, ring, -1)
 
 
+def grid_winners(points: np.ndarray, sensor: Sensor, ring: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """Indices of the points that win a pixel of the z-buffer (the nearest per pixel) and those pixels (flat).
+
+    `project` keeps only their range along the pixel's centre ray; a caller that needs the winners' exact
+    coordinates (a sweep thinned to a sensor's density without moving its points) takes them from here.
+    """
+    pts = np.asarray(points, dtype=np.float64)
+    if pts.ndim != 2 or pts.shape[1] < 3:
+        raise ValueError(f"points must be an (N, 3+) array, got shape {pts.shape}")
+    if ring is not None and np.shape(ring) != (len(pts),):
+        raise ValueError(f"ring has shape {np.shape(ring)} for {len(pts)} points; expected one beam index per point")
+    rng = np.linalg.norm(pts[:, :3], axis=1)
+    rows = rows_from_ring(pts, ring, sensor) if ring is not None else beam_rows(pts, sensor)
+    keep = np.flatnonzero((rows >= 0) & (rng >= sensor.min_range) & (rng <= sensor.max_range) & np.isfinite(rng))
+    pix = rows[keep] * sensor.width + azimuth_columns(pts[keep, :2], sensor.width)
+    order = np.lexsort((rng[keep], pix))  # by pixel, then nearest first
+    first = np.ones(len(order), dtype=bool)
+    first[1:] = pix[order[1:]] != pix[order[:-1]]
+    winners = order[first]
+    return keep[winners], pix[winners]
+
+
 def project(points: np.ndarray, sensor: Sensor, ring: np.ndarray | None = None) -> RangeImage:
     """Z-buffer points (N, 3+) in the sensor frame into a range image; the nearest return wins a pixel.
 
@@ -99,27 +121,13 @@ def project(points: np.ndarray, sensor: Sensor, ring: np.ndarray | None = None) 
     one; otherwise the nearest beam elevation decides. Points outside [min_range, max_range] are dropped.
     """
     pts = np.asarray(points, dtype=np.float64)
-    if pts.ndim != 2 or pts.shape[1] < 3:
-        raise ValueError(f"points must be an (N, 3+) array, got shape {pts.shape}")
-    if ring is not None and np.shape(ring) != (len(pts),):
-        raise ValueError(f"ring has shape {np.shape(ring)} for {len(pts)} points; expected one beam index per point")
+    index, pix = grid_winners(pts, sensor, ring)
     height, width = sensor.shape
-    rng = np.linalg.norm(pts[:, :3], axis=1)
-    rows = rows_from_ring(pts, ring, sensor) if ring is not None else beam_rows(pts, sensor)
-    keep = (rows >= 0) & (rng >= sensor.min_range) & (rng <= sensor.max_range) & np.isfinite(rng)
-    cols = azimuth_columns(pts[keep, :2], width)
-    pix = rows[keep] * width + cols
-    r = rng[keep]
-    inten = pts[keep, 3] if pts.shape[1] > 3 else np.zeros_like(r)
-    order = np.lexsort((r, pix))  # by pixel, then nearest first
-    pix_sorted = pix[order]
-    first = np.ones(len(order), dtype=bool)
-    first[1:] = pix_sorted[1:] != pix_sorted[:-1]
-    winners = order[first]
     range_img = np.zeros(height * width, dtype=np.float32)
     inten_img = np.zeros(height * width, dtype=np.float32)
-    range_img[pix[winners]] = r[winners]
-    inten_img[pix[winners]] = np.clip(inten[winners], 0.0, 1.0)
+    range_img[pix] = np.linalg.norm(pts[index, :3], axis=1)
+    if pts.shape[1] > 3:
+        inten_img[pix] = np.clip(pts[index, 3], 0.0, 1.0)
     return RangeImage(range_img.reshape(height, width), inten_img.reshape(height, width))
 
 

@@ -224,3 +224,21 @@ def test_removed_v1_fields_are_refused_by_name():
     for name, value in (("prediction", "x0"), ("cache_residual", True)):
         with pytest.raises(ValueError, match=name):
             WorldModelConfig.from_dict({**tiny_config().to_dict(), name: value})
+
+
+def test_where_nothing_is_known_the_range_base_is_flat_ground_under_a_downward_beam() -> None:
+    from inference.conditioning import empty_condition
+    from inference.network import RANGE_FILL
+
+    config = WorldModelConfig()
+    sensor = config.sensor_obj
+    model = WorldModel(config)
+    base_range, _, returns = model.base_image(torch.from_numpy(empty_condition(sensor))[None])
+    assert not returns.any()
+    metres = decode_range(base_range[0].numpy(), sensor.max_range, sensor.min_range)
+    lowest = sensor.height - 1
+    expected = sensor.mount_height / np.sin(-sensor.elevations[lowest])
+    np.testing.assert_allclose(metres[lowest], expected, rtol=1e-4)
+    upward = int(np.flatnonzero(sensor.elevations > 0)[0])
+    assert torch.allclose(base_range[0, upward], torch.tensor(RANGE_FILL))
+    assert "range_fill" not in model.state_dict()  # derived from the sensor: old releases load unchanged
