@@ -11,6 +11,7 @@ from lidar.range_image import (
     beam_rows,
     decode_range,
     encode_range,
+    grid_winners,
     point_elevations,
     project,
     rows_from_ring,
@@ -84,6 +85,17 @@ def test_nearest_return_wins_a_pixel_whatever_the_order():
         assert image.mask.sum() == 1
         assert image.range[5, 20] == pytest.approx(10.0, abs=1e-5)
         assert image.intensity[5, 20] == pytest.approx(0.2)
+
+
+def test_grid_winners_are_the_nearest_point_of_each_pixel_left_where_it_was():
+    sensor = HDL32.with_width(64)
+    ray = sensor.ray_directions()[5, 20]
+    off_centre = ray + np.array([0.0, 0.0, 0.004])  # same pixel, not on its centre ray
+    pts = np.array([[*(ray * 20.0), 0.8], [*(off_centre * 10.0), 0.2], [0.0, 0.0, 500.0, 0.1]])
+    index, pixels = grid_winners(pts, sensor)
+    assert index.tolist() == [1] and pixels.tolist() == [5 * 64 + 20]
+    image = project(pts, sensor)
+    assert image.range[5, 20] == pytest.approx(np.linalg.norm(pts[1, :3]))
 
 
 def test_ring_index_decides_the_row_over_the_elevation():
