@@ -27,6 +27,7 @@ from inference.rollout import MapSource, Progress, RolloutResult, cache_from_sca
 from lidar.formats import Scan, write_points
 from lidar.range_image import RangeImage, project, unproject
 from lidar.sensors import Sensor
+from lidar.sequence import check_poses
 from lidar.sim import ACTIONS, World, make_world, plan_drive
 from lidar.sim.drive import FRAME_RATE_HZ
 
@@ -494,16 +495,7 @@ def _check_poses(poses: Any, name: str) -> np.ndarray:
         raise ValueError(f"{name} must be (T, 4, 4) world_from_sensor poses, got shape {arr.shape}")
     if not np.isfinite(arr).all():
         raise ValueError(f"{name} holds NaN or inf")
-    rot = arr[:, :3, :3]
-    rigid = np.abs(rot @ rot.transpose(0, 2, 1) - np.eye(3)).max(axis=(1, 2)) < 1e-4
-    rigid &= np.abs(np.linalg.det(rot) - 1.0) < 1e-4
-    rigid &= np.abs(arr[:, 3] - [0.0, 0.0, 0.0, 1.0]).max(axis=1) < 1e-9
-    if not rigid.all():
-        raise ValueError(
-            f"{name}[{int(np.flatnonzero(~rigid)[0])}] is not a rigid transform (rotation with det 1, last row "
-            "0 0 0 1); expected world_from_sensor poses"
-        )
-    return arr
+    return check_poses(arr, name)
 
 
 def _world(map: int | World | None, style: str, seed: int) -> World:

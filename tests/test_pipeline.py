@@ -159,7 +159,7 @@ def test_action_poses_dead_reckon_straight_and_turns():
         ({"guidance": -1.0}, r"guidance must be a number in \[0, 20"),
         ({"seed": -3}, r"seed must be an integer >= 0, got -3"),
         ({"map": "city"}, r"map must be a world seed \(integer >= 0\) or a lidar.sim World, got 'city'"),
-        ({"poses": np.zeros((2, 4, 4))}, r"poses\[0\] is not a rigid transform"),
+        ({"poses": np.zeros((2, 4, 4))}, r"poses: pose 0 is not a finite rigid transform"),
         ({"poses": np.eye(4)}, r"poses must be \(T, 4, 4\)"),
         ({"sensor": HDL64}, r"this model generates tiny8 sweeps \(8x64\); got sensor hdl64 \(64x1024\)"),
         ({"callback": 3}, r"callback must be callable"),
