@@ -180,6 +180,15 @@ def _whole_number(value: Any, name: str, lo: int, hi: int) -> int:
     return int(number)
 
 
+def _rollout_numbers(frames: Any, steps: Any, seed: Any) -> tuple[int, int, int]:
+    """Frames, sampling steps and seed of every rollout tab, checked against the server's limits."""
+    return (
+        _whole_number(frames, "Frames", 1, MAX_FRAMES),
+        _whole_number(steps, "Sampling steps", 1, MAX_STEPS),
+        _whole_number(seed, "Seed", 0, MAX_SEED),
+    )
+
+
 def _real_number(value: Any, name: str, lo: float, hi: float) -> float:
     try:
         number = float(value)
@@ -384,9 +393,7 @@ def generate_world(
     map_seed = _whole_number(map_seed, "Map seed", 0, MAX_SEED)
     style = _choice(style, "Style", STYLES)
     action = _choice(action, "Action", ACTIONS)
-    frames = _whole_number(frames, "Frames", 1, MAX_FRAMES)
-    steps = _whole_number(steps, "Sampling steps", 1, MAX_STEPS)
-    seed = _whole_number(seed, "Seed", 0, MAX_SEED)
+    frames, steps, seed = _rollout_numbers(frames, steps, seed)
     guidance = _real_number(guidance, "Guidance", 0.0, MAX_GUIDANCE)
 
     progress(0.0, desc="Generating")
@@ -419,9 +426,7 @@ def forecast_from_scan(
     sensor_choices = (AUTO_SENSOR, *PRESETS)
     sensor_name = _choice(sensor_name, "Sensor", sensor_choices)
     action = _choice(action, "Action", ACTIONS)
-    frames = _whole_number(frames, "Frames", 1, MAX_FRAMES)
-    steps = _whole_number(steps, "Sampling steps", 1, MAX_STEPS)
-    seed = _whole_number(seed, "Seed", 0, MAX_SEED)
+    frames, steps, seed = _rollout_numbers(frames, steps, seed)
 
     sensor = None if sensor_name == AUTO_SENSOR else get_sensor(sensor_name)
     with _user_errors("Cannot read the scan", path):  # messages name the file by its name, not its server path
@@ -497,9 +502,7 @@ def forecast_from_scans(
     pipe = _pipeline()
     paths = _sweep_uploads(scan_files)
     action = _choice(action, "Action", ACTIONS)
-    frames = _whole_number(frames, "Frames", 1, MAX_FRAMES)
-    steps = _whole_number(steps, "Sampling steps", 1, MAX_STEPS)
-    seed = _whole_number(seed, "Seed", 0, MAX_SEED)
+    frames, steps, seed = _rollout_numbers(frames, steps, seed)
 
     start = time.perf_counter()
     scene = _observed_scene(paths, progress)
@@ -535,9 +538,7 @@ def resimulate(
     lateral = _real_number(lateral, "Lateral shift", -MAX_LATERAL_M, MAX_LATERAL_M)
     forward = _real_number(forward, "Forward shift", -MAX_FORWARD_M, MAX_FORWARD_M)
     yaw = _real_number(yaw, "Yaw", -MAX_YAW_DEG, MAX_YAW_DEG)
-    frames = _whole_number(frames, "Frames", 1, MAX_FRAMES)
-    steps = _whole_number(steps, "Sampling steps", 1, MAX_STEPS)
-    seed = _whole_number(seed, "Seed", 0, MAX_SEED)
+    frames, steps, seed = _rollout_numbers(frames, steps, seed)
 
     start = time.perf_counter()
     scene = _observed_scene(paths, progress)
