@@ -23,7 +23,9 @@ Protocol (issue 10), everything measured in the same run:
    KISS-ICP (`lidar.registration`); for the pairs 0->2, 2->4, 0->4 the model forecasts the second sweep
    from the first at the registered pose (no map), against the first sweep moved to that pose. Chamfer
    compares real points left where they were measured, thinned to the model sensor's density (the nearest
-   per pixel, `thin_to_grid`) for the ground truth and the moved sweep alike. Per-ray errors compare
+   per pixel, `thin_to_grid`) for the ground truth and the moved sweep alike, and the forecast within the
+   real sensor's vertical field of view (`in_field_of_view`: KITTI's beams stop at +2 deg, the model's at
+   +10.7 deg, and above there is no ground truth). Per-ray errors compare
    z-buffered range images on the model's grid; a z-buffer keeps the nearest of the 2-3 KITTI beams that
    share a model row, not the range along the row's centre ray, so on the ground they favour the moved
    sweep (z-buffered the same way) over a model that draws the surface itself. Missing scans or a failed
@@ -59,7 +61,7 @@ from inference.cache import transform_points
 from inference.pipeline import LidarVersePipeline
 from lidar.formats import read_points
 from lidar.metrics import bev_jsd, bev_mmd, chamfer_distance, forecast_chamfer, per_ray_errors
-from lidar.range_image import RangeImage, grid_winners, project, unproject
+from lidar.range_image import RangeImage, grid_winners, point_elevations, project, unproject
 from lidar.real_scans import real_scans_dir
 from lidar.registration import RegistrationError, register_sweeps
 from lidar.render import bev_image
@@ -414,6 +416,17 @@ def thin_to_grid(points: np.ndarray, sensor: Sensor) -> np.ndarray:
     return np.asarray(points)[grid_winners(points, sensor)[0]]
 
 
+def in_field_of_view(points: np.ndarray, truth: np.ndarray) -> np.ndarray:
+    """The points within the real sensor's vertical field of view (the truth's elevation span).
+
+    The model's beams reach +10.7 deg where KITTI's stop at +2 deg: what it draws above has no ground truth
+    to be scored against, and a moved KITTI sweep has nothing there either.
+    """
+    span = np.percentile(point_elevations(np.asarray(truth)), [0.1, 99.9])
+    elevations = point_elevations(np.asarray(points))
+    return np.asarray(points)[(elevations >= span[0]) & (elevations <= span[1])]
+
+
 def real_pairs(pipe: LidarVersePipeline, cfg: EvalConfig, seed: int) -> RealResult:
     """Forecast each KITTI pair's second sweep from its first, against the first moved to the registered pose."""
     # 1. the sweeps and their poses
@@ -435,7 +448,7 @@ def real_pairs(pipe: LidarVersePipeline, cfg: EvalConfig, seed: int) -> RealResu
         moved = thin_to_grid(transform_points(sweeps[a], a_to_b), sensor)
         forecast = pipe.forecast(prefix_scans=[sweeps[a]], prefix_poses=reg.poses[a][None], poses=reg.poses[b][None],
                                  steps=cfg.steps, seed=seed, guidance=cfg.guidance).frames[0].points
-        clouds = {MODEL_FORECAST: forecast, MOVED_FIRST: moved}
+        clouds = {MODEL_FORECAST: in_field_of_view(forecast, sweeps[b]), MOVED_FIRST: moved}
         pairs.append({"pair": f"{KITTI_FRAMES[a]:06d}->{KITTI_FRAMES[b]:06d}",
                       "gap_s": (KITTI_FRAMES[b] - KITTI_FRAMES[a]) / FRAME_RATE_HZ,
                       "methods": {m: frame_scores(c, truth, truth_points, sensor) for m, c in clouds.items()}})
