@@ -53,7 +53,7 @@ from inference.cache import transform_points
 from inference.loader import MODEL_ENV, env_flag
 from inference.observed import ObservedScene, check_inside, observe, record_prefix, shifted_path
 from lidar import render
-from lidar.formats import check_sensor, detect_sensor, read_points, write_points
+from lidar.formats import READ_SUFFIXES, check_sensor, detect_sensor, read_points, write_points
 from lidar.real_scans import real_scans_dir
 from lidar.sensors import PRESETS, get_sensor
 from lidar.sequence import MAX_SWEEPS
@@ -74,7 +74,6 @@ QUEUE_MAX_SIZE = 16
 
 ACTIONS = {"Straight": "straight", "Turn left": "turn_left", "Turn right": "turn_right"}
 STYLES = ("urban", "suburban", "highway")
-SCAN_SUFFIXES = (".bin", ".pcd", ".ply", ".npy", ".npz", ".las", ".laz")
 AUTO_SENSOR = "auto-detect"
 #: Re-simulation sliders: how far the new path may leave the observed one (check_inside has the last word).
 MAX_LATERAL_M = 5.0
@@ -205,7 +204,7 @@ def _choice(value: Any, name: str, choices: dict[str, str] | tuple[str, ...]) ->
     return choices[value] if isinstance(choices, dict) else value
 
 
-def _upload_path(upload: str | Path | None, suffixes: tuple[str, ...] = SCAN_SUFFIXES) -> Path:
+def _upload_path(upload: str | Path | None, suffixes: tuple[str, ...] = READ_SUFFIXES) -> Path:
     """The uploaded file's path, after the checks that need no parsing: present, size, extension."""
     if upload is None:
         raise gr.Error("No scan uploaded: drop a .bin, .pcd, .ply, .npy or .las file on 'Scan'.")
@@ -469,7 +468,7 @@ def _sweep_uploads(uploads: Any) -> list[Path]:
     zips = [Path(p) for p in items if Path(p).suffix.lower() == ".zip"]
     if zips and len(items) > 1:
         raise gr.Error("Upload either sweep files or one .zip of them, not both.")
-    return [_upload_path(p, (*SCAN_SUFFIXES, ".zip")) for p in items]
+    return [_upload_path(p, (*READ_SUFFIXES, ".zip")) for p in items]
 
 
 def _observed_scene(paths: list[Path], progress: gr.Progress) -> ObservedScene:
@@ -700,7 +699,7 @@ def example_scans() -> tuple[Path, ...]:
     """Scans a forecast can start from: those shipped in examples/scans (so a fresh clone has some), then
     the shared real scans beside the repository when there, minus the shipped ones and those not in their
     sensor's frame (PandaSet's are in the ego frame, which the pipeline refuses with a message)."""
-    shipped = sorted(p for p in EXAMPLE_SCANS_DIR.iterdir() if p.suffix in SCAN_SUFFIXES)
+    shipped = sorted(p for p in EXAMPLE_SCANS_DIR.iterdir() if p.suffix in READ_SUFFIXES)
     shared = sorted(REAL_SCANS_DIR.glob("*.bin")) if REAL_SCANS_DIR.is_dir() else []
     names = {p.name for p in shipped}
     return (*shipped, *(p for p in shared if p.name not in names and read_points(p).sensor_frame))
@@ -717,7 +716,7 @@ def example_scene() -> list[str]:
 def _scene_inputs(label: str) -> tuple[gr.File, gr.Dataframe]:
     """The upload of several sweeps (or one zip), its example when there is one, and the table of their
     registered poses."""
-    files = gr.File(label=label, file_count="multiple", file_types=[*SCAN_SUFFIXES, ".zip"], type="filepath")
+    files = gr.File(label=label, file_count="multiple", file_types=[*READ_SUFFIXES, ".zip"], type="filepath")
     if scene := example_scene():
         gr.Examples([[scene]], [files], label="KITTI seq 00, sweeps 0, 2, 4 (click)")
     table = gr.Dataframe(headers=PREFIX_COLUMNS, label="Registered prefix (world frame = the first sweep)",
@@ -759,7 +758,7 @@ def build_demo() -> gr.Blocks:
         with gr.Tab("Forecast from a scan"):
             with gr.Row():
                 with gr.Column(scale=1):
-                    scan_file = gr.File(label="Scan (.bin, .pcd, .ply, .npy, .las)", file_types=list(SCAN_SUFFIXES),
+                    scan_file = gr.File(label="Scan (.bin, .pcd, .ply, .npy, .las)", file_types=list(READ_SUFFIXES),
                                         type="filepath")
                     sensor = gr.Dropdown([AUTO_SENSOR, *PRESETS], value=AUTO_SENSOR,
                                          label="Sensor (when it cannot be detected)")

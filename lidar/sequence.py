@@ -34,7 +34,7 @@ from pathlib import Path
 
 import numpy as np
 
-from lidar.formats import MAX_FILE_BYTES, PointCloudError, Scan, read_points
+from lidar.formats import MAX_FILE_BYTES, READ_SUFFIXES, PointCloudError, Scan, read_points
 from lidar.sensors import Sensor
 
 logger = logging.getLogger(__name__)
@@ -45,8 +45,6 @@ MAX_SWEEPS = 50
 MAX_SEQUENCE_BYTES = 256 * 2**20
 #: Most entries a zip may list, sweeps or not (a zip of thousands of tiny entries is refused unread).
 MAX_ZIP_MEMBERS = 200
-#: File extensions taken as sweeps; `read_points` also sniffs content, but a folder holds other files too.
-SWEEP_SUFFIXES = (".bin", ".pcd", ".ply", ".npy", ".npz", ".las", ".laz")
 #: Files a sequence folder may hold besides sweeps: never read as sweeps.
 POSES_FILES = ("poses.json", "poses.txt")
 CALIB_FILE = "calib.txt"
@@ -96,7 +94,7 @@ def sweep_files(folder: Path) -> list[Path]:
     files = [
         p
         for p in folder.iterdir()
-        if p.is_file() and not p.name.startswith(".") and p.suffix.lower() in SWEEP_SUFFIXES
+        if p.is_file() and not p.name.startswith(".") and p.suffix.lower() in READ_SUFFIXES
     ]
     return sorted(files, key=_frame_order)
 
@@ -115,7 +113,7 @@ def extract_zip(archive: Path, into: Path) -> Path:
                     f"{archive.name}: {len(members)} entries; a sequence zip may hold at most {MAX_ZIP_MEMBERS}"
                 )
             wanted = [m for m in members if _wanted_member(m)]
-            _check_count(sum(Path(m.filename).suffix.lower() in SWEEP_SUFFIXES for m in wanted), archive.name)
+            _check_count(sum(Path(m.filename).suffix.lower() in READ_SUFFIXES for m in wanted), archive.name)
             total = 0
             for member in wanted:
                 name = Path(member.filename.replace("\\", "/")).name
@@ -179,7 +177,7 @@ def _read_folder(folder: Path, sensor: Sensor | None, poses: str | Path | None, 
         return _read_files(files, sensor, own)
     files = sweep_files(folder)
     if not files:
-        raise PointCloudError(f"{label}: no sweep files ({', '.join(SWEEP_SUFFIXES)}) found")
+        raise PointCloudError(f"{label}: no sweep files ({', '.join(READ_SUFFIXES)}) found")
     if poses is None and (folder / "poses.txt").is_file():
         poses = folder / "poses.txt"
     return _read_files(files, sensor, poses)
@@ -215,7 +213,7 @@ def _wanted_member(member: zipfile.ZipInfo) -> bool:
     return (
         not member.is_dir()
         and not hidden
-        and (Path(name).suffix.lower() in SWEEP_SUFFIXES or name in (*POSES_FILES, CALIB_FILE))
+        and (Path(name).suffix.lower() in READ_SUFFIXES or name in (*POSES_FILES, CALIB_FILE))
     )
 
 

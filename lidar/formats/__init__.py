@@ -5,12 +5,13 @@
 """
 
 from lidar.formats.detect import azimuth_coverage_deg, check_sensor, detect_sensor
-from lidar.formats.io import WRITERS, read_points, write_points
+from lidar.formats.io import READ_SUFFIXES, WRITERS, read_points, write_points
 from lidar.formats.scan import MAX_FILE_BYTES, MAX_POINTS, PointCloudError, Scan
 
 __all__ = [
     "MAX_FILE_BYTES",
     "MAX_POINTS",
+    "READ_SUFFIXES",
     "WRITERS",
     "PointCloudError",
     "Scan",

@@ -37,6 +37,8 @@ WRITERS: dict[str, Callable[[Path, np.ndarray, np.ndarray | None], None]] = {
     "laz": write_las,
 }
 _EXTENSIONS = {".bin": "kitti-bin", ".pcd": "pcd", ".ply": "ply", ".npy": "npy", ".npz": "npz", ".las": "las", ".laz": "laz"}
+#: File extensions `read_points` recognises: what uploads, folders and zips of sweeps are filtered by.
+READ_SUFFIXES: tuple[str, ...] = tuple(_EXTENSIONS)
 
 
 def _sniff(path: Path) -> str | None:
