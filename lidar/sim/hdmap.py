@@ -1,7 +1,8 @@
 """The HD map: vector layers, a class raster and a terrain height field, plus the ray casts against them.
 
-The world model conditions on `range_view_classes`, so it is computed exactly as the simulator finds the
-ground (same terrain, same raster) but without occlusion: it says what the map holds under each ray.
+The world model conditions on `range_view` (ground class and range, extruded footprints), so it is computed
+exactly as the simulator finds the ground (same terrain, same raster) but without occlusion: it says what the
+map holds under each ray.
 """
 
 from __future__ import annotations
