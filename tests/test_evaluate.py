@@ -48,13 +48,7 @@ SENSOR = HDL32.with_width(64)
 SIM_METHODS = [MODEL_FORECAST, MODEL_GENERATE, CACHE_ONLY, MAP_ONLY, NOISE_FLOOR]
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_torch_thread():
-    """Tiny models gain nothing from a second thread, and on a shared 2-core box two threads stall each other."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")  # tests/conftest.py
 
 
 def _tiny_pipeline() -> LidarVersePipeline:
