@@ -583,9 +583,15 @@ def model_info() -> dict[str, Any]:
     return info
 
 
+def _start_up_source(source: str | None) -> str | None:
+    """The source the app starts with: --model, else $LIDARVERSE_MODEL, else None (the shipped release),
+    read as `load_pipeline` reads it, so the label and the switch list name the model actually served."""
+    return source or os.environ.get(MODEL_ENV, "").strip() or None
+
+
 def source_label(source: str | None) -> str:
     """How visitors see a start-up source: None is $LIDARVERSE_MODEL or the shipped release."""
-    return public_text(source or os.environ.get(MODEL_ENV, "").strip() or DEFAULT_SOURCE)
+    return public_text(_start_up_source(source) or DEFAULT_SOURCE)
 
 
 def load_model(source: str | None, label: str | None = None) -> LidarVersePipeline:
@@ -881,7 +887,7 @@ def _configure_switch(model: str | None, extra: list[str], allow_switch: bool, a
     global SWITCH
     if not (allow_switch or allow_any):
         return
-    start_up = model or os.environ.get(MODEL_ENV, "").strip() or None
+    start_up = _start_up_source(model)
     SWITCH = ModelSwitch.of([str(APP_DIR / DEFAULT_SOURCE), *([start_up] if start_up else []), *extra], allow_any)
     logger.info("model switching on among %s%s", SWITCH.sources,
                 "; ANY path or Hub id may be loaded (--allow-any-source: local development only)" if allow_any else "")
