@@ -634,11 +634,12 @@ def random_seed() -> int:
 HOW_IT_WORKS = """
 ### How it works
 LidarVerse is a causal, few-step, block-autoregressive LiDAR world model. For each new frame the car moves
-along the chosen action (poses at 10 Hz). The model sees two things in the new sensor's range view: the HD
-map ray-cast from the new pose, and everything it has generated so far, kept in a rolling spatial cache and
-re-projected. A few flow-matching steps (4 by default) turn noise into a 360° sweep (range + intensity),
-which is unprojected, moved into the world frame and merged into the cache. Forecasting is the same loop
-with the uploaded scan seeded into the cache. *Guidance* trades diversity for fidelity to the map.
+along the chosen action (poses at 10 Hz). The model sees, in the new sensor's range view, everything it has
+generated or observed so far (a rolling spatial cache, re-projected), the HD map's ground and buildings
+ray-cast from the new pose, and the other road users' 3-D boxes at that moment. From these it draws a prior
+sweep, and a few flow-matching steps (4 by default) correct its ranges and decide where each ray returns;
+the sweep is unprojected, moved into the world frame and merged into the cache. Forecasting is the same loop
+with the uploaded scans seeded into the cache; re-simulation renders them from new poses. *Guidance* trades diversity for fidelity to the map.
 """
 
 
