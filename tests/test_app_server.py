@@ -327,7 +327,10 @@ def generate_in_browser(url: str, screenshot: Path) -> dict[str, float]:
             while True:  # the viewer fetches and draws the PLY after the canvas appears
                 pixels = np.asarray(Image.open(io.BytesIO(canvas.screenshot())).convert("RGB")).astype(int)
                 scene = pixels[60:-10, 10:-10]  # below the label and buttons drawn over the canvas
-                lit = int((np.abs(scene - VIEWER_BACKDROP).sum(axis=-1) > 60).sum())
+                off_backdrop = np.abs(scene - VIEWER_BACKDROP).sum(axis=-1) > 60
+                # before the viewer draws, the canvas is blank white: every pixel is "off the backdrop", so
+                # points count only once the backdrop itself covers most of the canvas
+                lit = int(off_backdrop.sum()) if off_backdrop.mean() < 0.5 else 0
                 if lit > 500 or time.monotonic() > deadline:
                     break
                 page.wait_for_timeout(500)
