@@ -489,7 +489,7 @@ def write_pictures(out_dir: Path, sim: dict[str, np.ndarray], real: dict[str, np
     sim_labels = {GROUND_TRUTH: "ground truth, 1.0 s", MODEL_FORECAST: "model forecast (frame 0 observed)",
                   MODEL_GENERATE: "model generate (map + layout)"}
     a, b = (f"{KITTI_FRAMES[i]:06d}" for i in KITTI_PICTURE_PAIR)
-    real_labels = {GROUND_TRUTH: f"KITTI {b} (model's grid)", MODEL_FORECAST: f"model forecast from {a}",
+    real_labels = {GROUND_TRUTH: f"KITTI {b} (model's density)", MODEL_FORECAST: f"model forecast from {a}",
                    MOVED_FIRST: f"{a} moved to {b}'s pose"}
     for name, clouds, labels in ((SIM_PICTURE, sim, sim_labels), (KITTI_PICTURE, real, real_labels)):
         if clouds:
