@@ -164,7 +164,7 @@ class LidarVersePipeline:
         """
         start = time.perf_counter()
         steps, guidance = self._check_sampling(steps, guidance, seed, callback)
-        points = self._resample_scans(prefix_scans, "prefix_scans")
+        points = self._observed_points(prefix_scans, "prefix_scans")
         prefix_poses = self._scan_poses(prefix_poses, len(points), "prefix_poses")
         if poses is not None:
             poses = _check_poses(poses, "poses")
@@ -200,7 +200,7 @@ class LidarVersePipeline:
         """Render observed sweeps (at `poses`) from new `target_poses`; generated frames do not feed back."""
         start = time.perf_counter()
         steps, guidance = self._check_sampling(steps, guidance, seed, callback)
-        points = self._resample_scans(scans, "scans")
+        points = self._observed_points(scans, "scans")
         poses = self._scan_poses(poses, len(points), "poses")
         target_poses = _check_poses(target_poses, "target_poses")
         _check_frames(len(target_poses), "len(target_poses)")
@@ -303,15 +303,15 @@ class LidarVersePipeline:
                 f"({sensor.height}x{sensor.width}). Load a model trained for {sensor.name}, or omit the sensor"
             )
 
-    def _resample_scans(self, scans: Sequence[ScanLike], name: str) -> list[np.ndarray]:
+    def _observed_points(self, scans: Sequence[ScanLike], name: str) -> list[np.ndarray]:
         """Each scan as sensor-frame points for the cache, checked to be a sweep the model's beams can see."""
         if isinstance(scans, np.ndarray | Scan | RangeImage) or not isinstance(scans, Sequence) or not scans:
             raise ValueError(
                 f"{name} must be a non-empty list of lidar.formats.Scan, (N, 3+) arrays or RangeImages"
             )
-        return [self._resample(scan, f"{name}[{i}]") for i, scan in enumerate(scans)]
+        return [self._checked_scan(scan, f"{name}[{i}]") for i, scan in enumerate(scans)]
 
-    def _resample(self, scan: ScanLike, name: str) -> np.ndarray:
+    def _checked_scan(self, scan: ScanLike, name: str) -> np.ndarray:
         sensor = self.sensor
         if isinstance(scan, RangeImage):
             if scan.shape != sensor.shape:
