@@ -333,6 +333,14 @@ def _present(result: RolloutResult, out: Path, pipe: LidarVersePipeline, request
     )
 
 
+def _deliver(result: RolloutResult, pipe: LidarVersePipeline, request: dict[str, Any], stats: dict[str, Any],
+             extra: tuple = (), **present: Any) -> Iterator[tuple]:
+    """Hand one rollout's outputs (plus `extra`) to Gradio from a request folder that lives until Gradio has
+    taken them, i.e. until it resumes the generator."""
+    with _request_dir() as out, _user_errors("Writing the results"):
+        yield (*_present(result, out, pipe, request, stats, **present).outputs(), *extra)
+
+
 def _rollout_stats(result: RolloutResult, seconds: float, pipe: LidarVersePipeline) -> dict[str, Any]:
     """Time and frames/s as a visitor reads them (wall time includes checks and building the cache)."""
     timings = result.timings
@@ -403,11 +411,9 @@ def generate_world(
             callback=_progress_callback(progress, "Generating"),
         )
     seconds = time.perf_counter() - start
-    with _request_dir() as out, _user_errors("Writing the results"):
-        request = {"map_seed": map_seed, "style": style, "action": action, "frames": frames, "steps": steps,
-                   "seed": seed, "guidance": guidance}
-        presented = _present(result, out, pipe, request, _rollout_stats(result, seconds, pipe))
-        yield presented.outputs()
+    request = {"map_seed": map_seed, "style": style, "action": action, "frames": frames, "steps": steps,
+               "seed": seed, "guidance": guidance}
+    yield from _deliver(result, pipe, request, _rollout_stats(result, seconds, pipe))
 
 
 def forecast_from_scan(
@@ -451,11 +457,9 @@ def forecast_from_scan(
     seconds = time.perf_counter() - start
     stats = {**_rollout_stats(result, seconds, pipe), "input": path.name, "input points": len(scan.points),
              "input sensor": sensor.name, "input notes": scan.notes}
-    with _request_dir() as out, _user_errors("Writing the results"):
-        request = {"input": path.name, "input_sensor": sensor.name, "action": action, "frames": frames,
-                   "steps": steps, "seed": seed}
-        presented = _present(result, out, pipe, request, stats, observed=scan.points)
-        yield presented.outputs()
+    request = {"input": path.name, "input_sensor": sensor.name, "action": action, "frames": frames,
+               "steps": steps, "seed": seed}
+    yield from _deliver(result, pipe, request, stats, observed=scan.points)
 
 
 def _sweep_uploads(uploads: Any) -> list[Path]:
@@ -513,11 +517,10 @@ def forecast_from_scans(
         )
     seconds = time.perf_counter() - start
     stats = {**_rollout_stats(result, seconds, pipe), "inputs": scene.names, "poses": scene.pose_source}
-    with _request_dir() as out, _user_errors("Writing the results"):
-        request = {"inputs": scene.names, "poses": scene.pose_source, "action": action, "frames": frames,
-                   "steps": steps, "seed": seed}
-        presented = _present(result, out, pipe, request, stats, observed=scene.world_points(), scene=scene)
-        yield (*presented.outputs(), _prefix_table(scene))
+    request = {"inputs": scene.names, "poses": scene.pose_source, "action": action, "frames": frames,
+               "steps": steps, "seed": seed}
+    yield from _deliver(result, pipe, request, stats, (_prefix_table(scene),), observed=scene.world_points(),
+                        scene=scene)
 
 
 def resimulate(
@@ -550,11 +553,10 @@ def resimulate(
     seconds = time.perf_counter() - start
     stats = {**_rollout_stats(result, seconds, pipe), "inputs": scene.names, "poses": scene.pose_source,
              "shift (forward, left) m": [forward, lateral], "yaw deg": yaw}
-    with _request_dir() as out, _user_errors("Writing the results"):
-        request = {"inputs": scene.names, "poses": scene.pose_source, "shift": [forward, lateral], "yaw_deg": yaw,
-                   "frames": frames, "steps": steps, "seed": seed}
-        presented = _present(result, out, pipe, request, stats, observed=scene.world_points(), scene=scene)
-        yield (*presented.outputs(), _prefix_table(scene))
+    request = {"inputs": scene.names, "poses": scene.pose_source, "shift": [forward, lateral], "yaw_deg": yaw,
+               "frames": frames, "steps": steps, "seed": seed}
+    yield from _deliver(result, pipe, request, stats, (_prefix_table(scene),), observed=scene.world_points(),
+                        scene=scene)
 
 
 def show_frame(index: Any, frame_pngs: list[tuple[bytes, bytes]] | None) -> tuple[Image.Image | None, Image.Image | None]:
