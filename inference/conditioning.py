@@ -48,6 +48,9 @@ GROUND_RANGE, BUILDING_RANGE, VEGETATION_RANGE = 3, 4, 5
 MAP_RANGE_CHANNELS = 3
 #: Encoded-range gap (about 10 % of the range) within which a cached return confirms the map's surface.
 SNAP_TOLERANCE = 0.05
+#: Surface patch (m) a cached point stands for when it is z-buffered into a new view: the cache's voxel
+#: (`SpatialCache.voxel_size`). Without it, ground behind a near wall shows through the wall's gaps.
+CACHE_FOOTPRINT = 0.2
 #: Beam elevation, sin and cos of azimuth at the end of the condition.
 COORD_CHANNELS = 3
 
@@ -190,7 +193,7 @@ def build_condition(
             raise ValueError(
                 f"build_condition: cache points must be (N, 4) x,y,z,intensity, got {cache_pts.shape}"
             )
-        image = project(transform_points(cache_pts, np.linalg.inv(pose)), sensor)
+        image = project(transform_points(cache_pts, np.linalg.inv(pose)), sensor, footprint=CACHE_FOOTPRINT)
         cond[CACHE_IMAGE] = encode_image(image, sensor)
         cond[CACHE_MASK] = image.mask
     # 2. the HD map's geometry and classes under each ray

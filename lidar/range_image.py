@@ -92,36 +92,73 @@ def rows_from_ring(points: np.ndarray, ring: np.ndarray, sensor: Sensor) -> np.n
     return np.where(valid, ring, -1)
 
 
-def grid_winners(points: np.ndarray, sensor: Sensor, ring: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+#: Widest splat (pixels either side of a point's own): a nearer point's patch is clipped to this.
+MAX_SPLAT = 4
+
+
+def grid_winners(
+    points: np.ndarray, sensor: Sensor, ring: np.ndarray | None = None, footprint: float = 0.0
+) -> tuple[np.ndarray, np.ndarray]:
     """Indices of the points that win a pixel of the z-buffer (the nearest per pixel) and those pixels (flat).
 
     `project` keeps only their range along the pixel's centre ray; a caller that needs the winners' exact
     coordinates (a sweep thinned to a sensor's density without moving its points) takes them from here.
+    With `footprint` > 0 a point may win several pixels (see `project`), so an index can repeat.
     """
     pts = np.asarray(points, dtype=np.float64)
     if pts.ndim != 2 or pts.shape[1] < 3:
         raise ValueError(f"points must be an (N, 3+) array, got shape {pts.shape}")
     if ring is not None and np.shape(ring) != (len(pts),):
         raise ValueError(f"ring has shape {np.shape(ring)} for {len(pts)} points; expected one beam index per point")
+    if not footprint >= 0:
+        raise ValueError(f"footprint must be >= 0 metres, got {footprint}")
     rng = np.linalg.norm(pts[:, :3], axis=1)
     rows = rows_from_ring(pts, ring, sensor) if ring is not None else beam_rows(pts, sensor)
     keep = np.flatnonzero((rows >= 0) & (rng >= sensor.min_range) & (rng <= sensor.max_range) & np.isfinite(rng))
-    pix = rows[keep] * sensor.width + azimuth_columns(pts[keep, :2], sensor.width)
-    order = np.lexsort((rng[keep], pix))  # by pixel, then nearest first
+    index, rows, cols = keep, rows[keep], azimuth_columns(pts[keep, :2], sensor.width)
+    if footprint > 0:
+        index, rows, cols = _splat(index, rows, cols, rng[keep], sensor, footprint)
+    pix = rows * sensor.width + cols
+    order = np.lexsort((rng[index], pix))  # by pixel, then nearest first
     first = np.ones(len(order), dtype=bool)
     first[1:] = pix[order[1:]] != pix[order[:-1]]
     winners = order[first]
-    return keep[winners], pix[winners]
+    return index[winners], pix[winners]
 
 
-def project(points: np.ndarray, sensor: Sensor, ring: np.ndarray | None = None) -> RangeImage:
+def _splat(
+    index: np.ndarray, rows: np.ndarray, cols: np.ndarray, rng: np.ndarray, sensor: Sensor, footprint: float
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Each point repeated over the pixels its `footprint`-wide patch spans at its range (azimuth wraps)."""
+    spacing_el = (sensor.elevations[0] - sensor.elevations[-1]) / (sensor.height - 1) if sensor.height > 1 else np.inf
+    spacing_az = 2.0 * np.pi / sensor.width
+    half_cols = np.minimum(footprint / (2.0 * rng * spacing_az), MAX_SPLAT).astype(np.int64)
+    half_rows = np.minimum(footprint / (2.0 * rng * spacing_el), MAX_SPLAT).astype(np.int64)
+    out = [(index, rows, cols)]
+    wide = np.flatnonzero((half_rows > 0) | (half_cols > 0))  # only near points span more than their pixel
+    index, rows, cols, half_rows, half_cols = (a[wide] for a in (index, rows, cols, half_rows, half_cols))
+    for dr in range(-int(half_rows.max(initial=0)), int(half_rows.max(initial=0)) + 1):
+        for dc in range(-int(half_cols.max(initial=0)), int(half_cols.max(initial=0)) + 1):
+            sel = (abs(dr) <= half_rows) & (abs(dc) <= half_cols) & ((dr != 0) | (dc != 0))
+            sel &= (rows + dr >= 0) & (rows + dr < sensor.height)
+            if sel.any():
+                out.append((index[sel], rows[sel] + dr, (cols[sel] + dc) % sensor.width))
+    return tuple(np.concatenate(parts) for parts in zip(*out, strict=True))
+
+
+def project(
+    points: np.ndarray, sensor: Sensor, ring: np.ndarray | None = None, footprint: float = 0.0
+) -> RangeImage:
     """Z-buffer points (N, 3+) in the sensor frame into a range image; the nearest return wins a pixel.
 
     Column 3, if present, is intensity in [0, 1]. `ring` gives each point's beam index when the file has
     one; otherwise the nearest beam elevation decides. Points outside [min_range, max_range] are dropped.
+    `footprint` (m) is the size of the surface patch each point stands for (a cache voxel): a point then
+    covers every pixel its patch spans at its range. Bare points let the background show through the gaps
+    of a near surface seen from a new pose; patches hide it, as the surface would.
     """
     pts = np.asarray(points, dtype=np.float64)
-    index, pix = grid_winners(pts, sensor, ring)
+    index, pix = grid_winners(pts, sensor, ring, footprint)
     height, width = sensor.shape
     range_img = np.zeros(height * width, dtype=np.float32)
     inten_img = np.zeros(height * width, dtype=np.float32)

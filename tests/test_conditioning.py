@@ -8,6 +8,7 @@ import torch
 from inference.cache import transform_points
 from inference.conditioning import (
     BUILDING_RANGE,
+    CACHE_FOOTPRINT,
     CACHE_INTENSITY,
     CACHE_MASK,
     CACHE_RANGE,
@@ -349,6 +350,7 @@ def test_condition_from_a_projected_scan_reproduces_that_scan_in_the_cache_chann
     )
     pose = pose_at(7.0, yaw=0.3)
     cond = build_condition(transform_points(pts, pose), pose, None, None, SENSOR)
-    expected = encode_image(project(pts, SENSOR), SENSOR)
+    # the cache is z-buffered with each point standing for a voxel-sized patch (CACHE_FOOTPRINT)
+    expected = encode_image(project(pts, SENSOR, footprint=CACHE_FOOTPRINT), SENSOR)
     np.testing.assert_allclose(cond[:2].numpy(), expected, atol=1e-4)
     assert cond[CACHE_MASK].mean() > 0.99

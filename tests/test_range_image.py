@@ -98,6 +98,34 @@ def test_grid_winners_are_the_nearest_point_of_each_pixel_left_where_it_was():
     assert image.range[5, 20] == pytest.approx(np.linalg.norm(pts[1, :3]))
 
 
+def test_a_footprint_hides_the_background_behind_the_gaps_of_a_near_surface():
+    """A wall 3 m ahead sampled every 0.15 m (denser than a cache's voxels), a background 30 m behind it."""
+    sensor = HDL32.with_width(512)
+    ys, zs = np.meshgrid(np.arange(-3.0, 3.0, 0.15), np.arange(-1.0, 1.0, 0.15))
+    wall = np.stack([np.full(ys.size, 3.0), ys.ravel(), zs.ravel(), np.full(ys.size, 0.5)], axis=1)
+    dirs = sensor.ray_directions()[10:18, 150:362].reshape(-1, 3)
+    background = np.concatenate([dirs * 30.0, np.full((len(dirs), 1), 0.1)], axis=1)
+    pts = np.concatenate([wall, background])
+    bare, patched = project(pts, sensor), project(pts, sensor, footprint=0.2)
+    behind_wall = np.abs(np.arctan2(sensor.ray_directions()[..., 1], sensor.ray_directions()[..., 0])) < np.arctan2(2.5, 3.0)
+    rows = slice(10, 18)  # elevations -2 to -12 deg: the wall's lower half
+    seen_through = lambda image: ((image.range[rows] > 20.0) & behind_wall[rows]).sum()  # noqa: E731
+    assert seen_through(bare) > 50, "the bare z-buffer lets the background through the wall's gaps"
+    assert seen_through(patched) == 0
+    assert (patched.range[rows][behind_wall[rows]] < 4.0).all()
+    # beside the wall nothing changes: a point 30 m away covers less than a pixel
+    az = np.abs(np.arctan2(sensor.ray_directions()[..., 1], sensor.ray_directions()[..., 0]))
+    outside = (az[rows] > np.arctan2(3.5, 3.0)) & bare.mask[rows]
+    assert outside.sum() > 50
+    np.testing.assert_array_equal(patched.range[rows][outside], bare.range[rows][outside])
+    # the winners are still the nearest points, and 0 is the plain z-buffer
+    index, pixels = grid_winners(pts, sensor, footprint=0.2)
+    assert len(index) == len(pixels) == patched.mask.sum() and len(np.unique(pixels)) == len(pixels)
+    np.testing.assert_array_equal(project(pts, sensor, footprint=0.0).range, bare.range)
+    with pytest.raises(ValueError, match="footprint"):
+        project(pts, sensor, footprint=-0.1)
+
+
 def test_ring_index_decides_the_row_over_the_elevation():
     sensor = HDL32.with_width(64)
     points, mask = simulated(sensor, seed=2)

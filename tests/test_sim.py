@@ -687,6 +687,43 @@ def test_a_green_area_is_a_vegetation_block_of_the_fixed_height():
     assert (view.building == 0).all()
 
 
+def test_a_barrier_footprint_is_met_in_the_building_layer_where_it_is_nearer():
+    sensor = HDL32.with_width(256)
+    pose = np.eye(4)
+    pose[2, 3] = sensor.mount_height
+    wall = _building(10.0, 10.3, -8.0, 8.0, height=3.0)
+    hdmap = _flat_map(layers={"building": [_building(20.0, 30.0, -10.0, 10.0, height=6.0)], "barrier": [wall]})
+    view = hdmap.range_view(pose, sensor)
+    col, el = sensor.width // 2, sensor.elevations
+    at_wall = 10.0 / (np.cos(el) * np.cos(sensor.azimuths[col]))
+    z = sensor.mount_height + at_wall * np.sin(el)
+    low, high = (z > 0.05) & (z < 3.0 - 0.05), (z > 3.1) & (sensor.mount_height + 20.0 * np.tan(el) < 5.9)
+    assert low.sum() >= 4 and high.any()
+    np.testing.assert_allclose(view.building[low, col], at_wall[low], rtol=1e-5)  # the wall hides the building
+    assert (view.building[high, col] > 19.9).all(), "above the wall the building behind it is met"
+
+
+def test_a_worlds_walls_and_fences_are_in_its_map_as_barriers():
+    from lidar.sim.actors import BARRIER_CLASSES, OBJECT_CLASS_INDEX
+
+    world = make_world(3, "highway")
+    features = world.hdmap.layers["barrier"]
+    walls = world.scenery.label == OBJECT_CLASS_INDEX["wall"]
+    assert len(features) == int((walls | (world.scenery.label == OBJECT_CLASS_INDEX["fence"])).sum()) > 0
+    assert {f["properties"]["class"] for f in features} <= set(BARRIER_CLASSES)
+    boxes = world.hdmap.footprint_boxes["barrier"]
+    # each footprint matches a wall solid of the scenery: same centre and length, top at the solid's top
+    centres = world.scenery.center[walls, :2]
+    for box in boxes[:10]:
+        k = np.argmin(np.linalg.norm(centres - box[:2], axis=1))
+        assert np.linalg.norm(centres[k] - box[:2]) < 1e-2
+        assert box[3] == pytest.approx(2 * world.scenery.size[walls][k, 0], abs=1e-2)
+        assert box[2] + box[5] / 2 == pytest.approx(world.scenery.center[walls][k, 2] + world.scenery.size[walls][k, 2], abs=0.05)
+    # and the map survives the dataset round trip with them
+    again = type(world.hdmap).from_dict(world.hdmap.to_dict())
+    np.testing.assert_allclose(again.footprint_boxes["barrier"], boxes)
+
+
 def test_box_range_view_matches_brute_force_on_a_worlds_actor_layout(urban):
     from lidar.boxes import box_range_view
     from tests.test_boxes import brute_force_view

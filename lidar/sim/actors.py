@@ -38,6 +38,8 @@ OBJECT_CLASSES: tuple[str, ...] = (
 OBJECT_CLASS_INDEX = {name: i for i, name in enumerate(OBJECT_CLASSES)}
 #: Classes that get a 3-D box (the detection targets).
 BOXED_CLASSES = ("car", "van", "truck", "pedestrian", "cyclist")
+#: Scenery the HD map lists as footprints (layer "barrier"): what a planner must not drive through.
+BARRIER_CLASSES = ("wall", "fence")
 #: Share of a facade that is glass: rays pass through windows (and return from inside, or not at all).
 WINDOW_FRACTION = 0.2
 
@@ -532,6 +534,7 @@ def populate(rng: np.random.Generator, layout: Layout, style: str) -> Population
     # Scenery rows are relative to the ground under their centre; one batched lookup places them all.
     # Static actors are baked into the scenery too; moving actors are placed per frame.
     rel = Shapes.from_rows(static_rows)
+    hdmap.layers["barrier"] = barrier_features(rel)
     rel.center[:, 2] += hdmap.ground_height(rel.center[:, 0], rel.center[:, 1])
     still = [a for a in actors if not a.moving]
     zs = hdmap.ground_height(np.array([a.x for a in still]), np.array([a.y for a in still])) if still else []
@@ -599,6 +602,25 @@ def _wall_along(
             )
         )
     return rows
+
+
+def barrier_features(rel: Shapes) -> list[dict]:
+    """The walls and fences of `rel` (rows relative to the ground) as map footprints with their height.
+
+    HD maps list road barriers and walls, because a planner must know them; the world model needs them
+    too: without them it draws the ground a ray would meet behind a noise wall.
+    """
+    classes = [OBJECT_CLASS_INDEX[name] for name in BARRIER_CLASSES]
+    features = []
+    for i in np.flatnonzero((rel.kind == BOX) & np.isin(rel.label, classes)):
+        fp = Footprint(*rel.center[i, :2], *rel.size[i, :2], float(rel.yaw[i]))
+        ring = np.round(fp.corners(), 3).tolist()
+        features.append({
+            "geometry": {"type": "Polygon", "coordinates": [[*ring, ring[0]]]},
+            "properties": {"class": OBJECT_CLASSES[rel.label[i]],
+                           "height": round(float(rel.center[i, 2] + rel.size[i, 2]), 2)},
+        })
+    return features
 
 
 def _fence_around(rng: np.random.Generator, b: Footprint) -> list[tuple]:

@@ -39,7 +39,7 @@ RAISED_CLASSES: tuple[str, ...] = ("sidewalk", "curb", "terrain", "vegetation", 
 CURB_HEIGHT = 0.15
 
 #: Map layers whose rectangles are extruded into solids the model conditions on (`HDMap.range_view`).
-FOOTPRINT_CLASSES: tuple[str, ...] = ("building", "vegetation")
+FOOTPRINT_CLASSES: tuple[str, ...] = ("building", "vegetation", "barrier")
 #: Height (m) of a green area's block: the map knows where trees and bushes grow, not how tall each is.
 VEGETATION_HEIGHT = 2.0
 #: How far (m) a footprint solid reaches below the terrain at its centre, so slopes leave no gap under it.
@@ -52,8 +52,13 @@ class MapView:
 
     classes: np.ndarray  # (H, W) uint8 MAP_CLASSES of the ground under the ray
     ground: np.ndarray  # (H, W) float32 range to the ground surface
-    building: np.ndarray  # (H, W) float32 range into an extruded building footprint
+    building: np.ndarray  # (H, W) float32 range into an extruded building or barrier (wall, fence) footprint
     vegetation: np.ndarray  # (H, W) float32 range into an extruded green area
+
+
+def _nearest(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """The nearer of two range layers, where 0 means "not hit"."""
+    return np.where((b > 0) & ((a == 0) | (b < a)), b, a)
 
 
 #: RGB colour per map class for BEV pictures (index-aligned with MAP_CLASSES).
@@ -219,7 +224,7 @@ class HDMap:
         return MapView(
             classes=classes,
             ground=ground_m.astype(np.float32).reshape(sensor.shape),
-            building=ranges["building"],
+            building=_nearest(ranges["building"], ranges["barrier"]),
             vegetation=ranges["vegetation"],
         )
 
