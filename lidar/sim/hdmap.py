@@ -56,11 +56,6 @@ class MapView:
     vegetation: np.ndarray  # (H, W) float32 range into an extruded green area
 
 
-def _nearest(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """The nearer of two range layers, where 0 means "not hit"."""
-    return np.where((b > 0) & ((a == 0) | (b < a)), b, a)
-
-
 #: RGB colour per map class for BEV pictures (index-aligned with MAP_CLASSES).
 MAP_COLORS = np.array(
     [
@@ -216,16 +211,15 @@ class HDMap:
         the model's prior takes the nearest of them.
         """
         ground, classes = self._ground_cast(pose, sensor)
-        ranges = {}
-        for name in FOOTPRINT_CLASSES:
-            view = box_range_view(self.footprint_boxes[name], pose, sensor)
-            ranges[name] = view.range
+        boxes = self.footprint_boxes
+        # buildings and barriers are one layer to the model: built things a ray stops at
+        built = box_range_view(np.concatenate([boxes["building"], boxes["barrier"]]), pose, sensor)
         ground_m = np.where(np.isfinite(ground) & (ground >= sensor.min_range), ground, 0.0)
         return MapView(
             classes=classes,
             ground=ground_m.astype(np.float32).reshape(sensor.shape),
-            building=_nearest(ranges["building"], ranges["barrier"]),
-            vegetation=ranges["vegetation"],
+            building=built.range,
+            vegetation=box_range_view(boxes["vegetation"], pose, sensor).range,
         )
 
     def _ground_cast(self, pose: np.ndarray, sensor: Sensor) -> tuple[np.ndarray, np.ndarray]:
