@@ -92,7 +92,7 @@ def rows_from_ring(points: np.ndarray, ring: np.ndarray, sensor: Sensor) -> np.n
     return np.where(valid, ring, -1)
 
 
-#: Widest splat (pixels either side of a point's own): a nearer point's patch is clipped to this.
+#: Widest splat (columns either side of a point's own): a nearer point's patch is clipped to this.
 MAX_SPLAT = 4
 
 
@@ -129,20 +129,18 @@ def grid_winners(
 def _splat(
     index: np.ndarray, rows: np.ndarray, cols: np.ndarray, rng: np.ndarray, sensor: Sensor, footprint: float
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Each point repeated over the pixels its `footprint`-wide patch spans at its range (azimuth wraps)."""
-    spacing_el = (sensor.elevations[0] - sensor.elevations[-1]) / (sensor.height - 1) if sensor.height > 1 else np.inf
-    spacing_az = 2.0 * np.pi / sensor.width
-    half_cols = np.minimum(footprint / (2.0 * rng * spacing_az), MAX_SPLAT).astype(np.int64)
-    half_rows = np.minimum(footprint / (2.0 * rng * spacing_el), MAX_SPLAT).astype(np.int64)
+    """Each point repeated over the columns its `footprint`-wide patch spans at its range (azimuth wraps).
+
+    Only along its row: the neighbouring columns of a beam meet the ground, or a wall, at about the same
+    range, but the beam above meets the ground farther away, so spreading a point upwards would raise it.
+    """
+    half = np.minimum(footprint / (2.0 * rng * (2.0 * np.pi / sensor.width)), MAX_SPLAT).astype(np.int64)
+    wide = np.flatnonzero(half > 0)  # only near points span more than their own pixel
     out = [(index, rows, cols)]
-    wide = np.flatnonzero((half_rows > 0) | (half_cols > 0))  # only near points span more than their pixel
-    index, rows, cols, half_rows, half_cols = (a[wide] for a in (index, rows, cols, half_rows, half_cols))
-    for dr in range(-int(half_rows.max(initial=0)), int(half_rows.max(initial=0)) + 1):
-        for dc in range(-int(half_cols.max(initial=0)), int(half_cols.max(initial=0)) + 1):
-            sel = (abs(dr) <= half_rows) & (abs(dc) <= half_cols) & ((dr != 0) | (dc != 0))
-            sel &= (rows + dr >= 0) & (rows + dr < sensor.height)
-            if sel.any():
-                out.append((index[sel], rows[sel] + dr, (cols[sel] + dc) % sensor.width))
+    for step in range(1, int(half.max(initial=0)) + 1):
+        near = wide[half[wide] >= step]
+        for sign in (-1, 1):
+            out.append((index[near], rows[near], (cols[near] + sign * step) % sensor.width))
     return tuple(np.concatenate(parts) for parts in zip(*out, strict=True))
 
 
@@ -154,8 +152,8 @@ def project(
     Column 3, if present, is intensity in [0, 1]. `ring` gives each point's beam index when the file has
     one; otherwise the nearest beam elevation decides. Points outside [min_range, max_range] are dropped.
     `footprint` (m) is the size of the surface patch each point stands for (a cache voxel): a point then
-    covers every pixel its patch spans at its range. Bare points let the background show through the gaps
-    of a near surface seen from a new pose; patches hide it, as the surface would.
+    covers every column of its row that its patch spans at its range. Bare points let the background show
+    through the gaps of a near surface seen from a new pose; patches hide it, as the surface would.
     """
     pts = np.asarray(points, dtype=np.float64)
     index, pix = grid_winners(pts, sensor, ring, footprint)

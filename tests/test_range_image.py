@@ -99,9 +99,9 @@ def test_grid_winners_are_the_nearest_point_of_each_pixel_left_where_it_was():
 
 
 def test_a_footprint_hides_the_background_behind_the_gaps_of_a_near_surface():
-    """A wall 3 m ahead sampled every 0.15 m (denser than a cache's voxels), a background 30 m behind it."""
+    """A wall 3 m ahead sampled every 0.15 m along each beam, a background 30 m behind it."""
     sensor = HDL32.with_width(512)
-    ys, zs = np.meshgrid(np.arange(-3.0, 3.0, 0.15), np.arange(-1.0, 1.0, 0.15))
+    ys, zs = np.meshgrid(np.arange(-3.0, 3.0, 0.15), 3.0 * np.tan(sensor.elevations[8:20]))
     wall = np.stack([np.full(ys.size, 3.0), ys.ravel(), zs.ravel(), np.full(ys.size, 0.5)], axis=1)
     dirs = sensor.ray_directions()[10:18, 150:362].reshape(-1, 3)
     background = np.concatenate([dirs * 30.0, np.full((len(dirs), 1), 0.1)], axis=1)
@@ -124,6 +124,20 @@ def test_a_footprint_hides_the_background_behind_the_gaps_of_a_near_surface():
     np.testing.assert_array_equal(project(pts, sensor, footprint=0.0).range, bare.range)
     with pytest.raises(ValueError, match="footprint"):
         project(pts, sensor, footprint=-0.1)
+
+
+def test_a_footprint_keeps_near_ground_where_each_beam_meets_it():
+    """Flat ground 1.84 m below, every other column observed: the gaps fill at their own beam's range."""
+    sensor = HDL32.with_width(512)
+    dirs = sensor.ray_directions()
+    down = -dirs[..., 2] > 0.25  # steep beams: ground within 7 m, where patches span several columns
+    ground = dirs * (1.84 / -dirs[..., 2:3])
+    pts = ground[:, ::2][down[:, ::2]]
+    image = project(pts, sensor, footprint=0.2)
+    expected = np.linalg.norm(ground, axis=-1)
+    filled = down & image.mask
+    assert filled.sum() > 1.8 * down[:, ::2].sum(), "the unobserved columns are filled"
+    np.testing.assert_allclose(image.range[filled], expected[filled], rtol=0.02)
 
 
 def test_ring_index_decides_the_row_over_the_elevation():
