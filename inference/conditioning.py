@@ -4,10 +4,12 @@ Training and rollout build it with the same `build_condition`, so the two can ne
 in the network's log-range encoding (`lidar.range_image.encode_range`), -1 where a layer has nothing. The
 channels, in order (K map classes, J boxed actor classes):
 
-    cache     range, intensity*2-1, mask         the z-buffered cache of everything generated or observed
+    cache     range, intensity*2-1, mask         the z-buffered cache of everything generated or observed,
+                                                  each point a voxel-wide patch along its row
     map       ground range, building range,       the HD map ray-cast from the pose: the ground surface and
-              vegetation range, class one-hot      the extruded footprints (`HDMap.range_view`), the ground
-              (K), present flag                    class under each ray
+              vegetation range, class one-hot      the extruded footprints (`HDMap.range_view`; "building"
+              (K), present flag                    holds buildings and barriers), the ground class under
+                                                  each ray
     layout    box range, class one-hot (J),       the actors' 3-D boxes at the frame's time, ray-cast
               present flag
     coords    beam elevation, sin/cos azimuth     where each pixel looks
@@ -16,9 +18,10 @@ Any of cache, map and layout may be absent (first frame, free generation, real-d
 block holds -1 ranges and zero flags, exactly what `drop_map` / `build_condition(..., None, ...)` give.
 
 `prior_image` turns a condition into the deterministic sweep the network corrects (DESIGN.md): the cache
-where it returns, else the nearest of the map's ground and buildings, with a layout box in front of either
-winning; where a cached return lies on the map's surface, the map's exact range replaces it. Green areas are condition only, not prior: the map knows where trees grow, not where their trunks
-stand.
+where it returns, else the nearest of the map's ground and built footprints (buildings, walls, fences),
+with a layout box in front of either winning; where a cached return lies on the map's surface, the map's
+exact range replaces it. Green areas are condition only, not prior: the map knows where trees grow, not
+where their trunks stand.
 """
 
 from __future__ import annotations
