@@ -99,6 +99,8 @@ PICTURE_RESOLUTION = 0.2
 PICTURE_LABEL = 28
 PICTURE_HEIGHTS = (-2.5, 2.0)
 SIM_PICTURE = "eval_sim_bev.png"
+#: The training config whose dataset the held-out drives are checked against by default.
+DEFAULT_TRAIN_CONFIG = Path(__file__).resolve().parent / "configs" / "default.json"
 KITTI_PICTURE = "eval_kitti_bev.png"
 
 MODEL_FORECAST = "model (forecast)"
@@ -636,7 +638,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=None, help="sampler steps (default: the model's)")
     parser.add_argument("--guidance", type=float, default=None, help="CFG scale (default: the model's)")
     parser.add_argument("--data-dir", default=None, help="where reference sets are cached (default data/eval)")
-    parser.add_argument("--train-data", default="data/sim_hdl32_512", help="training dataset to check disjointness")
+    parser.add_argument("--train-data", default=json.loads(DEFAULT_TRAIN_CONFIG.read_text())["data_root"],
+                        help="training dataset to check disjointness (default: the default config's)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--no-free-generation", action="store_true", help="skip the nothing-observed rollouts")
     parser.add_argument("--no-real", action="store_true", help="skip the KITTI pairs")
