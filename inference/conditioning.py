@@ -110,8 +110,10 @@ class LayoutView:
     classes: np.ndarray  # (H, W) int64, -1 where no box
 
 
-#: Something that gives the actor layout at a time (s): `World.boxes` and dataset frames both do.
-LayoutSource = Callable[[float], dict[str, np.ndarray]]
+#: Something that gives the actor layout at a time (s) for a sensor at a pose (world_from_sensor), as
+#: `World.boxes` does (it leaves out the actors that sensor's sweep would not have); a real layout may ignore
+#: the pose.
+LayoutSource = Callable[[float, np.ndarray], dict[str, np.ndarray]]
 
 
 def layout_view(boxes: np.ndarray, box_class: np.ndarray, pose: np.ndarray, sensor: Sensor) -> LayoutView:

@@ -103,7 +103,7 @@ def cache_from_scans(scans: list[np.ndarray], poses: np.ndarray, **cache_kwargs:
 def _layout(source: LayoutSource | None, time_s: float, pose: np.ndarray, sensor: Sensor) -> LayoutView | None:
     if source is None:
         return None
-    boxes = source(time_s)
+    boxes = source(time_s, pose)
     return layout_view(boxes["boxes"], boxes["box_class"], pose, sensor)
 
 
@@ -135,7 +135,8 @@ def rollout(
 ) -> RolloutResult:
     """Generate a sweep at each pose (T, 4, 4) world_from_sensor, in order.
 
-    `layout(t)` gives the actor boxes at `times[i]` (default 10 Hz from 0), as `World.boxes` does.
+    `layout(t, pose)` gives the actor boxes at `times[i]` (default 10 Hz from 0) for the sensor at `pose`, as
+    `World.boxes` does.
     """
     config, sensor = model.config, model.sensor
     poses = np.asarray(poses, dtype=np.float64)

@@ -229,9 +229,9 @@ def test_each_frame_sees_the_layout_at_its_own_time():
     poses = np.repeat(straight_poses(1), 3, axis=0)  # the ego stands still
     asked: list[float] = []
 
-    def layout(t: float) -> dict:
+    def layout(t: float, pose: np.ndarray) -> dict:
         asked.append(t)
-        return world.boxes(t)
+        return world.boxes(t, pose)
 
     result = rollout(untrained(), poses, layout=layout, seed=0, update_cache=False)
     np.testing.assert_allclose(asked, [0.0, 0.1, 0.2])

@@ -724,6 +724,29 @@ def test_a_worlds_walls_and_fences_are_in_its_map_as_barriers():
     np.testing.assert_allclose(again.footprint_boxes["barrier"], boxes)
 
 
+def test_the_layout_leaves_out_the_actors_the_sweep_leaves_out(urban):
+    """Traffic is not planned around the ego: an actor driving through the sensor is dropped from the scan
+    (`shapes_near`), and must be dropped from the layout the model is given too, or it draws a phantom car."""
+    from lidar.sim import LidarSimulator
+
+    sensor = HDL32.with_width(256)
+    tab = urban.table
+    mover = int(tab.mov_index[0])
+    x, y, z, _ = (a[mover] for a in tab.poses(1.0))
+    pose = np.eye(4)
+    pose[:3, 3] = (x, y, z + sensor.mount_height)
+    everyone, seen = urban.boxes(1.0), urban.boxes(1.0, ego_pose=pose)
+    assert tab.ids[mover] in everyone["box_id"] and tab.ids[mover] not in seen["box_id"]
+    parked = set(tab.ids[~tab.moving]) & set(everyone["box_id"])
+    assert parked and parked <= set(seen["box_id"]) <= set(everyone["box_id"]) - {tab.ids[mover]}
+    scan = LidarSimulator(sensor, seed=0).scan(urban, pose, 1.0)
+    left_out = set(everyone["box_id"]) - set(seen["box_id"])
+    assert not left_out & set(np.unique(scan.instance_image)), "the sweep has none of the actors the layout lacks"
+    far = np.eye(4)
+    far[:3, 3] = (x + 40.0, y + 40.0, z + sensor.mount_height)
+    assert tab.ids[mover] in urban.boxes(1.0, ego_pose=far)["box_id"]
+
+
 def test_box_range_view_matches_brute_force_on_a_worlds_actor_layout(urban):
     from lidar.boxes import box_range_view
     from tests.test_boxes import brute_force_view

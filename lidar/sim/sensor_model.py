@@ -20,10 +20,7 @@ from lidar.sensors import Sensor
 from lidar.sim.actors import OBJECT_CLASSES
 from lidar.sim.hdmap import CURB_HEIGHT, MAP_CLASS_INDEX, MAP_CLASSES
 from lidar.sim.primitives import cast, intersect_boxes
-from lidar.sim.world import World, check_seed
-
-#: Moving actors within this margin (m) of the sensor position are removed for the scan (see World.shapes_near).
-EGO_CLEARANCE = 2.5
+from lidar.sim.world import EGO_CLEARANCE, World, check_seed
 
 #: Point/pixel labels: 0 = no return, ground hits use their MAP_CLASSES index, solids len(MAP_CLASSES) + class.
 POINT_CLASSES: tuple[str, ...] = MAP_CLASSES + OBJECT_CLASSES

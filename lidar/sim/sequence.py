@@ -61,7 +61,7 @@ def simulate_sequence(
     for pose, t in zip(poses, times, strict=True):
         frames.append(sim.scan(world, pose, float(t)))
         classes.append(world.hdmap.range_view_classes(pose, sensor))
-        b = world.boxes(float(t))
+        b = world.boxes(float(t), ego_pose=pose)  # the actors this sweep has
         near = np.hypot(b["boxes"][:, 0] - pose[0, 3], b["boxes"][:, 1] - pose[1, 3]) <= limit
         boxes.append({k: v[near] for k, v in b.items()})
     logger.info("simulated %d frames of %s in %.2f s", len(poses), sensor.name, time.perf_counter() - t0)

@@ -23,6 +23,11 @@ logger = logging.getLogger(__name__)
 GRID_CELL = 24.0
 
 
+#: Moving actors within this margin (m) of the sensor position are left out of its scan (`World.shapes_near`)
+#: and of its layout (`World.boxes` with `ego_pose`).
+EGO_CLEARANCE = 2.5
+
+
 @dataclass
 class CullingGrid:
     """Static solids bucketed by the grid cells their footprint disc touches (CSR layout)."""
@@ -117,25 +122,37 @@ class World:
         planned around the ego, and a sensor inside a truck would see nothing else.
         """
         static = self.scenery.take(self.grid.query(x, y, radius))
-        tab = self.table
-        mx, my, _, myaw = tab.moving_poses(self.time)
-        keep = (mx - x) ** 2 + (my - y) ** 2 <= (radius + 10.0) ** 2
-        if clearance > 0 and len(mx):
-            c, s = np.cos(myaw), np.sin(myaw)
-            u = c * (x - mx) + s * (y - my)
-            v = -s * (x - mx) + c * (y - my)
-            size = tab.size[tab.mov_index]
-            keep &= ~((np.abs(u) <= size[:, 0] / 2 + clearance) & (np.abs(v) <= size[:, 1] / 2 + clearance))
-        return Shapes.concat([static, tab.moving_shapes(self.time, keep)])
+        mx, my, _, _ = self.table.moving_poses(self.time)
+        keep = ((mx - x) ** 2 + (my - y) ** 2 <= (radius + 10.0) ** 2) & ~self._covering(self.time, x, y, clearance)
+        return Shapes.concat([static, self.table.moving_shapes(self.time, keep)])
 
-    def boxes(self, t_seconds: float | None = None) -> dict[str, np.ndarray]:
+    def _covering(self, t: float, x: float, y: float, clearance: float) -> np.ndarray:
+        """(moving actors,) bool: footprint grown by `clearance` covers (x, y) at time t (never if clearance <= 0)."""
+        tab = self.table
+        mx, my, _, myaw = tab.moving_poses(t)
+        if clearance <= 0 or not len(mx):
+            return np.zeros(len(mx), dtype=bool)
+        c, s = np.cos(myaw), np.sin(myaw)
+        u = c * (x - mx) + s * (y - my)
+        v = -s * (x - mx) + c * (y - my)
+        size = tab.size[tab.mov_index]
+        return (np.abs(u) <= size[:, 0] / 2 + clearance) & (np.abs(v) <= size[:, 1] / 2 + clearance)
+
+    def boxes(
+        self, t_seconds: float | None = None, ego_pose: np.ndarray | None = None, clearance: float = EGO_CLEARANCE
+    ) -> dict[str, np.ndarray]:
         """3-D boxes of vehicles, pedestrians and cyclists in world coordinates at time t.
 
-        `boxes` rows are (cx, cy, cz, length, width, height, yaw); `box_class` indexes OBJECT_CLASSES.
+        `boxes` rows are (cx, cy, cz, length, width, height, yaw); `box_class` indexes OBJECT_CLASSES. With
+        `ego_pose` (world_from_sensor) the moving actors a scan from there leaves out (`shapes_near` with the
+        same `clearance`) are left out too: a layout must not show an actor the sweep does not have.
         """
         t = self.time if t_seconds is None else float(t_seconds)
         tab = self.table
         boxed = np.isin(tab.cls, [OBJECT_CLASS_INDEX[c] for c in BOXED_CLASSES])
+        if ego_pose is not None:
+            ego = np.asarray(ego_pose, dtype=np.float64)
+            boxed[tab.mov_index[self._covering(t, float(ego[0, 3]), float(ego[1, 3]), clearance)]] = False
         x, y, z, yaw = tab.poses(t)
         size = tab.size[boxed]
         rows = np.column_stack([x[boxed], y[boxed], z[boxed] + size[:, 2] / 2, size, yaw[boxed]])
