@@ -88,9 +88,11 @@ def _forecast(args: argparse.Namespace, started: float) -> int:
         steps=args.steps,
         seed=args.seed,
         guidance=args.guidance,
+        feedback=args.feedback,
         callback=_progress_printer(args.quiet),
     )
-    request = {"prefix": [str(p) for p in args.prefix], "poses": scene.pose_source, "action": args.action}
+    request = {"prefix": [str(p) for p in args.prefix], "poses": scene.pose_source, "action": args.action,
+               "feedback": args.feedback}
     _write(args, pipe, out, ready, request)
     record_prefix(args.out, scene)
     return 0
@@ -281,6 +283,8 @@ def _parser() -> argparse.ArgumentParser:
     )
     observed_args(fc)
     rollout_args(fc)
+    fc.add_argument("--feedback", action="store_true",
+                    help="feed each generated frame back into the cache (invented content stays put; errors compound)")
     fc.set_defaults(run=_forecast)
 
     rs = sub.add_parser("resimulate", help="render observed scans from a shifted / rotated path")

@@ -96,7 +96,7 @@ def cache_from_scans(scans: list[np.ndarray], poses: np.ndarray, **cache_kwargs:
             raise ValueError(f"cache_from_scans: each scan must be (N, 3+) points, got shape {pts.shape}")
         if pts.shape[1] == 3:  # no intensity channel: treat as unknown (0)
             pts = np.concatenate([pts, np.zeros((len(pts), 1), np.float32)], axis=1)
-        cache.add(transform_points(pts[:, :4], pose), pose)
+        cache.add(transform_points(pts[:, :4], pose), pose, observed=True)
     return cache
 
 

@@ -1,4 +1,4 @@
-"""The rolling spatial cache: newest point per voxel, bounded in radius and in point count."""
+"""The rolling spatial cache: one point per voxel (observed first, then newest), bounded in radius and count."""
 
 import numpy as np
 import pytest
@@ -28,6 +28,26 @@ def test_points_in_the_same_voxel_collapse_to_the_newest_one():
     assert len(cache) == 2
     np.testing.assert_allclose(pts[0], [1.2, 1.3, 0.2, 0.9], atol=1e-6)  # newest first, and it won its voxel
     np.testing.assert_allclose(pts[1], [5.0, 5.0, 0.0, 0.3], atol=1e-6)
+
+
+def test_a_generated_point_never_replaces_an_observed_one_in_its_voxel():
+    cache = SpatialCache(radius=100.0, voxel_size=0.5, max_points=100)
+    cache.add(np.array([[1.1, 1.1, 0.1, 0.2]], dtype=np.float32), pose_at(0), observed=True)
+    cache.add(np.array([[1.2, 1.3, 0.2, 0.9], [5.0, 5.0, 0.0, 0.3]], dtype=np.float32), pose_at(0))
+    pts, observed = cache.points(), cache.observed()
+    assert len(cache) == 2 and observed.tolist() == [False, True]  # newest first still
+    np.testing.assert_allclose(pts[1], [1.1, 1.1, 0.1, 0.2], atol=1e-6)  # the measurement kept its voxel
+    np.testing.assert_allclose(pts[0], [5.0, 5.0, 0.0, 0.3], atol=1e-6)  # a new voxel takes the guess
+    # a newer observation replaces an older one, and the flags survive a state round trip
+    cache.add(np.array([[1.3, 1.2, 0.0, 0.5]], dtype=np.float32), pose_at(0), observed=True)
+    other = SpatialCache()
+    other.load_state_dict(cache.state_dict())
+    assert other.observed().tolist() == [True, False]
+    np.testing.assert_allclose(other.points()[0], [1.3, 1.2, 0.0, 0.5], atol=1e-6)
+    state = cache.state_dict()
+    del state["observed"]  # saved before the flag existed: generated, as far as anyone knows
+    other.load_state_dict(state)
+    assert not other.observed().any() and len(other) == 2
 
 
 def test_points_farther_than_the_radius_from_the_latest_pose_are_dropped():

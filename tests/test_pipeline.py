@@ -95,6 +95,19 @@ def test_forecast_continues_from_a_real_kitti_scan(pipe):
     assert not np.array_equal(out.frames[0].range_image.range, other.frames[0].range_image.range)
 
 
+def test_a_forecast_is_conditioned_on_what_was_observed_unless_asked_to_feed_back(pipe):
+    world = make_world(2, "urban")
+    poses = plan_drive(world, "straight", 4, seed=0, mount_height=pipe.sensor.mount_height)
+    observed = pipe.generate_world(map=world, poses=poses[:1], seed=1).frames[0].points
+    plain = pipe.forecast([observed], prefix_poses=poses[:1], poses=poses[1:], seed=0)
+    assert plain.cache.observed().all() and len(plain.frames) == 3, "generated frames stay out of the cache"
+    fed = pipe.forecast([observed], prefix_poses=poses[:1], poses=poses[1:], seed=0, feedback=True)
+    assert (~fed.cache.observed()).sum() > 1000 and fed.cache.observed().sum() == len(plain.cache)
+    np.testing.assert_array_equal(fed.frames[0].points, plain.frames[0].points)  # the first frame sees the same
+    with pytest.raises(ValueError, match="feedback"):
+        pipe.forecast([observed], prefix_poses=poses[:1], poses=poses[1:], feedback="yes")
+
+
 def test_forecast_refuses_scans_not_in_the_sensor_frame(pipe):
     scan = real_scan("pandaset_bynow76_000000.bin")
     assert not scan.sensor_frame

@@ -139,7 +139,7 @@ class WorldModelSamples(Dataset):
                 jitter_translation=aug.jitter_translation, jitter_rotation_deg=aug.jitter_rotation_deg,
             ))
         cache = SpatialCache()
-        cache.add(np.concatenate(frames), drive.poses[t - 1])
+        cache.add(np.concatenate(frames), drive.poses[t - 1], observed=True)
         return cache.points()
 
 
