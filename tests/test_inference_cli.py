@@ -103,6 +103,10 @@ def test_forecast_from_a_real_scan_file(release, tmp_path, capsys):
     assert (out / "frame_000.npz").is_file() and (out / "world.npz").is_file()
     meta = json.loads((out / "poses.json").read_text())
     assert meta["request"]["prefix"] == [str(scan)] and meta["request"]["command"] == "forecast"
+    assert meta["request"]["feedback"] is False
+    fed = tmp_path / "fed"
+    assert main([*args[:-5], "--out", str(fed), "--format", "npz", "--quiet", "--feedback"]) == 0
+    assert json.loads((fed / "poses.json").read_text())["request"]["feedback"] is True
 
 
 @pytest.mark.parametrize(
