@@ -492,6 +492,11 @@ def _prefix_table(scene: ObservedScene) -> list[list[Any]]:
     return rows
 
 
+def _prefix_first(scene: ObservedScene) -> tuple:
+    """The outputs with only the registered-prefix table filled: shown at once, before the rollout runs."""
+    return (*(gr.skip() for _ in Presented.__dataclass_fields__), _prefix_table(scene))
+
+
 def forecast_from_scans(
     scan_files: Any,
     action: Any,
@@ -509,7 +514,7 @@ def forecast_from_scans(
 
     start = time.perf_counter()
     scene = _observed_scene(paths, progress)
-    yield (*(gr.skip() for _ in Presented.__dataclass_fields__), _prefix_table(scene))  # the prefix, at once
+    yield _prefix_first(scene)
     with _user_errors("Cannot forecast from these sweeps"):
         result = pipe.forecast(
             scene.scans, prefix_poses=scene.poses, action=action, frames=frames, steps=steps, seed=seed,
@@ -544,7 +549,7 @@ def resimulate(
 
     start = time.perf_counter()
     scene = _observed_scene(paths, progress)
-    yield (*(gr.skip() for _ in Presented.__dataclass_fields__), _prefix_table(scene))  # the prefix, at once
+    yield _prefix_first(scene)
     with _user_errors("Cannot re-simulate this scene"):
         targets = shifted_path(scene.poses, (forward, lateral), yaw, frames)
         check_inside(targets, scene.poses)

@@ -20,6 +20,8 @@ logger = logging.getLogger(__name__)
 #: Voxel indices are packed into one int64 key with this many bits per axis (±2^20 voxels per axis).
 _KEY_BITS = 21
 _KEY_OFFSET = 1 << (_KEY_BITS - 1)
+#: Default voxel edge (m): one cached point per voxel of this size.
+VOXEL_SIZE = 0.2
 
 
 def transform_points(points: np.ndarray, transform: np.ndarray) -> np.ndarray:
@@ -38,7 +40,7 @@ def transform_points(points: np.ndarray, transform: np.ndarray) -> np.ndarray:
 class SpatialCache:
     """World-frame points (N, 4) float32, voxel-deduplicated and bounded around the latest pose."""
 
-    def __init__(self, radius: float = 80.0, voxel_size: float = 0.2, max_points: int = 150_000) -> None:
+    def __init__(self, radius: float = 80.0, voxel_size: float = VOXEL_SIZE, max_points: int = 150_000) -> None:
         if not radius > 0:
             raise ValueError(f"SpatialCache radius must be > 0 metres, got {radius}")
         if not voxel_size > 0:

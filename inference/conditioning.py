@@ -33,7 +33,7 @@ import numpy as np
 import torch
 from scipy.spatial.transform import Rotation
 
-from inference.cache import transform_points
+from inference.cache import VOXEL_SIZE, transform_points
 from lidar.boxes import box_range_view
 from lidar.range_image import RangeImage, decode_range, encode_range, project
 from lidar.sensors import Sensor
@@ -51,9 +51,9 @@ GROUND_RANGE, BUILDING_RANGE, VEGETATION_RANGE = 3, 4, 5
 MAP_RANGE_CHANNELS = 3
 #: Encoded-range gap (about 10 % of the range) within which a cached return confirms the map's surface.
 SNAP_TOLERANCE = 0.05
-#: Surface patch (m) a cached point stands for when it is z-buffered into a new view: the cache's voxel
-#: (`SpatialCache.voxel_size`). Without it, ground behind a near wall shows through the wall's gaps.
-CACHE_FOOTPRINT = 0.2
+#: Surface patch (m) a cached point stands for when it is z-buffered into a new view: the cache's voxel.
+#: Without it, ground behind a near wall shows through the wall's gaps.
+CACHE_FOOTPRINT = VOXEL_SIZE
 #: Beam elevation, sin and cos of azimuth at the end of the condition.
 COORD_CHANNELS = 3
 

@@ -99,9 +99,9 @@ PICTURE_RESOLUTION = 0.2
 PICTURE_LABEL = 28
 PICTURE_HEIGHTS = (-2.5, 2.0)
 SIM_PICTURE = "eval_sim_bev.png"
+KITTI_PICTURE = "eval_kitti_bev.png"
 #: The training config whose dataset the held-out drives are checked against by default.
 DEFAULT_TRAIN_CONFIG = Path(__file__).resolve().parent / "configs" / "default.json"
-KITTI_PICTURE = "eval_kitti_bev.png"
 
 MODEL_FORECAST = "model (forecast)"
 MODEL_GENERATE = "model (generate)"

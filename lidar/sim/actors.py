@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from lidar.sim.hdmap import HDMap
-from lidar.sim.layout import Footprint, Layout
+from lidar.sim.layout import Footprint, Layout, closed_ring, map_feature
 from lidar.sim.primitives import BOX, CYLINDER, ELLIPSOID, Shapes
 from lidar.sim.roads import PARKING_WIDTH, arc_lengths, offset_line, point_at, sub_line
 
@@ -614,12 +614,8 @@ def barrier_features(rel: Shapes) -> list[dict]:
     features = []
     for i in np.flatnonzero((rel.kind == BOX) & np.isin(rel.label, classes)):
         fp = Footprint(*rel.center[i, :2], *rel.size[i, :2], float(rel.yaw[i]))
-        ring = np.round(fp.corners(), 3).tolist()
-        features.append({
-            "geometry": {"type": "Polygon", "coordinates": [[*ring, ring[0]]]},
-            "properties": {"class": OBJECT_CLASSES[rel.label[i]],
-                           "height": round(float(rel.center[i, 2] + rel.size[i, 2]), 2)},
-        })
+        features.append(map_feature("Polygon", closed_ring(fp.corners()), **{
+            "class": OBJECT_CLASSES[rel.label[i]], "height": round(float(rel.center[i, 2] + rel.size[i, 2]), 2)}))
     return features
 
 

@@ -100,14 +100,14 @@ def _square(c: np.ndarray, half: float) -> np.ndarray:
     return c + np.array([[-half, -half], [half, -half], [half, half], [-half, half]])
 
 
-def _feature(geom_type: str, coords: np.ndarray | list, **props: Any) -> dict:
+def map_feature(geom_type: str, coords: np.ndarray | list, **props: Any) -> dict:
     return {
         "geometry": {"type": geom_type, "coordinates": np.round(np.asarray(coords), 3).tolist()},
         "properties": props,
     }
 
 
-def _ring(pts: np.ndarray) -> list:
+def closed_ring(pts: np.ndarray) -> list:
     """GeoJSON polygon coordinates: one closed ring."""
     return [[*pts.tolist(), pts[0].tolist()]]
 
@@ -172,14 +172,14 @@ def build_layout(rng: np.random.Generator, graph: RoadGraph, style: str) -> Layo
         if r.sidewalk > 0:
             paint.line(r.centre, 2 * (r.half_width + r.sidewalk), "sidewalk")
             layers["sidewalk"].append(
-                _feature(
+                map_feature(
                     "LineString",
                     offset_line(r.centre, r.half_width + r.sidewalk / 2),
                     width=round(r.sidewalk, 2),
                 )
             )
             layers["sidewalk"].append(
-                _feature(
+                map_feature(
                     "LineString",
                     offset_line(r.centre, -r.half_width - r.sidewalk / 2),
                     width=round(r.sidewalk, 2),
@@ -193,7 +193,7 @@ def build_layout(rng: np.random.Generator, graph: RoadGraph, style: str) -> Layo
     for i, r in enumerate(graph.roads):
         paint.line(r.centre, 2 * r.half_width, "road")
         layers["road"].append(
-            _feature(
+            map_feature(
                 "LineString",
                 r.centre,
                 id=i,
@@ -212,7 +212,7 @@ def build_layout(rng: np.random.Generator, graph: RoadGraph, style: str) -> Layo
         if graph.degree(n) >= 3:
             sq = _square(nodes[n], radius[n])
             paint.polygon(sq, "intersection")
-            layers["intersection"].append(_feature("Polygon", _ring(sq), node=n, degree=graph.degree(n)))
+            layers["intersection"].append(map_feature("Polygon", closed_ring(sq), node=n, degree=graph.degree(n)))
 
     # 2. Parking strips, markings and crosswalks, all kept clear of the intersection boxes.
     for r in graph.roads:
@@ -224,7 +224,7 @@ def build_layout(rng: np.random.Generator, graph: RoadGraph, style: str) -> Layo
             for side in (-1.0, 1.0):
                 strip = offset_line(inner, side * (r.half_width - PARKING_WIDTH / 2))
                 paint.line(strip, PARKING_WIDTH, "parking")
-                layers["parking"].append(_feature("LineString", strip, width=PARKING_WIDTH))
+                layers["parking"].append(map_feature("LineString", strip, width=PARKING_WIDTH))
         dash, gap = (3.0, 9.0) if r.kind == "highway" else (3.0, 6.0)
         marks = [(0.0, "centre", "solid" if r.lanes > 1 or r.kind == "highway" else "dashed")]
         marks += [(side * k * r.lane_width, "lane", "dashed") for k in range(1, r.lanes) for side in (-1, 1)]
@@ -232,7 +232,7 @@ def build_layout(rng: np.random.Generator, graph: RoadGraph, style: str) -> Layo
             marks += [(side * r.carriageway, "edge", "solid") for side in (-1, 1)]
         for off, kind, pattern in marks:
             line = offset_line(inner, off)
-            layers["lane_marking"].append(_feature("LineString", line, type=kind, pattern=pattern))
+            layers["lane_marking"].append(map_feature("LineString", line, type=kind, pattern=pattern))
             if pattern == "solid":
                 paint.line(line, 0.15, "lane_marking")
                 continue
@@ -253,7 +253,7 @@ def build_layout(rng: np.random.Generator, graph: RoadGraph, style: str) -> Layo
             outline = np.concatenate(
                 [offset_line(band, r.half_width), offset_line(band, -r.half_width)[::-1]]
             )
-            layers["crosswalk"].append(_feature("Polygon", _ring(outline)))
+            layers["crosswalk"].append(map_feature("Polygon", closed_ring(outline)))
             mid = band[len(band) // 2]
             tangent = band[-1] - band[0]
             across = np.array([-tangent[1], tangent[0]]) / max(float(np.linalg.norm(tangent)), 1e-9)
@@ -290,7 +290,7 @@ def build_layout(rng: np.random.Generator, graph: RoadGraph, style: str) -> Layo
                     buildings.append(fp)
                     paint.polygon(fp.corners(), "building")
                     layers["building"].append(
-                        _feature("Polygon", _ring(fp.corners()), height=round(fp.height, 2))
+                        map_feature("Polygon", closed_ring(fp.corners()), height=round(fp.height, 2))
                     )
                 s += w + rng.uniform(*gaps)
 
@@ -313,7 +313,7 @@ def build_layout(rng: np.random.Generator, graph: RoadGraph, style: str) -> Layo
         if np.isin(paint.classes_at(_points_in(fp, step=1.5, pad=3.0)), _FREE).all():
             buildings.append(fp)
             paint.polygon(fp.corners(), "building")
-            layers["building"].append(_feature("Polygon", _ring(fp.corners()), height=round(fp.height, 2)))
+            layers["building"].append(map_feature("Polygon", closed_ring(fp.corners()), height=round(fp.height, 2)))
             placed += 1
 
     # 5. Green areas on the remaining free land.
@@ -333,7 +333,7 @@ def build_layout(rng: np.random.Generator, graph: RoadGraph, style: str) -> Layo
         if (cls == MAP_CLASS_INDEX["terrain"]).all():
             green.append(fp)
             paint.polygon(fp.corners(), "vegetation")
-            layers["vegetation"].append(_feature("Polygon", _ring(fp.corners())))
+            layers["vegetation"].append(map_feature("Polygon", closed_ring(fp.corners())))
 
     terrain = _terrain(rng, (xmin, ymin, xmax, ymax), STYLE_PARAMS[style]["terrain_std"])
     hdmap = HDMap(

@@ -122,14 +122,16 @@ class World:
         planned around the ego, and a sensor inside a truck would see nothing else.
         """
         static = self.scenery.take(self.grid.query(x, y, radius))
-        mx, my, _, _ = self.table.moving_poses(self.time)
-        keep = ((mx - x) ** 2 + (my - y) ** 2 <= (radius + 10.0) ** 2) & ~self._covering(self.time, x, y, clearance)
+        moving = self.table.moving_poses(self.time)
+        mx, my = moving[0], moving[1]
+        keep = ((mx - x) ** 2 + (my - y) ** 2 <= (radius + 10.0) ** 2) & ~self._covering(moving, x, y, clearance)
         return Shapes.concat([static, self.table.moving_shapes(self.time, keep)])
 
-    def _covering(self, t: float, x: float, y: float, clearance: float) -> np.ndarray:
-        """(moving actors,) bool: footprint grown by `clearance` covers (x, y) at time t (never if clearance <= 0)."""
+    def _covering(self, moving: tuple[np.ndarray, ...], x: float, y: float, clearance: float) -> np.ndarray:
+        """(moving actors,) bool: footprint grown by `clearance` covers (x, y), the actors at `moving_poses`
+        (never if clearance <= 0)."""
         tab = self.table
-        mx, my, _, myaw = tab.moving_poses(t)
+        mx, my, _, myaw = moving
         if clearance <= 0 or not len(mx):
             return np.zeros(len(mx), dtype=bool)
         c, s = np.cos(myaw), np.sin(myaw)
@@ -152,7 +154,7 @@ class World:
         boxed = np.isin(tab.cls, [OBJECT_CLASS_INDEX[c] for c in BOXED_CLASSES])
         if ego_pose is not None:
             ego = np.asarray(ego_pose, dtype=np.float64)
-            boxed[tab.mov_index[self._covering(t, float(ego[0, 3]), float(ego[1, 3]), clearance)]] = False
+            boxed[tab.mov_index[self._covering(tab.moving_poses(t), float(ego[0, 3]), float(ego[1, 3]), clearance)]] = False
         x, y, z, yaw = tab.poses(t)
         size = tab.size[boxed]
         rows = np.column_stack([x[boxed], y[boxed], z[boxed] + size[:, 2] / 2, size, yaw[boxed]])
