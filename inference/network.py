@@ -48,6 +48,11 @@ MAX_BLOCKS = 8
 MAX_SENSOR_SHAPE = (256, 8192)
 
 
+#: WorldModelConfig fields that decide what the weights mean; the rest are training and sampling defaults.
+ARCHITECTURE_FIELDS = ("sensor", "num_map_classes", "base_channels", "channel_mults", "strides", "blocks",
+                       "bottleneck_attention", "norm_groups")
+
+
 @dataclass
 class WorldModelConfig:
     """Everything needed to rebuild a `WorldModel` from a release's `config.json` alone."""

@@ -15,7 +15,7 @@ from inference.network import WorldModel, WorldModelConfig
 from inference.pipeline import LidarVersePipeline
 from lidar.range_image import RangeImage, unproject
 from lidar.sensors import HDL32
-from lidar.sim.dataset import MANIFEST, SimDataset
+from lidar.sim.dataset import MANIFEST, SIMULATOR_VERSION, SimDataset
 from lidar.sim.hdmap import HDMap
 from training.evaluate import (
     BAR_SPAN,
@@ -42,6 +42,7 @@ from training.evaluate import (
     main,
     map_adherence_counts,
     real_pairs,
+    reference_set,
 )
 
 SENSOR = HDL32.with_width(64)
@@ -220,6 +221,19 @@ def test_a_cached_set_whose_world_no_longer_matches_the_simulator_is_refused(qui
     monkeypatch.setattr(evaluate_module, "make_world", lambda seed, style: other)
     with pytest.raises(ValueError, match="delete it to regenerate"):
         evaluate_module.load_drive(_heldout(quick_run[1]), 0, SENSOR)
+
+
+def test_a_set_made_by_an_older_simulator_is_simulated_again_and_a_current_one_reused(tmp_path: Path) -> None:
+    cfg = EvalConfig.quick(str(tmp_path))
+    stale = tmp_path / f"heldout_s5_f{cfg.frames + 1}_{SENSOR.name}x{SENSOR.width}"
+    stale.mkdir()
+    (stale / MANIFEST).write_text(json.dumps({"sequences": [{}, {}], "simulator": SIMULATOR_VERSION - 1}))
+    dataset = reference_set(cfg, "heldout", 5, SENSOR)
+    manifest = json.loads((stale / MANIFEST).read_text())
+    assert manifest["simulator"] == SIMULATOR_VERSION and len(dataset) > 0
+    written = (stale / MANIFEST).stat().st_mtime_ns
+    reference_set(cfg, "heldout", 5, SENSOR)
+    assert (stale / MANIFEST).stat().st_mtime_ns == written
 
 
 def test_heldout_worlds_seen_in_training_are_refused(quick_run, tmp_path: Path) -> None:

@@ -760,3 +760,60 @@ def test_box_range_view_matches_brute_force_on_a_worlds_actor_layout(urban):
     assert near.sum() >= 5 and (expected_range > 0).sum() > 50, "the drive must see some actors"
     np.testing.assert_array_equal(view.index, expected_index)
     np.testing.assert_allclose(view.range, expected_range, atol=1e-4)
+
+
+def test_a_window_ray_stops_in_the_rooms_behind_the_facade_not_behind_the_building(urban):
+    """Buildings are not hollow: a ray through a window meets the inner core ROOM_DEPTH behind the facade.
+
+    Before the core existed a window ray crossed the whole building and returned from whatever stood behind
+    it (another building's face, the ground beyond): points no map-conditioned model could place.
+    """
+    from lidar.sim import LidarSimulator
+    from lidar.sim.actors import OBJECT_CLASS_INDEX, ROOM_DEPTH
+
+    sensor = HDL32.with_width(512)
+    facade = len(MAP_CLASSES) + OBJECT_CLASS_INDEX["facade"]
+    footprints = urban.hdmap.footprint_boxes["building"]
+    depths = []
+    for pose in plan_drive(urban, "straight", 3, seed=1):
+        scan = LidarSimulator(sensor, seed=0, config=NOISELESS).scan(urban, pose, 0.0)
+        entry = urban.hdmap.range_view(pose, sensor).building
+        through = (scan.label_image == facade) & (scan.image.range > entry + 0.5) & (entry > 0)
+        world = pose[:3, 3] + (sensor.ray_directions()[through] * scan.image.range[through][:, None]) @ pose[:3, :3].T
+        # how far inside its building's outline each such point lies (negative: outside every building)
+        dx = world[:, None, 0] - footprints[None, :, 0]
+        dy = world[:, None, 1] - footprints[None, :, 1]
+        c, s = np.cos(footprints[:, 6]), np.sin(footprints[:, 6])
+        u, v = c * dx + s * dy, -s * dx + c * dy
+        inside = np.minimum(footprints[:, 3] / 2 - np.abs(u), footprints[:, 4] / 2 - np.abs(v))
+        depths.append(inside.max(axis=1))
+    depth = np.concatenate(depths)
+    assert len(depth) > 100, "the drive must see through some windows"
+    # in the rooms: well inside a building, not on the face of one behind it
+    assert np.mean(depth > ROOM_DEPTH - 0.3) > 0.9, np.mean(depth > ROOM_DEPTH - 0.3)
+
+
+def test_a_worlds_trees_and_hedges_are_in_its_map_and_in_the_vegetation_view(urban):
+    from lidar.sim.actors import OBJECT_CLASS_INDEX, PLANT_CLASSES
+
+    crowns = (urban.scenery.kind == ELLIPSOID) & (urban.scenery.label == OBJECT_CLASS_INDEX["tree"])
+    features = urban.hdmap.layers["plant"]
+    assert crowns.sum() > 10 and len(features) >= crowns.sum()
+    assert {f["properties"]["class"] for f in features} <= set(PLANT_CLASSES)
+    # every crown is listed where it stands, its footprint's top at the crown's top
+    boxes = urban.hdmap.footprint_boxes["plant"]
+    tops = urban.scenery.center[crowns, 2] + urban.scenery.size[crowns, 2]
+    for centre, top in zip(urban.scenery.center[crowns][:10], tops[:10], strict=True):
+        k = np.argmin(np.linalg.norm(boxes[:, :2] - centre[:2], axis=1))
+        assert np.linalg.norm(boxes[k, :2] - centre[:2]) < 1e-2
+        assert boxes[k, 2] + boxes[k, 5] / 2 == pytest.approx(top, abs=0.2)  # footprints stand on the terrain, a curb below
+    # the vegetation channel meets the plants: a tree seen from beside it is in the view
+    sensor = HDL32.with_width(512)
+    crown = urban.scenery.center[crowns][0]
+    pose = np.eye(4)
+    pose[:3, 3] = (crown[0] - 8.0, crown[1], crown[2] - 2.0)
+    plain = type(urban.hdmap).from_dict({**urban.hdmap.to_dict()})
+    plain.layers.pop("plant")
+    with_plants, without = urban.hdmap.range_view(pose, sensor).vegetation, plain.range_view(pose, sensor).vegetation
+    assert with_plants[with_plants > 0].min() < 8.0, "the crown 8 m ahead is met before its centre"
+    assert (with_plants > 0).sum() > (without > 0).sum()

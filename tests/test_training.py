@@ -264,3 +264,32 @@ def test_checkpoints_with_no_record_of_their_config_need_the_explicit_flag(tiny_
         check_resume_config(job, cfg, allow_change=False)
     assert check_resume_config(job, cfg, allow_change=True)[0] == 5
     assert check_resume_config(tmp_path / "fresh", cfg, allow_change=False) == (0, [])
+
+
+@pytest.mark.multiprocess
+def test_a_job_with_init_from_starts_from_that_models_weights(killed_and_resumed: dict, tiny_data: Path, tmp_path) -> None:
+    """Fine-tuning: a fresh job dir whose config names a trained model starts from its (EMA) weights."""
+    from inference.loader import load_model
+
+    source = str(killed_and_resumed["job"])
+    config, job = tmp_path / "finetune.json", tmp_path / "job"
+    # one step at a vanishing learning rate: what the job saves is what it started from
+    config.write_text(json.dumps(tiny_config(tiny_data, init_from=source, max_iters=1, warmup_iters=0, lr=1e-9,
+                                             weight_decay=0.0, save_iter=1)))
+    run = _launch(config, job, tmp_path / "run.log")
+    assert run.wait(timeout=300) == 0, (tmp_path / "run.log").read_text()[-3000:]
+    assert f"initialised from {source}" in (job / "train.log").read_text()
+    started, _ = load_model(str(job))
+    trained, _ = load_model(source)
+    for (name, a), b in zip(started.state_dict().items(), trained.state_dict().values(), strict=True):
+        torch.testing.assert_close(a, b, atol=1e-6, rtol=0, msg=name)
+
+
+def test_init_from_a_model_of_another_architecture_is_refused_naming_the_fields(killed_and_resumed: dict) -> None:
+    from inference.network import WorldModel
+    from training.train import load_init_weights
+
+    other = WorldModelConfig(sensor=TINY_SENSOR.to_dict(), base_channels=4, channel_mults=(1, 2), strides=((1, 2),),
+                             norm_groups=4, bottleneck_attention=False)
+    with pytest.raises(ValueError, match=r"differs from config.model in \['base_channels'\]"):
+        load_init_weights(WorldModel(other), str(killed_and_resumed["job"]))

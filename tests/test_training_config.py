@@ -17,11 +17,17 @@ def _default() -> dict:
     return json.loads((Path(__file__).resolve().parents[1] / DEFAULT_CONFIG).read_text())
 
 
-def test_default_config_loads_and_round_trips() -> None:
-    cfg = TrainConfig.from_dict(_default())
+@pytest.mark.parametrize("name", ["default", "finetune"])
+def test_shipped_configs_load_and_round_trip(name: str) -> None:
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "training" / "configs" / f"{name}.json"
+    cfg = TrainConfig.from_json(path)
     again = TrainConfig.from_dict(json.loads(cfg.to_json()))
     assert again == cfg
     assert cfg.warmup_iters < cfg.max_iters
+    # the fine-tuning recipe trains the default network on the default data, starting from the release
+    assert cfg.model == TrainConfig.from_dict(_default()).model and cfg.data_root == _default()["data_root"]
 
 
 @pytest.mark.parametrize(
@@ -35,6 +41,7 @@ def test_default_config_loads_and_round_trips() -> None:
         ("betas", [0.9]),
         ("data_root", ""),
         ("model", {}),
+        ("init_from", 3),
         ("loss_norm", "l1"),  # removed with the v2 objective: refused as unknown, by name
     ],
 )

@@ -89,6 +89,9 @@ class TrainConfig:
     #: torch intra-op threads per rank on CPU.
     torch_threads: int = 2
     augment: AugmentConfig = field(default_factory=AugmentConfig)
+    #: Weights a new job starts from ("" = random init): a release folder, weights file, job dir or Hub id,
+    #: to fine-tune a release on new data. A job that resumes from its own checkpoint ignores it.
+    init_from: str = ""
 
     def __post_init__(self) -> None:
         if isinstance(self.augment, dict):
@@ -103,6 +106,8 @@ class TrainConfig:
             WorldModelConfig.from_dict(self.model)
         except (TypeError, ValueError, KeyError) as exc:
             raise ValueError(f"model: not a valid WorldModelConfig ({exc})") from exc
+        if not isinstance(self.init_from, str):
+            raise ValueError(f"init_from must be a model source string ('' for random init), got {self.init_from!r}")
         if not isinstance(self.data_root, str) or not self.data_root:
             raise ValueError(f"data_root must be a dataset folder path, got {self.data_root!r}")
         positive_ints = ("batch_size", "max_iters", "save_iter", "log_iter", "cache_frames", "torch_threads")

@@ -66,7 +66,7 @@ from lidar.real_scans import real_scans_dir
 from lidar.registration import RegistrationError, register_sweeps
 from lidar.render import bev_image
 from lidar.sensors import Sensor
-from lidar.sim.dataset import MANIFEST, SimDataset, write_dataset
+from lidar.sim.dataset import MANIFEST, SIMULATOR_VERSION, SimDataset, write_dataset
 from lidar.sim.drive import FRAME_RATE_HZ
 from lidar.sim.hdmap import MAP_CLASS_INDEX, HDMap
 from lidar.sim.sequence import simulate_sequence
@@ -152,7 +152,7 @@ def reference_set(cfg: EvalConfig, name: str, seed: int, sensor: Sensor) -> SimD
     """A simulated set for this protocol, reused from `data_dir` (its first `rollouts` drives) or simulated now."""
     path = Path(cfg.data_dir) / f"{name}_s{seed}_f{cfg.frames + 1}_{sensor.name}x{sensor.width}"
     manifest = path / MANIFEST
-    if not manifest.is_file() or len(json.loads(manifest.read_text())["sequences"]) < cfg.rollouts:
+    if not manifest.is_file() or _stale(json.loads(manifest.read_text()), cfg.rollouts):
         start = time.perf_counter()
         write_dataset(path, sensor, cfg.rollouts, cfg.frames + 1, seed=seed, workers=cfg.workers)
         logger.info("simulated %s in %.1fs", path, time.perf_counter() - start)
@@ -161,6 +161,11 @@ def reference_set(cfg: EvalConfig, name: str, seed: int, sensor: Sensor) -> SimD
         raise ValueError(f"reference set {path} is for sensor {dataset.sensor.name} {dataset.sensor.shape}, "
                          f"the model for {sensor.name} {sensor.shape}; delete it to regenerate")
     return dataset
+
+
+def _stale(manifest: dict[str, Any], rollouts: int) -> bool:
+    """Too few drives, or simulated by another simulator version (manifests before versions were version 1)."""
+    return len(manifest["sequences"]) < rollouts or manifest.get("simulator", 1) != SIMULATOR_VERSION
 
 
 def check_disjoint(heldout: SimDataset, train_data: str) -> None:

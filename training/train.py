@@ -23,7 +23,8 @@ from torch.distributed.fsdp import fully_shard
 
 from checkpointing import CallBackGroup, CheckpointConfig, FSDPCheckpointer, JobConfig, ModelWithEMA
 from inference.flow import flow_matching_loss
-from inference.network import WorldModel, WorldModelConfig
+from inference.loader import load_model
+from inference.network import ARCHITECTURE_FIELDS, WorldModel, WorldModelConfig
 from training.config import TrainConfig
 from training.config_record import ConfigChangeError, ConfigRecorder, check_resume_config, record_config
 from training.data import make_loader
@@ -50,6 +51,23 @@ def update_ema(ema: torch.nn.Module, model: torch.nn.Module, decay: float) -> No
     ema_params = [p for p in ema.parameters()]
     params = [p.detach() for p in model.parameters()]
     torch._foreach_lerp_(ema_params, params, 1.0 - decay)
+
+
+def load_init_weights(model: WorldModel, source: str) -> None:
+    """Start from a trained model's weights (fine-tuning); a resume then overwrites them with its checkpoint.
+
+    The source's own config must describe the same network and sensor as the job's, or its weights would
+    mean something else here.
+    """
+    init, provenance = load_model(source, device="cpu", dtype=torch.float32)
+    mine, theirs = model.config.to_dict(), init.config.to_dict()
+    differ = sorted(k for k in ARCHITECTURE_FIELDS if mine[k] != theirs[k])
+    if differ:
+        raise ValueError(f"init_from {source!r}: its network differs from config.model in {differ}; "
+                         "expected the same architecture and sensor")
+    model.load_state_dict(init.state_dict())
+    logger.info("initialised from %s (%s weights, iteration %s)", provenance.source, provenance.weights,
+                provenance.iteration)
 
 
 def setup_logging(job_dir: Path, rank: int) -> None:
@@ -106,6 +124,8 @@ def train(cfg: TrainConfig, job_dir: Path, max_minutes: float | None = None, com
     torch.manual_seed(cfg.seed)
     model_cfg = WorldModelConfig.from_dict(cfg.model)
     model = WorldModel(model_cfg).to(device)
+    if cfg.init_from:
+        load_init_weights(model, cfg.init_from)
     ema = WorldModel(model_cfg).to(device)
     ema.load_state_dict(model.state_dict())
     ema.requires_grad_(False)

@@ -40,8 +40,15 @@ OBJECT_CLASS_INDEX = {name: i for i, name in enumerate(OBJECT_CLASSES)}
 BOXED_CLASSES = ("car", "van", "truck", "pedestrian", "cyclist")
 #: Scenery the HD map lists as footprints (layer "barrier"): what a planner must not drive through.
 BARRIER_CLASSES = ("wall", "fence")
-#: Share of a facade that is glass: rays pass through windows (and return from inside, or not at all).
+#: Share of a facade that is glass: rays pass through windows and return from the rooms behind them.
 WINDOW_FRACTION = 0.2
+#: How deep (m) the rooms behind a window reach before what fills them (curtains, furniture, inner walls)
+#: stops the ray, and how bright that is. Without it a window ray crossed the whole building.
+ROOM_DEPTH = 1.5
+INTERIOR_REFLECTIVITY = 0.1
+#: Scenery the HD map lists one by one in its "plant" layer (trees by their crowns, hedges, bushes):
+#: a city's tree inventory, which a model needs to draw a street's trees where they stand.
+PLANT_CLASSES = ("tree", "bush")
 
 
 @dataclass
@@ -504,6 +511,7 @@ def populate(rng: np.random.Generator, layout: Layout, style: str) -> Population
                     WINDOW_FRACTION,
                 )
             )
+            building_rows.append(_interior(b, base, h))
             if style == "suburban" and rng.random() < 0.5:
                 static_rows += _fence_around(rng, b)
     for g in layout.green:
@@ -534,7 +542,8 @@ def populate(rng: np.random.Generator, layout: Layout, style: str) -> Population
     # Scenery rows are relative to the ground under their centre; one batched lookup places them all.
     # Static actors are baked into the scenery too; moving actors are placed per frame.
     rel = Shapes.from_rows(static_rows)
-    hdmap.layers["barrier"] = barrier_features(rel)
+    hdmap.layers["barrier"] = footprint_features(rel, BARRIER_CLASSES, (BOX,))
+    hdmap.layers["plant"] = footprint_features(rel, PLANT_CLASSES, (BOX, ELLIPSOID))
     rel.center[:, 2] += hdmap.ground_height(rel.center[:, 0], rel.center[:, 1])
     still = [a for a in actors if not a.moving]
     zs = hdmap.ground_height(np.array([a.x for a in still]), np.array([a.y for a in still])) if still else []
@@ -604,19 +613,32 @@ def _wall_along(
     return rows
 
 
-def barrier_features(rel: Shapes) -> list[dict]:
-    """The walls and fences of `rel` (rows relative to the ground) as map footprints with their height.
+def footprint_features(rel: Shapes, classes: tuple[str, ...], kinds: tuple[int, ...]) -> list[dict]:
+    """The solids of `rel` (rows relative to the ground) of these classes and kinds as map footprints.
 
-    HD maps list road barriers and walls, because a planner must know them; the world model needs them
-    too: without them it draws the ground a ray would meet behind a noise wall.
+    HD maps list road barriers and walls, because a planner must know them, and cities list their trees;
+    the world model needs both: without walls it draws the ground a ray would meet behind a noise wall,
+    without trees it cannot know where a street's crowns stand. Each footprint is the solid's (x, y)
+    rectangle with its top as the height; a tree's trunk is left out, since its crown's footprint covers it.
     """
-    classes = [OBJECT_CLASS_INDEX[name] for name in BARRIER_CLASSES]
+    labels = [OBJECT_CLASS_INDEX[name] for name in classes]
     features = []
-    for i in np.flatnonzero((rel.kind == BOX) & np.isin(rel.label, classes)):
+    for i in np.flatnonzero(np.isin(rel.kind, kinds) & np.isin(rel.label, labels)):
         fp = Footprint(*rel.center[i, :2], *rel.size[i, :2], float(rel.yaw[i]))
         features.append(map_feature("Polygon", closed_ring(fp.corners()), **{
             "class": OBJECT_CLASSES[rel.label[i]], "height": round(float(rel.center[i, 2] + rel.size[i, 2]), 2)}))
     return features
+
+
+def _interior(b: Footprint, base: float, height: float) -> tuple:
+    """What a ray through a window meets: the building's core, ROOM_DEPTH behind the facade.
+
+    The facade box lets a window ray through whole, so without the core it crossed the building and
+    returned from whatever stood behind it. The rooms are shallow because most rays meet a facade at a
+    grazing angle, and a grazing ray must still meet the core before it leaves through a side wall.
+    """
+    core = (max(b.half_length - ROOM_DEPTH, 0.5), max(b.half_width - ROOM_DEPTH, 0.5), height / 2)
+    return _row(BOX, (b.cx, b.cy, base + height / 2), core, b.yaw, INTERIOR_REFLECTIVITY, "facade", -1)
 
 
 def _fence_around(rng: np.random.Generator, b: Footprint) -> list[tuple]:

@@ -44,6 +44,10 @@ logger = logging.getLogger(__name__)
 
 FORMAT = "lidarverse-sim"
 FORMAT_VERSION = 1
+#: What the simulator makes of a seed. Bumped whenever the same seed gives other sweeps or maps (2: window
+#: rays stop at a building's rooms, trees and hedges listed in the map), so a set simulated by an older
+#: version is recognised as stale instead of silently scored against today's worlds.
+SIMULATOR_VERSION = 2
 MANIFEST = "manifest.json"
 FRAME_KEYS = ("range", "intensity", "labels", "instances", "map_classes")
 #: Style mix of generated data: mostly streets, some highway.
@@ -187,6 +191,7 @@ def write_dataset(
     manifest = {
         "format": FORMAT,
         "version": FORMAT_VERSION,
+        "simulator": SIMULATOR_VERSION,
         "seed": int(seed),
         "frame_rate_hz": FRAME_RATE_HZ,
         "sensor": sensor.to_dict(),

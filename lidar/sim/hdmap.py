@@ -39,7 +39,7 @@ RAISED_CLASSES: tuple[str, ...] = ("sidewalk", "curb", "terrain", "vegetation", 
 CURB_HEIGHT = 0.15
 
 #: Map layers whose rectangles are extruded into solids the model conditions on (`HDMap.range_view`).
-FOOTPRINT_CLASSES: tuple[str, ...] = ("building", "vegetation", "barrier")
+FOOTPRINT_CLASSES: tuple[str, ...] = ("building", "vegetation", "barrier", "plant")
 #: Height (m) of a green area's block: the map knows where trees and bushes grow, not how tall each is.
 VEGETATION_HEIGHT = 2.0
 #: How far (m) a footprint solid reaches below the terrain at its centre, so slopes leave no gap under it.
@@ -53,7 +53,7 @@ class MapView:
     classes: np.ndarray  # (H, W) uint8 MAP_CLASSES of the ground under the ray
     ground: np.ndarray  # (H, W) float32 range to the ground surface
     building: np.ndarray  # (H, W) float32 range into an extruded building or barrier (wall, fence) footprint
-    vegetation: np.ndarray  # (H, W) float32 range into an extruded green area
+    vegetation: np.ndarray  # (H, W) float32 range into an extruded green area or plant (tree crown, hedge)
 
 
 #: RGB colour per map class for BEV pictures (index-aligned with MAP_CLASSES).
@@ -219,7 +219,8 @@ class HDMap:
             classes=classes,
             ground=ground_m.astype(np.float32).reshape(sensor.shape),
             building=built.range,
-            vegetation=box_range_view(boxes["vegetation"], pose, sensor).range,
+            # green areas and the plants the map lists one by one: where vegetation stands
+            vegetation=box_range_view(np.concatenate([boxes["vegetation"], boxes["plant"]]), pose, sensor).range,
         )
 
     def _ground_cast(self, pose: np.ndarray, sensor: Sensor) -> tuple[np.ndarray, np.ndarray]:
@@ -247,8 +248,8 @@ class HDMap:
     def footprint_boxes(self) -> dict[str, np.ndarray]:
         """Each footprint layer's rectangles extruded into (B, 7) boxes standing on the terrain.
 
-        Buildings rise to their `height` property; a green area is a `VEGETATION_HEIGHT` block, a coarse
-        stand-in for the trees and bushes the map does not list one by one.
+        Buildings, barriers and plants rise to their `height` property; a green area is a
+        `VEGETATION_HEIGHT` block, a coarse stand-in for the low growth the map does not list one by one.
         """
         out = {}
         for name in FOOTPRINT_CLASSES:
