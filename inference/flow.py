@@ -12,7 +12,7 @@ prior, see `inference.network`); the sampler works with the velocity it implies.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 import torch
 import torch.nn.functional as F
@@ -37,7 +37,7 @@ RANGE_WEIGHT = 4.0
 
 
 class X0Model(Protocol):
-    def predict_x0(self, x_t: torch.Tensor, t: torch.Tensor, cond: torch.Tensor) -> torch.Tensor: ...
+    def predict_x0(self, x_t: torch.Tensor, t: torch.Tensor, cond: Any) -> torch.Tensor: ...
 
 
 def to_velocity(x0: torch.Tensor, x_t: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
@@ -86,25 +86,20 @@ def flow_matching_loss(
     return RANGE_WEIGHT * range_l1 + intensity_l1 + bce
 
 
-def guided_velocity(
-    model: X0Model,
-    x_t: torch.Tensor,
-    t: torch.Tensor,
-    cond: torch.Tensor,
-    uncond: torch.Tensor | None = None,
-    guidance: float = 1.0,
-) -> torch.Tensor:
+def guided_velocity(model: X0Model, x_t: torch.Tensor, t: torch.Tensor, cond: Any, guidance: float = 1.0) -> torch.Tensor:
     """Classifier-free guidance: v_uncond + guidance * (v_cond - v_uncond), in one batched forward.
 
-    `uncond` is the same condition with the map dropped (see `conditioning.drop_map`). At guidance 1.0 the
-    unconditional pass would cancel out, so it is skipped.
+    `cond` is the condition of x_t's batch (B); with guidance other than 1 it is that condition followed by
+    the unconditional one (`conditioning.drop_map`) along the batch (2B), in whatever form the model takes
+    (a tensor, or a model's prepared condition reused across steps). At guidance 1.0 the unconditional
+    pass would cancel out, so it is not asked for.
     """
     b = x_t.shape[0]
     t = t.to(x_t.device).reshape(-1).expand(b)
-    if uncond is None or guidance == 1.0:
+    if guidance == 1.0:
         return to_velocity(model.predict_x0(x_t, t, cond), x_t, t)
     x2, t2 = torch.cat([x_t, x_t]), torch.cat([t, t])
-    v_cond, v_uncond = to_velocity(model.predict_x0(x2, t2, torch.cat([cond, uncond])), x2, t2).chunk(2)
+    v_cond, v_uncond = to_velocity(model.predict_x0(x2, t2, cond), x2, t2).chunk(2)
     return v_uncond + guidance * (v_cond - v_uncond)
 
 

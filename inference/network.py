@@ -183,9 +183,19 @@ class RingConv(nn.Conv2d):
         self.wrap = kernel // 2
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.wrap:
-            x = F.pad(x, (self.wrap, self.wrap, 0, 0), mode="circular")
-        return super().forward(x)
+        return super().forward(self._wrap(x))
+
+    def partial(self, x: torch.Tensor, first: int, bias: bool) -> torch.Tensor:
+        """The response to input channels `first`, `first` + 1, ... only (x holds just those).
+
+        A conv is linear, so the responses to a split of its input channels sum to the whole: a part that
+        does not change between calls can be computed once.
+        """
+        weight = self.weight[:, first : first + x.shape[1]]
+        return F.conv2d(self._wrap(x), weight, self.bias if bias else None, self.stride, self.padding)
+
+    def _wrap(self, x: torch.Tensor) -> torch.Tensor:
+        return F.pad(x, (self.wrap, self.wrap, 0, 0), mode="circular") if self.wrap else x
 
 
 class ResBlock(nn.Module):
@@ -229,6 +239,22 @@ class Attention(nn.Module):
         q, k, v = qkv.permute(1, 0, 2, 4, 3).contiguous().unbind(0)
         a = F.scaled_dot_product_attention(q, k, v)
         return x + self.out(a.transpose(-1, -2).reshape(b, c, h, w))
+
+
+@dataclass(frozen=True)
+class PreparedCondition:
+    """What a forward pass computes from the condition alone, once per sweep instead of once per step.
+
+    A sampler calls the network `steps` times on one condition; the prior, the residual bases and the
+    stem's response to the condition channels are the same each time.
+    """
+
+    cond: torch.Tensor
+    base_range: torch.Tensor
+    base_intensity: torch.Tensor
+    returns: torch.Tensor
+    #: The stem's response to the condition and prior channels, bias included.
+    stem: torch.Tensor
 
 
 def timestep_embedding(t: torch.Tensor, dim: int) -> torch.Tensor:
@@ -303,20 +329,33 @@ class WorldModel(nn.Module):
         base_intensity = torch.where(cached, cond[:, CACHE_INTENSITY], torch.full_like(prior, INTENSITY_FILL))
         return base_range, base_intensity, returns
 
-    def forward(self, x_t: torch.Tensor, t: torch.Tensor, cond: torch.Tensor) -> torch.Tensor:
-        """x_t (B, 3, H, W), t (B,) in [0, 1], cond (B, C, H, W) -> (B, 3, H, W) range, intensity, return logit."""
-        b, _, h, w = x_t.shape
-        expected = (IMAGE_CHANNELS, *self.config.sensor_obj.shape)
-        if tuple(x_t.shape[1:]) != expected or tuple(cond.shape) != (b, self.config.cond_channels, h, w):
+    def prepare(self, cond: torch.Tensor) -> PreparedCondition:
+        """The condition-only part of `forward` for a (B, C, H, W) condition, to reuse across sampler steps."""
+        expected = (self.config.cond_channels, *self.config.sensor_obj.shape)
+        if cond.dim() != 4 or tuple(cond.shape[1:]) != expected:
             raise ValueError(
-                f"WorldModel expects x_t (B, {expected[0]}, {expected[1]}, {expected[2]}) and cond "
-                f"(B, {self.config.cond_channels}, H, W); got x_t {tuple(x_t.shape)}, cond {tuple(cond.shape)}"
+                f"WorldModel expects cond (B, {expected[0]}, {expected[1]}, {expected[2]}), got {tuple(cond.shape)}"
             )
-        cond = cond.to(x_t.dtype)
+        cond = cond.to(self.stem.weight.dtype)
         base_range, base_intensity, returns = self.base_image(cond)
-        prior = torch.stack([base_range, returns.to(x_t.dtype)], dim=1)
+        prior = torch.stack([base_range, returns.to(cond.dtype)], dim=1)
+        stem = self.stem.partial(torch.cat([cond, prior], dim=1), IMAGE_CHANNELS, bias=True)
+        return PreparedCondition(cond, base_range, base_intensity, returns, stem)
+
+    def forward(self, x_t: torch.Tensor, t: torch.Tensor, cond: torch.Tensor | PreparedCondition) -> torch.Tensor:
+        """x_t (B, 3, H, W), t (B,) in [0, 1], cond (B, C, H, W) or its `prepare`d form -> (B, 3, H, W)
+        range, intensity and return logit."""
+        prepared = cond if isinstance(cond, PreparedCondition) else self.prepare(cond)
+        b = x_t.shape[0]
+        expected = (IMAGE_CHANNELS, *self.config.sensor_obj.shape)
+        if tuple(x_t.shape[1:]) != expected or prepared.cond.shape[0] != b:
+            raise ValueError(
+                f"WorldModel expects x_t (B, {expected[0]}, {expected[1]}, {expected[2]}) and a condition of the "
+                f"same batch; got x_t {tuple(x_t.shape)}, cond {tuple(prepared.cond.shape)}"
+            )
+        base_range, base_intensity, returns = prepared.base_range, prepared.base_intensity, prepared.returns
         temb = self.time_mlp(timestep_embedding(t.expand(b), self.config.base_channels).to(x_t.dtype))
-        hx = self.stem(torch.cat([x_t, cond, prior], dim=1))
+        hx = self.stem.partial(x_t, 0, bias=False) + prepared.stem
         skips = []
         for level, blocks in enumerate(self.enc):
             if level > 0:
@@ -337,7 +376,7 @@ class WorldModel(nn.Module):
             [base_range + out[:, RANGE], base_intensity + out[:, INTENSITY], bias + out[:, RETURN]], dim=1
         )
 
-    def predict_x0(self, x_t: torch.Tensor, t: torch.Tensor, cond: torch.Tensor) -> torch.Tensor:
+    def predict_x0(self, x_t: torch.Tensor, t: torch.Tensor, cond: torch.Tensor | PreparedCondition) -> torch.Tensor:
         """The clean flow image the sampler steps towards: the return channel as its expectation 2p - 1."""
         out = self(x_t, t, cond)
         return torch.cat([out[:, :RETURN], torch.tanh(0.5 * out[:, RETURN : RETURN + 1])], dim=1)

@@ -164,11 +164,15 @@ def rollout(
         boxes = _layout(layout, float(times[index]), pose, sensor)
         cond = build_condition(cache.points(), pose, map_view, boxes, sensor, config.num_map_classes)
         cond = cond[None].to(device=param.device, dtype=param.dtype)
-        uncond = drop_map(cond, config.num_map_classes) if map_view is not None and guidance != 1.0 else None
+        # guidance pushes away from the map-dropped condition: without a map there is nothing to push from
+        scale = guidance if map_view is not None else 1.0
+        if scale != 1.0:
+            cond = torch.cat([cond, drop_map(cond, config.num_map_classes)])
+        prepared = model.prepare(cond)
         # 2. sample the range image
         x = sampler.init_noise((1, IMAGE_CHANNELS, *sensor.shape), generator, device=param.device)
         for i, t in enumerate(sampler.timesteps):
-            v = guided_velocity(model, x.to(param.dtype), t, cond, uncond, guidance).float()
+            v = guided_velocity(model, x.to(param.dtype), t, prepared, scale).float()
             x = sampler.step(v, t, x).prev_sample
             if callback is not None:
                 callback(Progress(index, len(poses), i + 1, steps))

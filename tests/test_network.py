@@ -68,6 +68,28 @@ def test_forward_rejects_a_condition_with_the_wrong_channel_count():
         WorldModel(config)(torch.randn(1, 2, h, w), torch.rand(1), torch.randn(1, config.cond_channels, h, w))
 
 
+def test_a_prepared_condition_gives_the_same_output_as_the_whole_stem_on_every_step():
+    """The sampler reuses `prepare(cond)` across steps: the split stem must be the full conv, exactly."""
+    config = tiny_config()
+    torch.manual_seed(0)
+    model = WorldModel(config).eval()
+    with torch.no_grad():
+        for param in model.parameters():
+            param.add_(0.1 * torch.randn_like(param))  # a trained-looking net: the head is not zero
+    h, w = config.sensor_obj.shape
+    cond = torch.randn(2, config.cond_channels, h, w)
+    prepared = model.prepare(cond)
+    base_range, _, returns = model.base_image(cond)
+    prior = torch.stack([base_range, returns.float()], dim=1)
+    for t in (1.0, 0.5):
+        x = torch.randn(2, IMAGE_CHANNELS, h, w)
+        whole = model.stem(torch.cat([x, cond, prior], dim=1))
+        torch.testing.assert_close(model.stem.partial(x, 0, bias=False) + prepared.stem, whole, atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(model(x, torch.full((2,), t), prepared), model(x, torch.full((2,), t), cond))
+    with pytest.raises(ValueError, match="same batch"):
+        model(torch.randn(1, IMAGE_CHANNELS, h, w), torch.rand(1), prepared)
+
+
 def test_rolling_input_in_azimuth_rolls_the_output_by_the_same_amount():
     config = tiny_config()
     torch.manual_seed(0)
