@@ -53,14 +53,13 @@ def _slab_entry(o: np.ndarray, d: np.ndarray, boxes: np.ndarray) -> np.ndarray:
     return np.where((t_near <= t_far) & (t_near > 0) & ~inside, t_near, np.inf)
 
 
-def _pixel_windows(local_boxes: np.ndarray, sensor: Sensor) -> list[np.ndarray]:
-    """Flat pixel indices each box (in the sensor frame) can cover: a conservative azimuth x elevation window.
+def _pixel_windows(local_boxes: np.ndarray, sensor: Sensor) -> tuple[np.ndarray, np.ndarray]:
+    """(pixel, box) pairs each box (in the sensor frame) can cover: a conservative azimuth x elevation window.
 
-    Testing only these pixels makes a layout of hundreds of boxes cost about as much as the pixels they
-    cover, not pixels x boxes.
+    Testing only these pixels makes a map of a thousand footprints cost about as much as the pixels they
+    cover, not pixels x boxes; the pairs are built for all boxes at once (no per-box Python loop).
     """
-    width = sensor.width
-    elevations = sensor.elevations
+    height, width = sensor.shape
     dist = np.hypot(local_boxes[:, 0], local_boxes[:, 1])
     radius = 0.5 * np.hypot(local_boxes[:, 3], local_boxes[:, 4])
     near = np.maximum(dist - radius, 0.05)
@@ -68,23 +67,24 @@ def _pixel_windows(local_boxes: np.ndarray, sensor: Sensor) -> list[np.ndarray]:
     bottom = local_boxes[:, 2] - local_boxes[:, 5] / 2
     el_hi = np.arctan2(top, np.where(top >= 0, near, dist + radius))
     el_lo = np.arctan2(bottom, np.where(bottom >= 0, dist + radius, near))
+    # rows: the beams between el_lo and el_hi (row 0 is the highest beam)
+    ascending = sensor.elevations[::-1]
+    first_up = np.searchsorted(ascending, el_lo - 1e-9, side="left")
+    past_up = np.searchsorted(ascending, el_hi + 1e-9, side="right")
+    row0, n_rows = height - past_up, np.maximum(past_up - first_up, 0)
+    # columns: the azimuth span of the box's circumscribed circle, all of them when the sensor is inside it
     centre_col = 0.5 * (1.0 - np.arctan2(local_boxes[:, 1], local_boxes[:, 0]) / np.pi) * width
-    half_cols = np.where(
-        dist > radius, np.arcsin(np.clip(radius / np.maximum(dist, 1e-9), 0, 1)) / np.pi * 0.5 * width + 1, width
-    )
-    windows = []
-    for i in range(len(local_boxes)):
-        rows = np.flatnonzero((elevations >= el_lo[i] - 1e-9) & (elevations <= el_hi[i] + 1e-9))
-        if not len(rows):
-            windows.append(np.zeros(0, np.int64))
-            continue
-        if half_cols[i] >= width / 2:
-            cols = np.arange(width)
-        else:
-            cols = np.mod(np.arange(int(np.floor(centre_col[i] - half_cols[i])),
-                                    int(np.ceil(centre_col[i] + half_cols[i])) + 1), width)
-        windows.append((rows[:, None] * width + cols[None, :]).ravel())
-    return windows
+    half_cols = np.arcsin(np.clip(radius / np.maximum(dist, 1e-9), 0, 1)) / np.pi * 0.5 * width + 1
+    whole = (dist <= radius) | (half_cols >= width / 2)
+    col0 = np.where(whole, 0, np.floor(centre_col - half_cols)).astype(np.int64)
+    n_cols = np.where(whole, width, np.ceil(centre_col + half_cols).astype(np.int64) - col0 + 1)
+    # every pair, box by box: k runs over each box's window in row-major order
+    counts = n_rows * n_cols
+    owners = np.repeat(np.arange(len(local_boxes)), counts)
+    k = np.arange(int(counts.sum())) - np.repeat(np.cumsum(counts) - counts, counts)
+    cols = np.repeat(n_cols, counts)
+    rows = np.repeat(row0, counts) + k // cols
+    return rows * width + (np.repeat(col0, counts) + k % cols) % width, owners
 
 
 @dataclass
@@ -129,10 +129,9 @@ def box_range_view(boxes: np.ndarray, pose: np.ndarray, sensor: Sensor) -> BoxVi
         local[:, 3:5] *= ((radius + 0.5 * local[:, 5] * sin_tilt) / radius)[:, None]
         local[:, 5] += 2.0 * radius * sin_tilt
     # 3. every (pixel, box) pair a box can cover, then one vectorised slab test along the rays in the level frame
-    windows = _pixel_windows(local, sensor)
-    pixels = np.concatenate(windows) if windows else np.zeros(0, np.int64)
+    pixels, owners = _pixel_windows(local, sensor)
     if len(pixels):
-        owners = np.repeat(keep, [len(w) for w in windows])
+        owners = keep[owners]
         dirs = sensor.ray_directions().reshape(-1, 3)[pixels] @ level_from_sensor.T
         t = _slab_entry(np.zeros(3), dirs, level[owners])
         ok = np.isfinite(t) & (t >= sensor.min_range) & (t <= sensor.max_range)

@@ -90,7 +90,8 @@ def test_the_pixel_windows_never_miss_a_pixel_that_testing_every_pixel_finds(mon
     boxes[:, :2] += pose[:2, 3]
     windowed = box_range_view(boxes, pose, SENSOR)
     everything = np.arange(SENSOR.height * SENSOR.width)
-    monkeypatch.setattr(lidar.boxes, "_pixel_windows", lambda local, sensor: [everything for _ in local])
+    monkeypatch.setattr(lidar.boxes, "_pixel_windows", lambda local, sensor: (
+        np.tile(everything, len(local)), np.repeat(np.arange(len(local)), len(everything))))
     full = box_range_view(boxes, pose, SENSOR)
     np.testing.assert_array_equal(windowed.index, full.index)
     np.testing.assert_array_equal(windowed.range, full.range)
