@@ -86,6 +86,21 @@ def test_release_is_self_describing(job, tmp_path: Path) -> None:
     assert f"iterations: {ITERATION} of 10" in card
     assert "Not evaluated yet" in card
     assert "## Notes\n\n- data simulated at commit abc1234" in card
+    assert "initialised from" not in card  # trained from scratch
+
+
+def test_a_fine_tuned_jobs_card_names_the_model_it_started_from(job, tmp_path: Path) -> None:
+    job_dir, _, _ = job
+    copy = tmp_path / "job"
+    copy.mkdir()
+    for item in job_dir.iterdir():
+        (copy / item.name).symlink_to(item)
+    cfg = TrainConfig.from_json(job_dir / "config.json")
+    (copy / "config.json").unlink()
+    (copy / "config.json").write_text(TrainConfig.from_dict({**json.loads(cfg.to_json()),
+                                                             "init_from": "weights/default"}).to_json())
+    export(copy, tmp_path / "release")
+    assert "- initialised from `weights/default`" in (tmp_path / "release" / "README.md").read_text()
 
 
 def test_card_includes_the_evaluation_table_when_given(job, tmp_path: Path) -> None:
