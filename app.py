@@ -642,8 +642,9 @@ HOW_IT_WORKS = """
 ### How it works
 LidarVerse is a causal, few-step, block-autoregressive LiDAR world model. For each new frame the car moves
 along the chosen action (poses at 10 Hz). The model sees, in the new sensor's range view, everything it has
-generated or observed so far (a rolling spatial cache, re-projected), the HD map's ground, buildings, walls
-and fences ray-cast from the new pose, and the other road users' 3-D boxes at that moment. From these it
+generated or observed so far (a rolling spatial cache, re-projected), the HD map's ground, buildings, walls,
+fences, green areas, trees and hedges ray-cast from the new pose, and the other road users' 3-D boxes at that
+moment. From these it
 draws a prior sweep, and a few flow-matching steps (4 by default) correct its ranges and decide where each
 ray returns; the sweep is unprojected, moved into the world frame and merged into the cache. Forecasting
 seeds the cache with the uploaded scans and conditions every frame on them (its own frames are not fed back,
