@@ -48,7 +48,8 @@ def load_model(source: str | None, device: str) -> tuple[WorldModel, str]:
 
 
 def time_forward(model: WorldModel, repeats: int = 10) -> float:
-    """Median seconds of one batch-1 forward pass: the irreducible cost of a sampler step."""
+    """Median seconds of one batch-1 forward pass as the sampler runs it (the condition prepared once, outside
+    the timing): the irreducible cost of a sampler step."""
     config, param = model.config, next(model.parameters())
     h, w = config.sensor_obj.shape
     x = torch.randn(1, IMAGE_CHANNELS, h, w, device=param.device)
@@ -56,6 +57,7 @@ def time_forward(model: WorldModel, repeats: int = 10) -> float:
     t = torch.full((1,), 0.5, device=param.device)
     times = []
     with torch.inference_mode():
+        cond = model.prepare(cond)
         for _ in range(repeats + 2):
             start = time.perf_counter()
             model(x, t, cond)
