@@ -87,6 +87,7 @@ def test_release_is_self_describing(job, tmp_path: Path) -> None:
     assert "Not evaluated yet" in card
     assert "## Notes\n\n- data simulated at commit abc1234" in card
     assert "initialised from" not in card  # trained from scratch
+    assert all(f.stat().st_mode & 0o444 == 0o444 for f in release.iterdir()), "every release file readable by all"
 
 
 def test_a_fine_tuned_jobs_card_names_the_model_it_started_from(job, tmp_path: Path) -> None:

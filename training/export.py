@@ -156,9 +156,11 @@ def _weights_metadata(model: Any, iteration: int, source: str) -> dict[str, str]
 
 
 def _write_weights(folder: Path, state: dict[str, torch.Tensor], metadata: dict[str, str]) -> Path:
-    """safetensors does not fsync, so flush the file before the release can be published."""
+    """safetensors does not fsync, so flush the file before the release can be published; it also writes the
+    file private (0600), and a release is read by everyone (a server running as another user, a Space)."""
     weights = folder / WEIGHTS_NAME
     save_file(state, str(weights), metadata=metadata)
+    weights.chmod(0o644)
     fsync_file(weights)
     return weights
 
