@@ -28,6 +28,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from inference.conditioning import CACHE_INTENSITY, CACHE_MASK, condition_channels, prior_image
+from inference.flow import MAX_NOISE_SCALE
 from lidar.range_image import encode_range
 from lidar.sensors import HDL32, Sensor
 from lidar.sim.hdmap import MAP_CLASSES
@@ -81,6 +82,9 @@ class WorldModelConfig:
     #: Default sampling steps and classifier-free guidance scale for rollout.
     default_steps: int = 4
     default_guidance: float = 1.0
+    #: Default sampling temperature (`FlowMatchSampler.noise_scale`). 0.6, measured on the v4 release (6 held-out
+    #: drives and the KITTI pairs): 10-13 % lower Chamfer than 1.0 for forecast, generation and real data alike.
+    default_noise_scale: float = 0.6
 
     def __post_init__(self) -> None:
         self._check_architecture()
@@ -92,6 +96,9 @@ class WorldModelConfig:
             raise ValueError(f"WorldModelConfig.default_steps must be an integer in [1, 1000], got {self.default_steps!r}")
         if not isinstance(self.default_guidance, int | float) or not 0 <= self.default_guidance <= 100:
             raise ValueError(f"WorldModelConfig.default_guidance must be in [0, 100], got {self.default_guidance!r}")
+        if not isinstance(self.default_noise_scale, int | float) or not 0 < self.default_noise_scale <= MAX_NOISE_SCALE:
+            raise ValueError(f"WorldModelConfig.default_noise_scale must be in (0, {MAX_NOISE_SCALE}], "
+                             f"got {self.default_noise_scale!r}")
 
     def _check_architecture(self) -> None:
         """Shapes and sizes, each error naming its field; bounded before anything is allocated."""

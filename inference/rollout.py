@@ -151,7 +151,7 @@ def rollout(
     steps = config.default_steps if steps is None else int(steps)
     guidance = config.default_guidance if guidance is None else float(guidance)
     generator = seed if isinstance(seed, torch.Generator) else torch.Generator().manual_seed(int(seed))
-    sampler = sampler or FlowMatchSampler()
+    sampler = sampler or FlowMatchSampler(noise_scale=config.default_noise_scale)
     cache = cache if cache is not None else SpatialCache()
     param = next(model.parameters())
     sampler.set_timesteps(steps, device=param.device)

@@ -189,6 +189,15 @@ def test_sampler_noise_is_deterministic_per_seed():
     assert torch.equal(a, b) and not torch.equal(a, c)
 
 
+def test_a_tempered_sampler_scales_the_same_noise_and_refuses_a_temperature_out_of_range():
+    plain = FlowMatchSampler().init_noise((1, 2, 4, 8), torch.Generator().manual_seed(3))
+    tempered = FlowMatchSampler(noise_scale=0.6).init_noise((1, 2, 4, 8), torch.Generator().manual_seed(3))
+    torch.testing.assert_close(tempered, 0.6 * plain)
+    for bad in (0.0, -1.0, 2.5):
+        with pytest.raises(ValueError, match="noise_scale"):
+            FlowMatchSampler(noise_scale=bad)
+
+
 def test_step_rejects_misuse_with_clear_errors():
     sampler = FlowMatchSampler()
     x = torch.zeros(1, 2, 4, 8)

@@ -203,6 +203,8 @@ def test_config_round_trips_through_a_dict_and_rebuilds_the_same_architecture():
         ({"p_drop_cache": -0.1}, "p_drop_cache"),
         ({"blocks": 0}, "blocks"),
         ({"default_steps": 0}, "default_steps"),
+        ({"default_noise_scale": 0.0}, "default_noise_scale"),
+        ({"default_noise_scale": 3.0}, "default_noise_scale"),
     ],
 )
 def test_bad_config_fields_are_named_in_the_error(overrides, message):

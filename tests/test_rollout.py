@@ -90,6 +90,25 @@ def test_rollout_is_deterministic_per_seed_and_differs_across_seeds(model):
     np.testing.assert_array_equal(g.frames[-1].points, a.frames[-1].points)
 
 
+def test_rollout_samples_at_the_models_default_temperature(model):
+    from dataclasses import replace
+
+    from inference.flow import FlowMatchSampler
+
+    poses = straight_poses(2)
+    tempered = WorldModel(replace(model.config, default_noise_scale=0.5)).eval()
+    tempered.load_state_dict(model.state_dict())
+    hdmap = flat_hdmap()
+    by_default = rollout(tempered, poses, map_source=hdmap, seed=1).frames[-1].range_image.range
+    explicit = rollout(model, poses, map_source=hdmap, seed=1,
+                       sampler=FlowMatchSampler(noise_scale=0.5)).frames[-1].range_image.range
+    untempered = rollout(model, poses, map_source=hdmap, seed=1,
+                         sampler=FlowMatchSampler(noise_scale=1.0)).frames[-1].range_image.range
+    assert (by_default > 0).any(), "the map makes the sweep return somewhere"
+    np.testing.assert_array_equal(by_default, explicit)
+    assert not np.array_equal(by_default, untempered)
+
+
 def test_frames_are_decoded_sweeps_in_their_own_sensor_frame(model):
     result = rollout(model, straight_poses(2), map_source=FLAT, seed=0)
     assert len(result.frames) == 2

@@ -34,6 +34,7 @@ from safetensors.torch import save_file
 from checkpointing.atomic import atomic_write_text, fsync_dir, fsync_file
 from inference import load_pipeline
 from inference.loader import CONFIG_NAME, WEIGHTS_NAME
+from inference.network import WorldModelConfig
 from lidar.sim.dataset import MANIFEST
 from lidar.sim.hdmap import MAP_CLASSES
 from training.config import TrainConfig
@@ -322,6 +323,7 @@ def model_card(cfg: TrainConfig, progress: dict[str, Any], dataset: dict[str, An
                parameters: int, weights: Path, metrics: dict[str, Any] | None, notes: list[str],
                base_model: str | None = None, pictures: list[str] | None = None) -> str:
     sensor = cfg.model["sensor"]
+    model_cfg = WorldModelConfig.from_dict(cfg.model)
     launches = progress["launches"]
     commands = list(dict.fromkeys(launch["command"] for launch in launches))  # in launch order
     hardware = list(dict.fromkeys(launch["hardware"] for launch in launches))
@@ -331,7 +333,8 @@ def model_card(cfg: TrainConfig, progress: dict[str, Any], dataset: dict[str, An
         card_metadata(base_model),
         "# LidarVerse default world model",
         "",
-        "A causal, few-step (rectified flow, 4 Euler steps by default), block-autoregressive LiDAR world model:",
+        f"A causal, few-step (rectified flow, {model_cfg.default_steps} Euler steps from noise tempered to "
+        f"{model_cfg.default_noise_scale:g} by default), block-autoregressive LiDAR world model:",
         f"a {parameters / 1e6:.2f} M-parameter range-image UNet with circular azimuth padding that generates the next",
         f"360° sweep of a {sensor['name']} ({len(sensor['elevations_deg'])} x {sensor['width']}). Each frame starts from a",
         "deterministic prior (the rolling spatial cache of what was observed, and in free generation of what was",
