@@ -256,7 +256,6 @@ class PreparedCondition:
     stem's response to the condition channels are the same each time.
     """
 
-    cond: torch.Tensor
     base_range: torch.Tensor
     base_intensity: torch.Tensor
     returns: torch.Tensor
@@ -347,7 +346,7 @@ class WorldModel(nn.Module):
         base_range, base_intensity, returns = self.base_image(cond)
         prior = torch.stack([base_range, returns.to(cond.dtype)], dim=1)
         stem = self.stem.partial(torch.cat([cond, prior], dim=1), IMAGE_CHANNELS, bias=True)
-        return PreparedCondition(cond, base_range, base_intensity, returns, stem)
+        return PreparedCondition(base_range, base_intensity, returns, stem)
 
     def forward(self, x_t: torch.Tensor, t: torch.Tensor, cond: torch.Tensor | PreparedCondition) -> torch.Tensor:
         """x_t (B, 3, H, W), t (B,) in [0, 1], cond (B, C, H, W) or its `prepare`d form -> (B, 3, H, W)
@@ -355,10 +354,10 @@ class WorldModel(nn.Module):
         prepared = cond if isinstance(cond, PreparedCondition) else self.prepare(cond)
         b = x_t.shape[0]
         expected = (IMAGE_CHANNELS, *self.config.sensor_obj.shape)
-        if tuple(x_t.shape[1:]) != expected or prepared.cond.shape[0] != b:
+        if tuple(x_t.shape[1:]) != expected or prepared.stem.shape[0] != b:
             raise ValueError(
                 f"WorldModel expects x_t (B, {expected[0]}, {expected[1]}, {expected[2]}) and a condition of the "
-                f"same batch; got x_t {tuple(x_t.shape)}, cond {tuple(prepared.cond.shape)}"
+                f"same batch; got x_t {tuple(x_t.shape)} and a condition of batch {prepared.stem.shape[0]}"
             )
         base_range, base_intensity, returns = prepared.base_range, prepared.base_intensity, prepared.returns
         temb = self.time_mlp(timestep_embedding(t.expand(b), self.config.base_channels).to(x_t.dtype))

@@ -81,11 +81,10 @@ def test_a_prepared_condition_gives_the_same_output_as_the_whole_stem_on_every_s
     prepared = model.prepare(cond)
     base_range, _, returns = model.base_image(cond)
     prior = torch.stack([base_range, returns.float()], dim=1)
-    for t in (1.0, 0.5):
+    for _ in range(2):
         x = torch.randn(2, IMAGE_CHANNELS, h, w)
         whole = model.stem(torch.cat([x, cond, prior], dim=1))
         torch.testing.assert_close(model.stem.partial(x, 0, bias=False) + prepared.stem, whole, atol=1e-5, rtol=1e-5)
-        torch.testing.assert_close(model(x, torch.full((2,), t), prepared), model(x, torch.full((2,), t), cond))
     with pytest.raises(ValueError, match="same batch"):
         model(torch.randn(1, IMAGE_CHANNELS, h, w), torch.rand(1), prepared)
 

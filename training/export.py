@@ -34,7 +34,7 @@ from safetensors.torch import save_file
 from checkpointing.atomic import atomic_write_text, fsync_dir, fsync_file
 from inference import load_pipeline
 from inference.loader import CONFIG_NAME, WEIGHTS_NAME
-from inference.network import WorldModelConfig
+from inference.network import WorldModel
 from lidar.sim.dataset import MANIFEST
 from lidar.sim.hdmap import MAP_CLASSES
 from training.config import TrainConfig
@@ -101,8 +101,7 @@ def export(
         release_config = _release_config(cfg, progress, model, iteration, dataset)
         atomic_write_text(staging / CONFIG_NAME, json.dumps(release_config, indent=2) + "\n")
         shown = _copy_pictures(pictures, staging)
-        card = model_card(cfg, progress, dataset, iteration, model.num_parameters(), weights, metrics,
-                          notes or [], base_model, shown)
+        card = model_card(cfg, progress, dataset, iteration, model, weights, metrics, notes or [], base_model, shown)
         atomic_write_text(staging / CARD_NAME, card)
         # 4. Read it back as every user will.
         verify_release(staging, state, iteration)
@@ -320,10 +319,10 @@ def card_metadata(base_model: str | None = None) -> str:
 
 
 def model_card(cfg: TrainConfig, progress: dict[str, Any], dataset: dict[str, Any], iteration: int,
-               parameters: int, weights: Path, metrics: dict[str, Any] | None, notes: list[str],
+               model: WorldModel, weights: Path, metrics: dict[str, Any] | None, notes: list[str],
                base_model: str | None = None, pictures: list[str] | None = None) -> str:
     sensor = cfg.model["sensor"]
-    model_cfg = WorldModelConfig.from_dict(cfg.model)
+    model_cfg, parameters = model.config, model.num_parameters()
     launches = progress["launches"]
     commands = list(dict.fromkeys(launch["command"] for launch in launches))  # in launch order
     hardware = list(dict.fromkeys(launch["hardware"] for launch in launches))

@@ -124,7 +124,7 @@ def train(cfg: TrainConfig, job_dir: Path, max_minutes: float | None = None, com
     torch.manual_seed(cfg.seed)
     model_cfg = WorldModelConfig.from_dict(cfg.model)
     model = WorldModel(model_cfg).to(device)
-    if cfg.init_from:
+    if cfg.init_from and not resumed_at:  # a resume loads its own checkpoint: no second download
         load_init_weights(model, cfg.init_from)
     ema = WorldModel(model_cfg).to(device)
     ema.load_state_dict(model.state_dict())

@@ -152,10 +152,11 @@ class World:
         t = self.time if t_seconds is None else float(t_seconds)
         tab = self.table
         boxed = np.isin(tab.cls, [OBJECT_CLASS_INDEX[c] for c in BOXED_CLASSES])
+        x, y, z, yaw = tab.poses(t)
         if ego_pose is not None:
             ego = np.asarray(ego_pose, dtype=np.float64)
-            boxed[tab.mov_index[self._covering(tab.moving_poses(t), float(ego[0, 3]), float(ego[1, 3]), clearance)]] = False
-        x, y, z, yaw = tab.poses(t)
+            moving = tuple(a[tab.mov_index] for a in (x, y, z, yaw))
+            boxed[tab.mov_index[self._covering(moving, float(ego[0, 3]), float(ego[1, 3]), clearance)]] = False
         size = tab.size[boxed]
         rows = np.column_stack([x[boxed], y[boxed], z[boxed] + size[:, 2] / 2, size, yaw[boxed]])
         return {
