@@ -97,7 +97,7 @@ def test_same_seed_gives_identical_world_and_scans(urban):
 
 def test_ray_hits_known_box_at_known_range():
     # A 4 m wide wall whose near face is 19 m ahead of a sensor 1.8 m above flat ground.
-    box = Shapes.from_rows([(BOX, (20.0, 0.0, 2.0), (1.0, 2.0, 2.0), 0.0, 0.5, 0, -1, 0.0)])
+    box = Shapes.from_rows([(BOX, (20.0, 0.0, 2.0), (1.0, 2.0, 2.0), 0.0, 0.5, 0, -1, 0.0, 0.1)])
     sensor = Sensor.from_angles("test", [0.0, -30.0], width=64, max_range=100.0, mount_height=1.8)
     pose = np.eye(4)
     pose[2, 3] = 1.8
@@ -142,7 +142,7 @@ def _flat_scan(shapes: Shapes, sensor: Sensor, grade: float = 0.0, **config) -> 
 
 def _wall(reflectivity: float, half_width: float = 10.0) -> Shapes:
     """A box wall whose near face is the plane x = 19 m, facing the sensor."""
-    return Shapes.from_rows([(BOX, (20.0, 0.0, 5.0), (1.0, half_width, 6.0), 0.0, reflectivity, 0, -1, 0.0)])
+    return Shapes.from_rows([(BOX, (20.0, 0.0, 5.0), (1.0, half_width, 6.0), 0.0, reflectivity, 0, -1, 0.0, 0.1)])
 
 
 def test_rays_meet_a_sloped_height_field_at_the_known_range():
@@ -320,7 +320,7 @@ def test_no_return_beyond_max_range(urban):
 
 def test_angular_culling_finds_every_hit_brute_force_finds(urban):
     # The caster only tests the rows and columns each solid can cover; testing every ray against every
-    # solid must find the same nearest hits (porosity off, so no random pass-through).
+    # solid must find the same nearest hits (porosity off, so no ray passes through a hole).
     sensor = HDL32.with_width(256)
     pose = plan_drive(urban, "turn_left", 1, seed=4)[0]
     near = urban.shapes_near(pose[0, 3], pose[1, 3], 30.0)
@@ -791,6 +791,35 @@ def test_a_window_ray_stops_in_the_rooms_behind_the_facade_not_behind_the_buildi
     assert len(depth) > 100, "the drive must see through some windows"
     # in the rooms: well inside a building, not on the face of one behind it
     assert np.mean(depth > ROOM_DEPTH - 0.3) > 0.9, np.mean(depth > ROOM_DEPTH - 0.3)
+
+
+def test_holes_in_a_porous_wall_are_places_seen_alike_from_every_pose():
+    """A window is a window from every pose: which rays pass a porous solid depends on where they meet it.
+
+    Drawn per ray, a fifth of every facade flickered between wall and room from sweep to sweep.
+    """
+    porosity, grain = 0.3, 1.0
+    wall = Shapes.from_rows([(BOX, (12.0, 0.0, 5.0), (0.2, 15.0, 5.0), 0.0, 0.5, 0, -1, porosity, grain)])
+    solid = replace(wall, porosity=np.zeros(1, np.float32))
+    sensor = HDL32.with_width(1024)
+    seen: dict[tuple[int, int], set[bool]] = {}
+    for y in (0.0, 0.35, 0.8):
+        origin = np.array([0.0, y, 1.8])
+        dirs = sensor.ray_directions().reshape(-1, 3)
+        args = (origin, dirs, 0.0, 0.01, sensor.elevations, sensor.width, sensor.max_range)
+        t_solid = cast(solid, *args)[0]
+        t_porous = cast(wall, *args)[0]
+        meets = np.isfinite(t_solid)
+        face = origin + dirs[meets] * t_solid[meets, None]
+        # the near face's cells, away from their edges where two neighbouring cells share a ray's footprint
+        cell = np.floor(face[:, 1:] / grain).astype(int)
+        inner = (np.abs(face[:, 1:] / grain - np.round(face[:, 1:] / grain)) > 0.05).all(axis=1)
+        for key, passed in zip(map(tuple, cell[inner]), ~np.isfinite(t_porous[meets][inner]), strict=True):
+            seen.setdefault(key, set()).add(bool(passed))
+    assert len(seen) > 100
+    assert all(len(answers) == 1 for answers in seen.values()), "a cell let some rays through and stopped others"
+    holes = np.mean([answers == {True} for answers in seen.values()])
+    assert abs(holes - porosity) < 0.1, holes
 
 
 def test_a_worlds_trees_and_hedges_are_in_its_map_and_in_the_vegetation_view(urban):

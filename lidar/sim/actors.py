@@ -42,6 +42,10 @@ BOXED_CLASSES = ("car", "van", "truck", "pedestrian", "cyclist")
 BARRIER_CLASSES = ("wall", "fence")
 #: Share of a facade that is glass: rays pass through windows and return from the rooms behind them.
 WINDOW_FRACTION = 0.2
+#: Size (m) of a window, the grain of a facade's holes (`primitives.Shapes.grain`).
+WINDOW_SIZE = 1.5
+#: Grain (m) of the holes in foliage and fence mesh.
+FINE_GRAIN = 0.1
 #: How deep (m) the rooms behind a window reach before what fills them (curtains, furniture, inner walls)
 #: stops the ray, and how bright that is. Without it a window ray crossed the whole building.
 ROOM_DEPTH = 1.5
@@ -147,8 +151,8 @@ class ActorTable:
         return self.parts.take(sel).placed(x[own], y[own], z[own], yaw[own])
 
 
-def _row(kind, center, size, yaw, refl, cls, actor, porosity=0.0) -> tuple:
-    return (kind, center, size, yaw, refl, OBJECT_CLASS_INDEX[cls], actor, porosity)
+def _row(kind, center, size, yaw, refl, cls, actor, porosity=0.0, grain=FINE_GRAIN) -> tuple:
+    return (kind, center, size, yaw, refl, OBJECT_CLASS_INDEX[cls], actor, porosity, grain)
 
 
 # ------------------------------------------------------------------------------------------ templates
@@ -509,6 +513,7 @@ def populate(rng: np.random.Generator, layout: Layout, style: str) -> Population
                     "facade",
                     -1,
                     WINDOW_FRACTION,
+                    WINDOW_SIZE,
                 )
             )
             building_rows.append(_interior(b, base, h))

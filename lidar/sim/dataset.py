@@ -45,9 +45,10 @@ logger = logging.getLogger(__name__)
 FORMAT = "lidarverse-sim"
 FORMAT_VERSION = 1
 #: What the simulator makes of a seed. Bumped whenever the same seed gives other sweeps or maps (2: window
-#: rays stop at a building's rooms, trees and hedges listed in the map), so a set simulated by an older
-#: version is recognised as stale instead of silently scored against today's worlds.
-SIMULATOR_VERSION = 2
+#: rays stop at a building's rooms, trees and hedges listed in the map; 3: holes in windows, foliage and
+#: fences are places, not per-ray dice), so a set simulated by an older version is recognised as stale
+#: instead of silently scored against today's worlds.
+SIMULATOR_VERSION = 3
 MANIFEST = "manifest.json"
 FRAME_KEYS = ("range", "intensity", "labels", "instances", "map_classes")
 #: Style mix of generated data: mostly streets, some highway.

@@ -20,7 +20,8 @@ class Shapes:
     """A flat table of solids. `size` is half extents (box), (r, r, half height) (cylinder) or radii.
 
     `center` z is the middle of the solid. `label` is an object class index, `actor` the owning actor id
-    (-1 for scenery), `porosity` the chance a ray passes through (foliage, fences).
+    (-1 for scenery), `porosity` the share of its surface a ray passes through (foliage, fences, windows)
+    and `grain` (m) the size of those holes (`cast`).
     """
 
     kind: np.ndarray  # (M,) int8
@@ -31,6 +32,7 @@ class Shapes:
     label: np.ndarray  # (M,) int16
     actor: np.ndarray  # (M,) int32
     porosity: np.ndarray  # (M,) float32
+    grain: np.ndarray  # (M,) float32
 
     @classmethod
     def empty(cls) -> Shapes:
@@ -43,14 +45,15 @@ class Shapes:
             np.zeros(0, np.int16),
             np.zeros(0, np.int32),
             np.zeros(0, np.float32),
+            np.zeros(0, np.float32),
         )
 
     @classmethod
     def from_rows(cls, rows: list[tuple]) -> Shapes:
-        """Build from (kind, center3, size3, yaw, reflectivity, label, actor, porosity) tuples."""
+        """Build from (kind, center3, size3, yaw, reflectivity, label, actor, porosity, grain) tuples."""
         if not rows:
             return cls.empty()
-        k, c, s, y, r, lab, a, p = zip(*rows, strict=True)
+        k, c, s, y, r, lab, a, p, g = zip(*rows, strict=True)
         return cls(
             np.array(k, np.int8),
             np.array(c, np.float64).reshape(-1, 3),
@@ -60,6 +63,7 @@ class Shapes:
             np.array(lab, np.int16),
             np.array(a, np.int32),
             np.array(p, np.float32),
+            np.array(g, np.float32),
         )
 
     def __len__(self) -> int:
@@ -98,6 +102,7 @@ class Shapes:
             self.label,
             self.actor,
             self.porosity,
+            self.grain,
         )
 
     def footprint_radius(self) -> np.ndarray:
@@ -120,6 +125,28 @@ class _Local:
         c, s = np.cos(yaw), np.sin(yaw)
         rx, ry, rz = origin[0] - center[:, 0], origin[1] - center[:, 1], origin[2] - center[:, 2]
         return cls(c, s, c * rx + s * ry, -s * rx + c * ry, rz)
+
+
+#: Odd 64-bit multipliers of the spatial hash (Teschner et al. 2003 primes, then Fibonacci hashing).
+_HASH_PRIMES = np.array([73856093, 19349663, 83492791], dtype=np.uint64)
+_HASH_MIX = np.uint64(0x9E3779B97F4A7C15)
+
+
+def _through_hole(local: np.ndarray, shapes: Shapes, prim: np.ndarray) -> np.ndarray:
+    """Whether each hit point (3, N), in its solid's frame, lies in one of the solid's holes.
+
+    A hole is a place, not a dice roll: the solid's surface is cut into cells of its `grain` and a hash of
+    the cell (salted by where the solid stands) decides, so a porosity of 0.2 makes a fifth of the cells
+    holes. A window then stays a window from every pose and in every frame; drawn anew per ray, a fifth of
+    every facade flickered between wall and room, and a model trained on it learnt that any surface may
+    vanish in the next sweep.
+    """
+    cells = np.floor(local / shapes.grain[prim]).astype(np.int64).astype(np.uint64)
+    key = np.bitwise_xor.reduce(cells * _HASH_PRIMES[:, None], axis=0)
+    where = np.round(shapes.center[prim, :2] * 100).astype(np.int64).astype(np.uint64)
+    key ^= where[:, 0] * _HASH_PRIMES[1] + where[:, 1] * _HASH_PRIMES[2]
+    uniform = ((key * _HASH_MIX) >> np.uint64(40)).astype(np.float64) / float(1 << 24)
+    return uniform < shapes.porosity[prim]
 
 
 def _safe(v: np.ndarray) -> np.ndarray:
@@ -301,13 +328,12 @@ def cast(
     elevations: np.ndarray,
     width: int,
     max_range: float,
-    rng: np.random.Generator | None = None,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Nearest hit per ray among `shapes`. Returns (t, cos_incidence, shape_index) per ray, inf/-1 on a miss.
 
     `dirs_world` is (H*W, 3) in range-image order. Pairs are generated solid by solid, so per-solid values
-    reach their pairs by `np.repeat` rather than a gather. Porous solids let a ray through with their
-    porosity (drawn from `rng`): foliage and fences thin out instead of blocking like walls.
+    reach their pairs by `np.repeat` rather than a gather. Porous solids let a ray through where it meets
+    one of their holes (`_through_hole`): foliage, fences and windows thin out instead of blocking like walls.
     """
     n_rays = len(dirs_world)
     best_t = np.full(n_rays, np.inf)
@@ -347,11 +373,11 @@ def cast(
             t, cos = _ellipsoid_kernel(ox, oy, oz, lx, ly, dz, rep(inv[:, 0]), rep(inv[:, 1]), rep(inv[:, 2]))
         hit = np.isfinite(t)
         prim = rep(np.arange(len(shapes)))
-        if rng is not None:
-            por = shapes.porosity[prim]
-            porous = hit & (por > 0)
-            if porous.any():
-                hit[porous] &= rng.random(int(porous.sum())) >= por[porous]
+        porous = np.flatnonzero(hit & (shapes.porosity[prim] > 0))
+        if len(porous):
+            tp = t[porous]
+            local = np.stack([ox[porous] + tp * lx[porous], oy[porous] + tp * ly[porous], oz[porous] + tp * dz[porous]])
+            hit[porous] = ~_through_hole(local, shapes, prim[porous])
         rays.append(ray[hit])
         ts.append(t[hit])
         coss.append(cos[hit])

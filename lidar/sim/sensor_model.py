@@ -208,7 +208,7 @@ class LidarSimulator:
             float(origin[0]), float(origin[1]), sensor.max_range + 5.0, clearance=EGO_CLEARANCE
         )
         t_obj, cos_obj, idx_obj = cast(
-            shapes, origin, dirs, yaw, tilt + 0.01, sensor.elevations, w, sensor.max_range, rng
+            shapes, origin, dirs, yaw, tilt + 0.01, sensor.elevations, w, sensor.max_range
         )
 
         # 2. Ground: carriageway level, then the curb step (raised sidewalks and verges).
