@@ -283,8 +283,8 @@ def augment_cache_points(
     rng: np.random.Generator,
     dropout: float = 0.2,
     range_noise: float = 0.05,
-    jitter_translation: float = 0.1,
-    jitter_rotation_deg: float = 0.5,
+    jitter_translation: float = 0.03,
+    jitter_rotation_deg: float = 0.1,
 ) -> np.ndarray:
     """Corrupt a ground-truth cache the way a model's own rollout would, so training matches inference.
 
