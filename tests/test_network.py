@@ -43,9 +43,37 @@ def test_forward_maps_noisy_image_and_condition_to_range_intensity_and_return_lo
     model = WorldModel(config)
     h, w = config.sensor_obj.shape
     x = torch.randn(3, IMAGE_CHANNELS, h, w)
-    out = model(x, torch.rand(3), torch.randn(3, config.cond_channels, h, w))
+    cond = torch.randn(3, config.cond_channels, h, w)
+    seen = (x.clone(), cond.clone())
+    out = model(x, torch.rand(3), cond)
     assert out.shape == x.shape
     assert torch.isfinite(out).all()
+    # the blocks work in place on their own intermediates, never on what they were given
+    assert torch.equal(x, seen[0]) and torch.equal(cond, seen[1])
+
+
+def test_the_in_place_blocks_train_like_the_textbook_block():
+    """Autograd keeps what the in-place ResBlock overwrites: its gradients are those of the plain formula."""
+    from inference.network import ResBlock
+
+    torch.manual_seed(0)
+    block = ResBlock(8, 16, 32, 4)
+    torch.nn.init.normal_(block.conv2.weight, std=0.1)
+    x, temb = torch.randn(2, 8, 4, 16, requires_grad=True), torch.randn(2, 32)
+
+    def plain(x: torch.Tensor) -> torch.Tensor:
+        h = block.conv1(torch.nn.functional.silu(block.norm1(x)))
+        scale, shift = block.film(temb)[:, :, None, None].chunk(2, dim=1)
+        h = block.conv2(torch.nn.functional.silu(block.norm2(h) * (1 + scale) + shift))
+        return block.skip(x) + h
+
+    grads = []
+    for forward in (block, plain):
+        out = forward(x, temb) if forward is block else forward(x)
+        weights = [x, *block.parameters()]
+        grads.append(torch.autograd.grad(out.square().sum(), weights))
+    for ours, reference in zip(*grads, strict=True):
+        torch.testing.assert_close(ours, reference, rtol=1e-4, atol=1e-4 * float(reference.abs().max()))
 
 
 def test_a_bfloat16_model_runs_without_autocast_as_the_gpu_pipeline_loads_it():
