@@ -776,7 +776,7 @@ def build_demo() -> gr.Blocks:
             with gr.Row():
                 with gr.Column(scale=1):
                     scan_file = gr.File(label="Scan (.bin, .pcd, .ply, .npy, .las)", file_types=list(READ_SUFFIXES),
-                                        type="filepath")
+                                        type="filepath", elem_id="scan-file")
                     sensor = gr.Dropdown([AUTO_SENSOR, *PRESETS], value=AUTO_SENSOR,
                                          label="Sensor (when it cannot be detected)")
                     f_action = gr.Radio(list(ACTIONS), value="Straight", label="Ego action")

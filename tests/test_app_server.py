@@ -1,11 +1,12 @@
 """The app launched for real (`python app.py --model … --port …` in a subprocess), driven over HTTP by
 gradio_client as an API user would (the named endpoints, a bad upload followed by a good request, a load
 test of 8 concurrent requests with the server's memory watched through psutil) and by a real browser:
-Debian chromium through playwright clicks Generate and sees the 3D canvas and both previews appear.
+Debian chromium through playwright clicks Generate, and Forecast on an example scan, and sees each tab's 3D
+canvas and both previews appear.
 All share one server, since starting one (importing torch and gradio) is most of the cost.
 
 Never `playwright install`: the browser is Debian's chromium. The README screenshot is made with the same
-code on the trained default model: `python -m tests.test_app_server docs/screenshot.png [MODEL]`.
+code on the trained default model: `python -m tests.test_app_server docs/screenshot.png docs/app_forecast.png [MODEL]`.
 """
 
 from __future__ import annotations
@@ -296,8 +297,25 @@ def test_eight_concurrent_requests_all_complete_with_bounded_memory(server):
     assert server.process.poll() is None
 
 
-def generate_in_browser(url: str, screenshot: Path) -> dict[str, float]:
-    """Open the page in chromium, click Generate, wait for the 3D canvas and both previews, screenshot.
+def _open_generate(page) -> None:
+    page.wait_for_selector("#map-preview img", timeout=60_000)
+    page.click("#generate")
+
+
+def _open_forecast(page) -> None:
+    """The Forecast tab, its first shipped example scan loaded into the upload, then Forecast."""
+    example = SHIPPED_EXAMPLES[0]
+    page.get_by_role("tab", name="Forecast from a scan").click()
+    page.get_by_role("button", name=example, exact=True).click()
+    # the upload shows the file's stem and suffix on separate lines
+    page.wait_for_function("stem => document.querySelector('#scan-file').innerText.includes(stem)",
+                           arg=Path(example).stem, timeout=60_000)
+    page.click("#forecast")
+
+
+def run_in_browser(url: str, screenshot: Path, tab: str = "world") -> dict[str, float]:
+    """Open the page in chromium, start a rollout in `tab` ("world": Generate; "forecast": an example scan),
+    wait for its 3D canvas and both previews, screenshot.
 
     Returns the canvas size, how many of its pixels the point cloud lit (from a screenshot of the element,
     since a WebGL canvas cannot be read back) and the seconds from the click to the previews being shown.
@@ -311,17 +329,16 @@ def generate_in_browser(url: str, screenshot: Path) -> dict[str, float]:
             errors: list[str] = []
             page.on("pageerror", lambda err: errors.append(str(err)))
             page.goto(url)
-            page.wait_for_selector("#map-preview img", timeout=60_000)
             start = time.perf_counter()
-            page.click("#generate")
-            page.wait_for_selector("#world-viewer canvas", state="visible", timeout=300_000)
-            for preview in ("#world-bev img", "#world-range img"):
+            {"world": _open_generate, "forecast": _open_forecast}[tab](page)
+            page.wait_for_selector(f"#{tab}-viewer canvas", state="visible", timeout=300_000)
+            for preview in (f"#{tab}-bev img", f"#{tab}-range img"):
                 img = page.wait_for_selector(preview, state="visible", timeout=60_000)
                 page.wait_for_function("img => img.complete && img.naturalWidth > 0", arg=img, timeout=30_000)
             seconds = time.perf_counter() - start
-            stats = page.inner_text("#world-stats")
-            assert '"frames"' in stats and '"world points"' in stats, stats
-            canvas = page.query_selector("#world-viewer canvas")
+            stats = page.inner_text(f"#{tab}-stats")
+            assert '"frames"' in stats, stats
+            canvas = page.query_selector(f"#{tab}-viewer canvas")
             box = canvas.bounding_box()
             deadline = time.monotonic() + 60
             while True:  # the viewer fetches and draws the PLY after the canvas appears
@@ -344,16 +361,18 @@ def generate_in_browser(url: str, screenshot: Path) -> dict[str, float]:
 
 @pytest.mark.browser
 @pytest.mark.skipif(not CHROMIUM.is_file(), reason=f"Debian chromium is not installed ({CHROMIUM} not found)")
-def test_generate_in_the_browser_shows_the_3d_world_and_the_previews(server, tmp_path):
+@pytest.mark.parametrize("tab", ["world", "forecast"])
+def test_a_rollout_in_the_browser_shows_the_3d_world_and_the_previews(server, tmp_path, tab):
     pytest.importorskip("playwright.sync_api", reason="the playwright Python package is not installed")
     shot = tmp_path / "app.png"
-    seen = generate_in_browser(server.url, shot)
+    seen = run_in_browser(server.url, shot, tab)
     assert seen["width"] > 200 and seen["height"] > 200
     assert seen["lit_pixels"] > 500, "the 3D viewer shows no point cloud"
     assert shot.stat().st_size > 10_000
 
 
-if __name__ == "__main__":  # the README screenshot, on the trained model
-    model = Path(sys.argv[2]) if len(sys.argv) > 2 else REPO / "weights" / "default"
+if __name__ == "__main__":  # the README screenshots, on the trained model
+    model = Path(sys.argv[3]) if len(sys.argv) > 3 else REPO / "weights" / "default"
     with launch_app(model, Path(tempfile.mkdtemp())) as srv:
-        print(generate_in_browser(srv.url, Path(sys.argv[1]).resolve()))
+        for tab, shot in zip(("world", "forecast"), sys.argv[1:3], strict=False):
+            print(tab, run_in_browser(srv.url, Path(shot).resolve(), tab))
