@@ -176,7 +176,8 @@ def rollout(
             x = sampler.step(v, t, x).prev_sample
             if callback is not None:
                 callback(Progress(index, len(poses), i + 1, steps))
-        # 3. decode, unproject, and feed the sweep back into the cache
+        # 3. keep the prior where the sample only jitters it; decode, unproject, feed the sweep back into the cache
+        x = model.snap_to_prior(x, prepared)
         image = decode_image(to_encoded_image(x[0]), sensor)
         points = unproject(image, sensor)
         if update_cache:

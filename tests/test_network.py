@@ -206,6 +206,36 @@ def test_the_flow_target_keeps_returns_and_puts_the_base_under_ray_drops():
     assert torch.equal(to_encoded_image(target), image)  # back to the encode_image layout
 
 
+def test_a_sampled_range_within_prior_snap_of_the_prior_takes_the_prior_and_a_larger_correction_stays():
+    config = tiny_config()
+    model = WorldModel(config)
+    h, w = config.sensor_obj.shape
+    cond = tiny_condition(config)
+    prepared = model.prepare(cond)
+    base, returns = prepared.base_range[0], prepared.returns[0]
+    assert returns.any() and not returns.all()
+    x = torch.randn(1, IMAGE_CHANNELS, h, w)
+    offsets = torch.where(torch.rand(h, w) < 0.5, 0.5, 2.0) * config.prior_snap
+    x[0, 0] = base + offsets
+    snapped = model.snap_to_prior(x, prepared)
+    kept = returns & (offsets < config.prior_snap)
+    assert torch.equal(snapped[0, 0][kept], base[kept])
+    assert torch.equal(snapped[0, 0][~kept], x[0, 0][~kept]), "a large correction, or no prior, is left alone"
+    assert torch.equal(snapped[:, 1:], x[:, 1:]), "intensity and return are the sample's"
+    # guidance stacks the map-dropped twin behind the condition: the sample snaps to the first
+    twin = model.prepare(torch.cat([cond, cond]))
+    assert torch.equal(model.snap_to_prior(x, twin), snapped)
+    off = WorldModel(tiny_config(prior_snap=0.0))
+    assert torch.equal(off.snap_to_prior(x, off.prepare(cond)), x)
+
+
+def test_a_config_written_before_prior_snap_existed_snaps_at_the_map_tolerance():
+    from inference.conditioning import SNAP_TOLERANCE
+
+    old = {k: v for k, v in tiny_config().to_dict().items() if k != "prior_snap"}
+    assert WorldModelConfig.from_dict(old).prior_snap == SNAP_TOLERANCE
+
+
 def test_config_round_trips_through_a_dict_and_rebuilds_the_same_architecture():
     config = tiny_config(num_map_classes=5)
     again = WorldModelConfig.from_dict(config.to_dict())
@@ -232,6 +262,8 @@ def test_config_round_trips_through_a_dict_and_rebuilds_the_same_architecture():
         ({"default_steps": 0}, "default_steps"),
         ({"default_noise_scale": 0.0}, "default_noise_scale"),
         ({"default_noise_scale": 3.0}, "default_noise_scale"),
+        ({"prior_snap": -0.01}, "prior_snap"),
+        ({"prior_snap": 0.5}, "prior_snap"),
     ],
 )
 def test_bad_config_fields_are_named_in_the_error(overrides, message):

@@ -532,7 +532,8 @@ def evaluate(pipe: LidarVersePipeline, cfg: EvalConfig, seed: int = 0, pictures:
         "protocol": {**asdict(cfg), "eval_seed": EVAL_SEED, "floor_seed": FLOOR_SEED, "sensor": sensor.name,
                      "shape": list(sensor.shape), "steps": cfg.steps or pipe.config.default_steps,
                      "guidance": cfg.guidance if cfg.guidance is not None else pipe.config.default_guidance,
-                     "noise_scale": pipe.config.default_noise_scale, "horizons": HORIZONS, "bar_span": BAR_SPAN},
+                     "noise_scale": pipe.config.default_noise_scale, "prior_snap": pipe.config.prior_snap,
+                     "horizons": HORIZONS, "bar_span": BAR_SPAN},
         "per_frame": curves,
         "per_ray": tables,
         "real": real.report,
@@ -602,7 +603,7 @@ def format_report(report: dict[str, Any]) -> str:
     lines = [
         f"{p['rollouts']} held-out drives (dataset seed {p['eval_seed']}), frame 0 observed, {p['frames']} target "
         f"frames at 10 Hz; {p['steps']} sampler steps, guidance {p['guidance']}, noise scale "
-        f"{p.get('noise_scale', 1.0)}, sensor {p['sensor']} "
+        f"{p.get('noise_scale', 1.0)}, prior snap {p.get('prior_snap', 0.0)}, sensor {p['sensor']} "
         f"{p['shape'][0]}x{p['shape'][1]}; floor set seed {p['floor_seed']}. Wall time {t['total_s'] / 60:.1f} min, "
         f"model {_fmt(t['model_frames_per_s'], 2)} frames/s. Per-ray metrics on the model's grid against the "
         f"ground truth at the same pose; L1 and AbsRel over the rays both return on (coverage).",

@@ -340,8 +340,10 @@ def model_card(cfg: TrainConfig, progress: dict[str, Any], dataset: dict[str, An
         "generated, else the HD map's ground, buildings, walls and fences, with the actors' 3-D boxes in front)",
         "and the network predicts a log-range residual to it plus a return (ray-drop) logit, conditioned on the",
         "cache, the map's geometry (green areas and the trees and hedges it lists included) and classes, the actor",
-        "layout and beam/azimuth coordinates. It was trained in this repository, on the CPU, from the procedural",
-        "simulator only.",
+        "layout and beam/azimuth coordinates. Where a sampled range lies within "
+        f"{model_cfg.prior_snap:g} (log-range) of the prior's it keeps",
+        "the prior's exact range (`prior_snap`): smaller corrections are the residual head's noise. It was trained",
+        "in this repository, on the CPU, from the procedural simulator only.",
         "",
         "| file | what |",
         "|---|---|",
