@@ -192,6 +192,33 @@ def test_the_layout_is_the_frames_boxes_unless_augmented_and_missing_actors_drop
     np.testing.assert_array_equal(a.range, b.range)
 
 
+def test_a_cropped_cache_holds_only_what_a_narrower_sensor_would_have_seen(tiny_data: Path) -> None:
+    from inference.cache import transform_points
+    from lidar.range_image import beam_rows
+    from training.data import FOV_BOTTOM_DEG, FOV_TOP_DEG, WorldModelSamples, load_drives
+
+    exact = {"dropout": 0.0, "range_noise": 0.0, "jitter_translation": 0.0, "jitter_rotation_deg": 0.0}
+    base = tiny_config(tiny_data)
+    elevations = np.degrees(TINY_SENSOR.elevations)
+    samples = {}
+    for crop in (0.0, 0.99):
+        cfg = TrainConfig.from_dict({**base, "cache_frames": 1, "augment": {**exact, "fov_crop": crop}})
+        samples[crop] = WorldModelSamples(load_drives(cfg.data_root, TINY_SENSOR), cfg)
+    drive = samples[0.0].drives[0]
+    t = len(drive) - 1
+    narrower = 0
+    for seed in range(4):
+        # one cached frame, t - 1, without noise: each point lies on one of that sensor's beams
+        full, cropped = (np.unique(beam_rows(transform_points(s.cache_before(drive, t, np.random.default_rng(seed)),
+                                                              np.linalg.inv(drive.poses[t - 1])), TINY_SENSOR))
+                         for s in (samples[0.0], samples[0.99]))
+        assert set(cropped) <= set(full)
+        assert (np.diff(cropped) == 1).all(), "a narrower sensor's beams are one band"
+        assert elevations[cropped].max() <= FOV_TOP_DEG[1] and elevations[cropped].min() >= FOV_BOTTOM_DEG[0]
+        narrower += len(cropped) < len(full)
+    assert narrower >= 3
+
+
 def test_a_resumed_sampler_yields_exactly_the_remaining_batches() -> None:
     full = list(StepBatches(0, 10, 3, rank=1))
     assert list(StepBatches(4, 10, 3, rank=1)) == full[4:]

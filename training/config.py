@@ -35,9 +35,14 @@ class AugmentConfig:
     layout_stale: float = 0.2
     #: Std of each box centre's displacement (metres).
     layout_center_noise: float = 0.1
+    #: Probability that the cache comes from a sensor with a narrower vertical field of view than the model's
+    #: (`training.data.FOV_TOP_DEG`, `FOV_BOTTOM_DEG`): a KITTI HDL-64E stops at +2 deg, a VLP-16 at +-15.
+    #: Forecasting from such a sweep leaves the model's upper rows uncached; trained on full caches only, the
+    #: model filled that band, and the cached rows next to it, with facades the real scene did not hold.
+    fov_crop: float = 0.0
 
     def __post_init__(self) -> None:
-        for name in ("dropout", "layout_missing", "layout_stale"):
+        for name in ("dropout", "layout_missing", "layout_stale", "fov_crop"):
             if not 0.0 <= getattr(self, name) < 1.0:
                 raise ValueError(f"augment.{name} must be in [0, 1), got {getattr(self, name)!r}")
         for name in ("range_noise", "jitter_translation", "jitter_rotation_deg", "layout_center_noise"):

@@ -42,6 +42,11 @@ from training.config import TrainConfig
 
 logger = logging.getLogger(__name__)
 
+#: Top and bottom beam elevations (deg) a cropped cache's sensor is drawn between (`AugmentConfig.fov_crop`):
+#: from a KITTI HDL-64E's +2 / -24.9 and a VLP-16's +-15 to the model sensor's own.
+FOV_TOP_DEG = (0.0, 11.0)
+FOV_BOTTOM_DEG = (-31.0, -15.0)
+
 
 @dataclass
 class Drive:
@@ -131,9 +136,15 @@ class WorldModelSamples(Dataset):
             return None
         aug = self.cfg.augment
         first = t - int(rng.integers(1, min(t, self.cfg.cache_frames) + 1))
+        beams = np.ones(self.sensor.height, dtype=bool)
+        if aug.fov_crop > 0 and rng.random() < aug.fov_crop:  # one narrower sensor saw every cached frame
+            elevations = np.degrees(self.sensor.elevations)
+            beams = (elevations <= rng.uniform(*FOV_TOP_DEG)) & (elevations >= rng.uniform(*FOV_BOTTOM_DEG))
         frames = []
         for j in range(t - 1, first - 1, -1):
-            world = transform_points(unproject(drive.image(j), self.sensor), drive.poses[j])
+            image = drive.image(j)
+            seen = RangeImage(np.where(beams[:, None], image.range, 0.0).astype(np.float32), image.intensity)
+            world = transform_points(unproject(seen, self.sensor), drive.poses[j])
             frames.append(augment_cache_points(
                 world, drive.poses[j], rng, dropout=aug.dropout, range_noise=aug.range_noise,
                 jitter_translation=aug.jitter_translation, jitter_rotation_deg=aug.jitter_rotation_deg,
