@@ -373,7 +373,8 @@ def model_card(cfg: TrainConfig, progress: dict[str, Any], dataset: dict[str, An
         f"{cfg.cache_frames} previous ground-truth frames",
         "unprojected, corrupted with `augment_cache_points` "
         f"(dropout {cfg.augment.dropout}, range noise {cfg.augment.range_noise} m, pose jitter "
-        f"{cfg.augment.jitter_translation} m / {cfg.augment.jitter_rotation_deg}°) and merged in a `SpatialCache`;",
+        f"{cfg.augment.jitter_translation} m / {cfg.augment.jitter_rotation_deg}°) and merged in a `SpatialCache`; "
+        f"{cfg.augment.fov_crop:.0%} of the time (`fov_crop`) only a narrower sensor's beams are cached;",
         f"the actor layout is the frame's boxes with {cfg.augment.layout_missing:.0%} missing, centres shifted by "
         f"{cfg.augment.layout_center_noise} m and, {cfg.augment.layout_stale:.0%} of the time, 1-3 frames stale.",
         f"The cache is emptied with probability {cfg.model['p_drop_cache']} (first frame), the map dropped with "
