@@ -281,15 +281,16 @@ def augment_cache_points(
     points_world: np.ndarray,
     pose: np.ndarray,
     rng: np.random.Generator,
-    dropout: float = 0.2,
-    range_noise: float = 0.05,
-    jitter_translation: float = 0.03,
-    jitter_rotation_deg: float = 0.1,
+    dropout: float,
+    range_noise: float,
+    jitter_translation: float,
+    jitter_rotation_deg: float,
 ) -> np.ndarray:
     """Corrupt a ground-truth cache the way a model's own rollout would, so training matches inference.
 
     Seen from `pose`: drop a fraction of points, move each along its ray by N(0, range_noise) metres, and
     displace the whole cache by a small random rigid motion (a pose error). All randomness comes from `rng`.
+    The amounts are `training.config.AugmentConfig`'s, which keeps their defaults.
     """
     pts = np.asarray(points_world, dtype=np.float32)
     if pts.ndim != 2 or pts.shape[1] != 4:

@@ -163,7 +163,7 @@ def rollout(
         map_view = map_source.range_view(pose, sensor) if map_source is not None else None
         boxes = _layout(layout, float(times[index]), pose, sensor)
         cond = build_condition(cache.points(), pose, map_view, boxes, sensor, config.num_map_classes)
-        cond = cond[None].to(device=param.device, dtype=param.dtype)
+        cond = cond[None].to(device=param.device)  # float32: `prepare` casts it and keeps the prior exact
         # guidance pushes away from the map-dropped condition: without a map there is nothing to push from
         scale = guidance if map_view is not None else 1.0
         if scale != 1.0:

@@ -6,7 +6,7 @@ canvas and both previews appear.
 All share one server, since starting one (importing torch and gradio) is most of the cost.
 
 Never `playwright install`: the browser is Debian's chromium. The README screenshot is made with the same
-code on the trained default model: `python -m tests.test_app_server docs/screenshot.png docs/app_forecast.png [MODEL]`.
+code on the trained default model: `python -m tests.test_app_server docs/screenshot.png docs/app_forecast.png [--model DIR]`.
 """
 
 from __future__ import annotations
@@ -337,7 +337,7 @@ def run_in_browser(url: str, screenshot: Path, tab: str = "world") -> dict[str, 
                 page.wait_for_function("img => img.complete && img.naturalWidth > 0", arg=img, timeout=30_000)
             seconds = time.perf_counter() - start
             stats = page.inner_text(f"#{tab}-stats")
-            assert '"frames"' in stats, stats
+            assert '"frames"' in stats and '"world points"' in stats, stats
             canvas = page.query_selector(f"#{tab}-viewer canvas")
             box = canvas.bounding_box()
             deadline = time.monotonic() + 60
@@ -372,7 +372,14 @@ def test_a_rollout_in_the_browser_shows_the_3d_world_and_the_previews(server, tm
 
 
 if __name__ == "__main__":  # the README screenshots, on the trained model
-    model = Path(sys.argv[3]) if len(sys.argv) > 3 else REPO / "weights" / "default"
-    with launch_app(model, Path(tempfile.mkdtemp())) as srv:
-        for tab, shot in zip(("world", "forecast"), sys.argv[1:3], strict=False):
-            print(tab, run_in_browser(srv.url, Path(shot).resolve(), tab))
+    import argparse
+
+    parser = argparse.ArgumentParser(description="screenshots of the app's World generation and Forecast tabs")
+    parser.add_argument("world_png", type=Path)
+    parser.add_argument("forecast_png", type=Path, nargs="?")
+    parser.add_argument("--model", type=Path, default=REPO / "weights" / "default")
+    args = parser.parse_args()
+    with launch_app(args.model, Path(tempfile.mkdtemp())) as srv:
+        for tab, shot in (("world", args.world_png), ("forecast", args.forecast_png)):
+            if shot is not None:
+                print(tab, run_in_browser(srv.url, shot.resolve(), tab))

@@ -307,15 +307,20 @@ def test_augmentation_is_seeded_drops_points_and_moves_them_only_slightly():
         ).astype(np.float32),
         pose_at(3.0),
     )
-    a = augment_cache_points(pts, pose_at(3.0), np.random.default_rng(5), dropout=0.2)
-    b = augment_cache_points(pts, pose_at(3.0), np.random.default_rng(5), dropout=0.2)
-    c = augment_cache_points(pts, pose_at(3.0), np.random.default_rng(6), dropout=0.2)
+    from training.config import AugmentConfig
+
+    aug = AugmentConfig()
+    amounts = {"dropout": 0.2, "range_noise": aug.range_noise, "jitter_translation": aug.jitter_translation,
+               "jitter_rotation_deg": aug.jitter_rotation_deg}
+    a = augment_cache_points(pts, pose_at(3.0), np.random.default_rng(5), **amounts)
+    b = augment_cache_points(pts, pose_at(3.0), np.random.default_rng(5), **amounts)
+    c = augment_cache_points(pts, pose_at(3.0), np.random.default_rng(6), **amounts)
     np.testing.assert_array_equal(a, b)
     assert not np.array_equal(a, c)
     assert 0.75 * len(pts) < len(a) < 0.85 * len(pts)
     none = augment_cache_points(pts, pose_at(3.0), np.random.default_rng(5), 0.0, 0.0, 0.0, 0.0)
     np.testing.assert_allclose(none, pts, atol=1e-4)
-    moved = augment_cache_points(pts, pose_at(3.0), np.random.default_rng(5), 0.0)
+    moved = augment_cache_points(pts, pose_at(3.0), np.random.default_rng(5), **{**amounts, "dropout": 0.0})
     shift = np.linalg.norm(moved[:, :3] - pts[:, :3], axis=1)
     assert 0 < np.median(shift) < 1.0
 

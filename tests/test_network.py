@@ -215,18 +215,25 @@ def test_a_sampled_range_within_prior_snap_of_the_prior_takes_the_prior_and_a_la
     base, returns = prepared.base_range[0], prepared.returns[0]
     assert returns.any() and not returns.all()
     x = torch.randn(1, IMAGE_CHANNELS, h, w)
-    offsets = torch.where(torch.rand(h, w) < 0.5, 0.5, 2.0) * config.prior_snap
+    sign = torch.where(torch.rand(h, w) < 0.5, -1.0, 1.0)
+    offsets = sign * torch.where(torch.rand(h, w) < 0.5, 0.5, 2.0) * config.prior_snap
     x[0, 0] = base + offsets
     snapped = model.snap_to_prior(x, prepared)
-    kept = returns & (offsets < config.prior_snap)
+    kept = returns & (offsets.abs() < config.prior_snap)
     assert torch.equal(snapped[0, 0][kept], base[kept])
     assert torch.equal(snapped[0, 0][~kept], x[0, 0][~kept]), "a large correction, or no prior, is left alone"
     assert torch.equal(snapped[:, 1:], x[:, 1:]), "intensity and return are the sample's"
     # guidance stacks the map-dropped twin behind the condition: the sample snaps to the first
-    twin = model.prepare(torch.cat([cond, cond]))
+    from inference.conditioning import drop_map
+
+    twin = model.prepare(torch.cat([cond, drop_map(cond, config.num_map_classes)]))
+    assert not torch.equal(twin.exact_range[1], base)
     assert torch.equal(model.snap_to_prior(x, twin), snapped)
     off = WorldModel(tiny_config(prior_snap=0.0))
     assert torch.equal(off.snap_to_prior(x, off.prepare(cond)), x)
+    # a bfloat16 model (the GPU pipeline) snaps to the float32 prior, not to its rounded copy
+    half = WorldModel(config).to(torch.bfloat16)
+    assert torch.equal(half.snap_to_prior(x, half.prepare(cond))[0, 0][kept], base[kept])
 
 
 def test_a_config_written_before_prior_snap_existed_snaps_at_the_map_tolerance():

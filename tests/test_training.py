@@ -214,7 +214,11 @@ def test_a_cropped_cache_holds_only_what_a_narrower_sensor_would_have_seen(tiny_
                          for s in (samples[0.0], samples[0.99]))
         assert set(cropped) <= set(full)
         assert (np.diff(cropped) == 1).all(), "a narrower sensor's beams are one band"
-        assert elevations[cropped].max() <= FOV_TOP_DEG[1] and elevations[cropped].min() >= FOV_BOTTOM_DEG[0]
+        # every sensor drawn covers FOV_BOTTOM_DEG[1]..FOV_TOP_DEG[0]; what it leaves out lies beyond its limits
+        always = full[(elevations[full] >= FOV_BOTTOM_DEG[1]) & (elevations[full] <= FOV_TOP_DEG[0])]
+        assert set(always) <= set(cropped)
+        dropped = np.setdiff1d(full, cropped)
+        assert ((elevations[dropped] > FOV_TOP_DEG[0]) | (elevations[dropped] < FOV_BOTTOM_DEG[1])).all()
         narrower += len(cropped) < len(full)
     assert narrower >= 3
 
