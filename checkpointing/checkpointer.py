@@ -170,7 +170,7 @@ class FSDPCheckpointer:
                     )
                 else:
                     logger.info(
-                        "no checkpoint in %s and no load_path: training from scratch",
+                        "no checkpoint in %s and no load_path: nothing to restore",
                         self.checkpoint_dir_local,
                     )
             except Exception as e:  # handed to every rank below
@@ -294,7 +294,8 @@ class FSDPCheckpointer:
         source = self._decide_source()
         iteration = 0
         if source is None:
-            logger.info("training from scratch")
+            # the model keeps the weights it has: a fresh init, or a caller's fine-tuning start
+            logger.info("nothing restored: starting at iteration 0 with the model's current weights")
         else:
             # 1. the marker: iteration, per-rank RNG and whatever callbacks stored
             has_marker = source.marker_path.name.endswith(".pt") and source.resume

@@ -73,7 +73,8 @@ def flow_matching_loss(
 
     `image` is a (B, 2, H, W) `encode_image` batch. Range and intensity are L1 (the per-pixel median, so a
     sweep stays crisp) and only where the target returns; whether it returns is a BCE on the return logit.
-    A ray drop is never averaged with a far return, the blur an image-space loss learns.
+    A ray drop is never averaged with a far return, the blur an image-space loss learns. A model with a keep
+    gate (a fourth output) adds its BCE where the prior and the target both return (`keep_target`).
     """
     x0 = model.flow_target(image, cond)
     noise = torch.randn(x0.shape, generator=generator, device=generator.device, dtype=x0.dtype).to(x0.device)
@@ -85,7 +86,12 @@ def flow_matching_loss(
     range_l1 = ((out[:, 0] - x0[:, 0]).abs() * weight).sum()
     intensity_l1 = ((out[:, 1] - x0[:, 1]).abs() * weight).sum()
     bce = F.binary_cross_entropy_with_logits(out[:, 2], returns.float())
-    return RANGE_WEIGHT * range_l1 + intensity_l1 + bce
+    loss = RANGE_WEIGHT * range_l1 + intensity_l1 + bce
+    if out.shape[1] > 3:
+        label, counted = model.keep_target(x0, cond)
+        gate = F.binary_cross_entropy_with_logits(out[:, 3], label.float(), reduction="none")
+        loss = loss + (gate * counted).sum() / counted.sum().clamp_min(1)
+    return loss
 
 
 def guided_velocity(model: X0Model, x_t: torch.Tensor, t: torch.Tensor, cond: Any, guidance: float = 1.0) -> torch.Tensor:

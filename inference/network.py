@@ -42,6 +42,8 @@ from lidar.sim.hdmap import MAP_CLASSES
 #: Channels of the flow image x: encoded log-range, intensity*2-1, return (+1) or ray drop (-1).
 IMAGE_CHANNELS = 3
 RANGE, INTENSITY, RETURN = 0, 1, 2
+#: The network's extra output channel with `keep_gate`: the logit that the return lies at the prior's range.
+KEEP = 3
 #: Residual bases where the prior knows nothing: flat ground under the sensor for a downward beam
 #: (`flat_ground_range`), else an encoded range of about 20 m; an intensity of about 0.2.
 RANGE_FILL = 0.3
@@ -59,7 +61,7 @@ MAX_PRIOR_SNAP = 0.2
 
 #: WorldModelConfig fields that decide what the weights mean; the rest are training and sampling defaults.
 ARCHITECTURE_FIELDS = ("sensor", "num_map_classes", "base_channels", "channel_mults", "strides", "blocks",
-                       "bottleneck_attention", "norm_groups")
+                       "bottleneck_attention", "norm_groups", "keep_gate")
 
 
 @dataclass
@@ -81,6 +83,10 @@ class WorldModelConfig:
     bottleneck_attention: bool = True
     #: GroupNorm groups (must divide every level's channels).
     norm_groups: int = 8
+    #: A fourth output, the logit that a return lies within `prior_snap` of the prior's range (BCE-trained).
+    #: Sampling then keeps the prior wherever the gate says so (`WorldModel.predict_x0`): a decision by the
+    #: likelier outcome, where a sampled range wanders off the prior whenever the prior is merely uncertain.
+    keep_gate: bool = False
     #: Training-time probability that the map is dropped (free generation, the CFG unconditional branch).
     p_drop_map: float = 0.15
     #: Training-time probability that the cache is emptied (the first frame of a rollout).
@@ -125,6 +131,9 @@ class WorldModelConfig:
         _check_int(self.base_channels, "base_channels", 1, MAX_LEVEL_CHANNELS)
         _check_int(self.blocks, "blocks", 1, MAX_BLOCKS)
         _check_int(self.norm_groups, "norm_groups", 1, MAX_LEVEL_CHANNELS)
+        for name in ("bottleneck_attention", "keep_gate"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"WorldModelConfig.{name} must be true or false, got {getattr(self, name)!r}")
         if not isinstance(self.channel_mults, list | tuple) or not 1 <= len(self.channel_mults) <= MAX_LEVELS:
             raise ValueError(
                 f"WorldModelConfig.channel_mults must list 1 to {MAX_LEVELS} level multipliers, got {self.channel_mults!r}"
@@ -337,7 +346,8 @@ class WorldModel(nn.Module):
                 # Mix at the coarse resolution, then repeat pixels: a conv after upsampling costs 4x more.
                 self.up.append(RingConv(c, chans[level - 1]))
                 c = chans[level - 1]
-        self.head = nn.Sequential(nn.GroupNorm(groups, c), nn.SiLU(inplace=True), RingConv(c, IMAGE_CHANNELS))
+        outputs = IMAGE_CHANNELS + int(config.keep_gate)
+        self.head = nn.Sequential(nn.GroupNorm(groups, c), nn.SiLU(inplace=True), RingConv(c, outputs))
         nn.init.zeros_(self.head[-1].weight)  # a fresh model reproduces the prior
         nn.init.zeros_(self.head[-1].bias)
 
@@ -371,7 +381,7 @@ class WorldModel(nn.Module):
 
     def forward(self, x_t: torch.Tensor, t: torch.Tensor, cond: torch.Tensor | PreparedCondition) -> torch.Tensor:
         """x_t (B, 3, H, W), t (B,) in [0, 1], cond (B, C, H, W) or its `prepare`d form -> (B, 3, H, W)
-        range, intensity and return logit."""
+        range, intensity and return logit, and the keep logit as a fourth channel with `keep_gate`."""
         prepared = cond if isinstance(cond, PreparedCondition) else self.prepare(cond)
         b = x_t.shape[0]
         expected = (IMAGE_CHANNELS, *self.config.sensor_obj.shape)
@@ -399,14 +409,29 @@ class WorldModel(nn.Module):
                 hx = F.interpolate(self.up[i](hx), size=skip_shape, mode="nearest")
         out = self.head(hx)
         bias = RETURN_PRIOR_LOGIT * (2.0 * returns.to(out.dtype) - 1.0)
-        return torch.stack(
-            [base_range + out[:, RANGE], base_intensity + out[:, INTENSITY], bias + out[:, RETURN]], dim=1
+        return torch.cat(
+            [(base_range + out[:, RANGE]).unsqueeze(1), (base_intensity + out[:, INTENSITY]).unsqueeze(1),
+             (bias + out[:, RETURN]).unsqueeze(1), out[:, KEEP:]], dim=1
         )
 
     def predict_x0(self, x_t: torch.Tensor, t: torch.Tensor, cond: torch.Tensor | PreparedCondition) -> torch.Tensor:
-        """The clean flow image the sampler steps towards: the return channel as its expectation 2p - 1."""
-        out = self(x_t, t, cond)
-        return torch.cat([out[:, :RETURN], torch.tanh(0.5 * out[:, RETURN : RETURN + 1])], dim=1)
+        """The clean flow image the sampler steps towards: the return channel as its expectation 2p - 1, and
+        with `keep_gate` the prior's range wherever the prior returns and the gate's logit is positive."""
+        prepared = cond if isinstance(cond, PreparedCondition) else self.prepare(cond)
+        out = self(x_t, t, prepared)
+        range_ = out[:, RANGE]
+        if self.config.keep_gate:
+            range_ = torch.where(prepared.returns & (out[:, KEEP] > 0), prepared.base_range, range_)
+        return torch.stack([range_, out[:, INTENSITY], torch.tanh(0.5 * out[:, RETURN])], dim=1)
+
+    def keep_target(self, x0: torch.Tensor, cond: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The gate's BCE label and where it counts, for a (B, 3, H, W) `flow_target`: label 1 where the target
+        lies within the snap tolerance of the prior; counted where both return (elsewhere the return channel
+        decides, and there is no range to keep)."""
+        base_range, _, returns = self.base_image(cond.to(x0.dtype))
+        tolerance = self.config.prior_snap if self.config.prior_snap > 0 else SNAP_TOLERANCE
+        label = (x0[:, RANGE] - base_range).abs() < tolerance
+        return label.to(x0.dtype), returns & (x0[:, RETURN] > 0)
 
     def snap_to_prior(self, x: torch.Tensor, prepared: PreparedCondition) -> torch.Tensor:
         """A sampled (B, 3, H, W) flow image with each range within `config.prior_snap` of the prior's replaced

@@ -7,8 +7,10 @@ import torch
 from inference.conditioning import LayoutView, build_condition, decode_image, prior_image
 from inference.network import (
     IMAGE_CHANNELS,
+    KEEP,
     MAX_LEVEL_CHANNELS,
     MAX_SENSOR_SHAPE,
+    RANGE,
     RETURN,
     WorldModel,
     WorldModelConfig,
@@ -236,6 +238,68 @@ def test_a_sampled_range_within_prior_snap_of_the_prior_takes_the_prior_and_a_la
     assert torch.equal(half.snap_to_prior(x, half.prepare(cond))[0, 0][kept], base[kept])
 
 
+def _set_head_bias(model: WorldModel, **bias: float) -> None:
+    """A head that outputs constants: channel name (range, intensity, ret, keep) -> its bias."""
+    head = model.head[-1]
+    with torch.no_grad():
+        head.weight.zero_()
+        head.bias.zero_()
+        for name, value in bias.items():
+            head.bias[{"range": RANGE, "intensity": 1, "ret": RETURN, "keep": KEEP}[name]] = value
+
+
+@pytest.mark.parametrize("keep_logit", [4.0, -4.0])
+def test_the_keep_gate_takes_the_prior_where_it_returns_and_the_gate_says_keep(keep_logit):
+    config = tiny_config(keep_gate=True)
+    model = WorldModel(config).eval()
+    assert model.head[-1].out_channels == IMAGE_CHANNELS + 1
+    cond = tiny_condition(config)
+    prepared = model.prepare(cond)
+    base, returns = prepared.base_range[0], prepared.returns[0]
+    assert returns.any() and not returns.all()
+    _set_head_bias(model, range=0.3, keep=keep_logit)  # a residual far beyond the snap tolerance
+    x = torch.randn(1, IMAGE_CHANNELS, *config.sensor_obj.shape)
+    with torch.no_grad():
+        out = model(x, torch.tensor([0.5]), prepared)
+        x0 = model.predict_x0(x, torch.tensor([0.5]), prepared)
+    assert out.shape[1] == IMAGE_CHANNELS + 1 and torch.allclose(out[0, KEEP], torch.full_like(base, keep_logit))
+    kept = returns if keep_logit > 0 else torch.zeros_like(returns)
+    assert torch.equal(x0[0, RANGE][kept], base[kept])
+    torch.testing.assert_close(x0[0, RANGE][~kept], base[~kept] + 0.3)
+    assert x0.shape[1] == IMAGE_CHANNELS, "the sampler integrates the 3-channel flow image"
+
+
+def test_the_keep_label_is_within_the_snap_tolerance_and_counts_where_prior_and_target_return():
+    config = tiny_config(keep_gate=True)
+    model = WorldModel(config)
+    cond = tiny_condition(config)
+    base, _, returns = model.base_image(cond)
+    h, w = config.sensor_obj.shape
+    target_returns = torch.rand(1, h, w) < 0.7
+    offsets = torch.where(torch.rand(1, h, w) < 0.5, 0.5, 2.0) * config.prior_snap
+    x0 = torch.stack([base + offsets, torch.zeros_like(base), torch.where(target_returns, 1.0, -1.0)], dim=1)
+    label, counted = model.keep_target(x0, cond)
+    assert torch.equal(label.bool(), offsets < config.prior_snap)
+    assert torch.equal(counted, returns & target_returns)
+
+
+def test_a_gated_model_adds_the_gates_cross_entropy_to_the_loss():
+    from inference.flow import flow_matching_loss
+
+    config = tiny_config(keep_gate=True)
+    torch.manual_seed(0)
+    gated = WorldModel(config)
+    plain = WorldModel(tiny_config())
+    state = gated.state_dict()
+    plain.load_state_dict({k: (v[:IMAGE_CHANNELS] if k.startswith("head.2") else v) for k, v in state.items()})
+    cond = tiny_condition(config)
+    h, w = config.sensor_obj.shape
+    image = torch.rand(1, 2, h, w) * 1.8 - 0.9
+    losses = [flow_matching_loss(m, image, cond, torch.Generator().manual_seed(3)) for m in (gated, plain)]
+    # a fresh gate says 50:50 everywhere: its cross-entropy is ln 2 on every counted pixel
+    torch.testing.assert_close(losses[0] - losses[1], torch.tensor(np.log(2.0), dtype=torch.float32))
+
+
 def test_a_config_written_before_prior_snap_existed_snaps_at_the_map_tolerance():
     from inference.conditioning import SNAP_TOLERANCE
 
@@ -271,6 +335,8 @@ def test_config_round_trips_through_a_dict_and_rebuilds_the_same_architecture():
         ({"default_noise_scale": 3.0}, "default_noise_scale"),
         ({"prior_snap": -0.01}, "prior_snap"),
         ({"prior_snap": 0.5}, "prior_snap"),
+        ({"keep_gate": "yes"}, "keep_gate"),
+        ({"bottleneck_attention": 1}, "bottleneck_attention"),
     ],
 )
 def test_bad_config_fields_are_named_in_the_error(overrides, message):

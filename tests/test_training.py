@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import logging
 import os
 import shutil
 import signal
@@ -314,6 +315,36 @@ def test_a_job_with_init_from_starts_from_that_models_weights(killed_and_resumed
     trained, _ = load_model(source)
     for (name, a), b in zip(started.state_dict().items(), trained.state_dict().values(), strict=True):
         torch.testing.assert_close(a, b, atol=1e-6, rtol=0, msg=name)
+
+
+def test_init_from_a_model_without_the_keep_gate_grows_its_head_and_drops_or_adds_the_attention(
+    killed_and_resumed: dict, caplog
+) -> None:
+    """A v6-style source (no gate) fine-tunes into a gated network: every shared weight carries over, the head's
+    first outputs are the source's, and what the source lacks (the gate, the attention) keeps its own init."""
+    from inference.loader import load_model
+    from inference.network import IMAGE_CHANNELS, KEEP, WorldModel
+    from training.train import load_init_weights
+
+    source, _ = load_model(str(killed_and_resumed["job"]))
+    assert not source.config.keep_gate and not source.config.bottleneck_attention
+    config = WorldModelConfig.from_dict({**source.config.to_dict(), "keep_gate": True, "bottleneck_attention": True})
+    torch.manual_seed(1)
+    model = WorldModel(config)
+    fresh_attention = {k: v.clone() for k, v in model.state_dict().items() if k.startswith("mid_attn")}
+    with torch.no_grad():
+        model.head[-1].weight.fill_(7.0)  # marks what the source does not overwrite
+    with caplog.at_level(logging.INFO, logger="training.train"):
+        load_init_weights(model, str(killed_and_resumed["job"]))
+    mine, theirs = model.state_dict(), source.state_dict()
+    for name, value in theirs.items():
+        torch.testing.assert_close(mine[name][: value.shape[0]], value, atol=0, rtol=0, msg=name)
+    assert mine["head.2.weight"].shape[0] == IMAGE_CHANNELS + 1
+    assert (mine["head.2.weight"][KEEP] == 7.0).all(), "the gate's row is the network's own"
+    assert torch.count_nonzero(WorldModel(config).head[-1].weight) == 0, "and a fresh network's is zero"
+    for name, value in fresh_attention.items():
+        assert torch.equal(mine[name], value), f"{name}: no source weight, so it keeps its own initialisation"
+    assert "new: ['mid_attn." in caplog.text
 
 
 def test_init_from_a_model_of_another_architecture_is_refused_naming_the_fields(killed_and_resumed: dict) -> None:

@@ -53,21 +53,37 @@ def update_ema(ema: torch.nn.Module, model: torch.nn.Module, decay: float) -> No
     torch._foreach_lerp_(ema_params, params, 1.0 - decay)
 
 
+#: Architecture fields an `init_from` source may differ in: the bottleneck attention is a residual branch, and
+#: the keep gate one more output of the head. What the source lacks keeps the network's own initialisation
+#: (zero for both, so they start as no-ops); what it has beyond the network is left out.
+TRANSFERABLE_FIELDS = ("bottleneck_attention", "keep_gate")
+
+
 def load_init_weights(model: WorldModel, source: str) -> None:
     """Start from a trained model's weights (fine-tuning); a resume then overwrites them with its checkpoint.
 
     The source's own config must describe the same network and sensor as the job's, or its weights would
-    mean something else here.
+    mean something else here, except for `TRANSFERABLE_FIELDS`.
     """
     init, provenance = load_model(source, device="cpu", dtype=torch.float32)
     mine, theirs = model.config.to_dict(), init.config.to_dict()
-    differ = sorted(k for k in ARCHITECTURE_FIELDS if mine[k] != theirs[k])
+    differ = sorted(k for k in ARCHITECTURE_FIELDS if mine[k] != theirs[k] and k not in TRANSFERABLE_FIELDS)
     if differ:
         raise ValueError(f"init_from {source!r}: its network differs from config.model in {differ}; "
-                         "expected the same architecture and sensor")
-    model.load_state_dict(init.state_dict())
-    logger.info("initialised from %s (%s weights, iteration %s)", provenance.source, provenance.weights,
-                provenance.iteration)
+                         f"expected the same architecture and sensor (only {list(TRANSFERABLE_FIELDS)} may differ)")
+    own, given = model.state_dict(), init.state_dict()
+    for name, value in given.items():
+        if name not in own:
+            continue
+        if own[name].shape == value.shape:
+            own[name] = value
+        else:  # the head grown by the keep gate: its first outputs are the source's
+            own[name][: value.shape[0]] = value
+    model.load_state_dict(own)
+    dropped, fresh = sorted(set(given) - set(own)), sorted(set(own) - set(given))
+    logger.info("initialised from %s (%s weights, iteration %s)%s%s", provenance.source, provenance.weights,
+                provenance.iteration, f"; not used: {dropped}" if dropped else "",
+                f"; new: {fresh}" if fresh else "")
 
 
 def setup_logging(job_dir: Path, rank: int) -> None:
