@@ -56,6 +56,8 @@ SNAP_TOLERANCE = 0.05
 CACHE_FOOTPRINT = VOXEL_SIZE
 #: Beam elevation, sin and cos of azimuth at the end of the condition.
 COORD_CHANNELS = 3
+#: How far (columns, rows) a gap in the prior looks for a neighbour's range (`fill_gaps`).
+GAP_REACH = (2, 1)
 
 
 @dataclass(frozen=True)
@@ -275,6 +277,27 @@ def prior_image(cond: torch.Tensor, num_map_classes: int = len(MAP_CLASSES)) -> 
     prior = torch.minimum(geometry, known(lay.box_range))
     returns = prior < big
     return torch.where(returns, prior, torch.full_like(prior, -1.0)), returns
+
+
+def fill_gaps(
+    range_: torch.Tensor, valid: torch.Tensor, reach: tuple[int, int] = GAP_REACH
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(B, H, W) ranges where every invalid pixel takes the nearest valid range of its row within reach[0]
+    columns (azimuth wraps), else of its column within reach[1] rows; and (B, H, W) where that found one.
+
+    Of two sides at the same distance the nearer range wins, as it would in a z-buffer. Only valid pixels
+    are read, so a fill never spreads from another fill.
+    """
+    big = torch.full_like(range_, 2.0)  # beyond every encoded range
+    known = torch.where(valid, range_, big)
+    out = known
+    for d in range(1, reach[0] + 1):
+        out = torch.where(out < 2.0, out, torch.minimum(known.roll(d, -1), known.roll(-d, -1)))
+    for d in range(1, reach[1] + 1):
+        above = torch.cat([big[..., :d, :], known[..., :-d, :]], dim=-2)
+        below = torch.cat([known[..., d:, :], big[..., -d:, :]], dim=-2)
+        out = torch.where(out < 2.0, out, torch.minimum(above, below))
+    return out, out < 2.0
 
 
 def augment_cache_points(

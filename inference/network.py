@@ -32,6 +32,7 @@ from inference.conditioning import (
     CACHE_MASK,
     SNAP_TOLERANCE,
     condition_channels,
+    fill_gaps,
     prior_image,
 )
 from inference.flow import MAX_NOISE_SCALE
@@ -61,7 +62,7 @@ MAX_PRIOR_SNAP = 0.2
 
 #: WorldModelConfig fields that decide what the weights mean; the rest are training and sampling defaults.
 ARCHITECTURE_FIELDS = ("sensor", "num_map_classes", "base_channels", "channel_mults", "strides", "blocks",
-                       "bottleneck_attention", "norm_groups", "keep_gate")
+                       "bottleneck_attention", "norm_groups", "keep_gate", "gap_fill")
 
 
 @dataclass
@@ -87,6 +88,11 @@ class WorldModelConfig:
     #: Sampling then keeps the prior wherever the gate says so (`WorldModel.predict_x0`): a decision by the
     #: likelier outcome, where a sampled range wanders off the prior whenever the prior is merely uncertain.
     keep_gate: bool = False
+    #: Where the prior has no return but a neighbour within `conditioning.GAP_REACH` does, the residual base is
+    #: that neighbour's range (`conditioning.fill_gaps`) instead of flat ground: a hole in a cached wall (a dark
+    #: or glass patch, a dropped ray) starts at the wall, not 80 m behind it. A small conv net cannot make the
+    #: residual jump that a one-pixel hole needs, and drew such holes at about twice the wall's range.
+    gap_fill: bool = False
     #: Training-time probability that the map is dropped (free generation, the CFG unconditional branch).
     p_drop_map: float = 0.15
     #: Training-time probability that the cache is emptied (the first frame of a rollout).
@@ -131,7 +137,7 @@ class WorldModelConfig:
         _check_int(self.base_channels, "base_channels", 1, MAX_LEVEL_CHANNELS)
         _check_int(self.blocks, "blocks", 1, MAX_BLOCKS)
         _check_int(self.norm_groups, "norm_groups", 1, MAX_LEVEL_CHANNELS)
-        for name in ("bottleneck_attention", "keep_gate"):
+        for name in ("bottleneck_attention", "keep_gate", "gap_fill"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"WorldModelConfig.{name} must be true or false, got {getattr(self, name)!r}")
         if not isinstance(self.channel_mults, list | tuple) or not 1 <= len(self.channel_mults) <= MAX_LEVELS:
@@ -358,7 +364,11 @@ class WorldModel(nn.Module):
     def base_image(self, cond: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """What the residuals are added to: (B, H, W) range and intensity bases and the prior's returns."""
         prior, returns = prior_image(cond, self.config.num_map_classes)
-        base_range = torch.where(returns, prior, self.range_fill.to(prior.dtype).expand_as(prior))
+        base = self.range_fill.to(prior.dtype).expand_as(prior)
+        if self.config.gap_fill:
+            filled, found = fill_gaps(prior, returns)
+            base = torch.where(found, filled, base)
+        base_range = torch.where(returns, prior, base)
         cached = cond[:, CACHE_MASK] > 0.5
         base_intensity = torch.where(cached, cond[:, CACHE_INTENSITY], torch.full_like(prior, INTENSITY_FILL))
         return base_range, base_intensity, returns

@@ -359,3 +359,46 @@ def test_condition_from_a_projected_scan_reproduces_that_scan_in_the_cache_chann
     expected = encode_image(project(pts, SENSOR, footprint=CACHE_FOOTPRINT), SENSOR)
     np.testing.assert_allclose(cond[:2].numpy(), expected, atol=1e-4)
     assert cond[CACHE_MASK].mean() > 0.99
+
+
+def test_a_gap_takes_its_nearest_neighbours_range_along_the_row_then_the_column():
+    from inference.conditioning import fill_gaps
+
+    h, w = 5, 16
+    rng = torch.full((1, h, w), 0.4)
+    valid = torch.ones(1, h, w, dtype=torch.bool)
+    valid[0, 2, 5] = False  # a one-pixel hole in a wall
+    rng[0, 2, 4], rng[0, 2, 6] = 0.5, 0.45  # of two sides at one distance, the nearer (smaller) wins
+    valid[0, 1, 0] = False  # at the seam: its left neighbour is the last column
+    rng[0, 1, w - 1], rng[0, 1, 1] = 0.3, 0.6
+    valid[0, 3, 8:15] = False  # a gap wider than the row reach
+    valid[0, 2:5, 11] = False  # ... crossed by a gap down a column
+    rng[0, 2, 10] = 0.1
+    filled, found = fill_gaps(rng, valid, reach=(2, 1))
+    assert filled[0, 2, 5] == 0.45
+    assert filled[0, 1, 0] == 0.3
+    assert filled[0, 3, 8] == 0.4 and filled[0, 3, 9] == 0.4 and filled[0, 3, 14] == 0.4, "within 2 columns"
+    assert filled[0, 3, 10] == 0.1, "nothing within 2 columns: the nearer of the pixels above and below"
+    assert filled[0, 2, 11] == 0.1 and filled[0, 4, 11] == 0.4
+    assert not found[0, 3, 11], "its row and column neighbours are gaps themselves: fills never spread"
+    assert torch.equal(filled[valid], rng[valid]) and found[valid].all()
+
+
+def test_with_gap_fill_a_hole_in_a_cached_wall_starts_at_the_wall_not_at_flat_ground():
+    from inference.network import WorldModel
+
+    sensor = HDL32.with_width(64)
+    config = WorldModelConfig(sensor=sensor.to_dict(), base_channels=8, channel_mults=(1, 2), strides=((1, 2),),
+                              norm_groups=4, gap_fill=True)
+    wall = np.full(sensor.shape, 11.0, dtype=np.float32)
+    wall[9, 10] = 0.0  # one ray of the wall came back empty (glass, a dark patch), 1.3 deg below the horizon
+    image = RangeImage(wall, np.full(sensor.shape, 0.3, np.float32))
+    cond = build_condition(None, np.eye(4), None, None, sensor)
+    cond[0:2] = torch.from_numpy(encode_image(image, sensor))
+    cond[2] = torch.from_numpy(image.mask.astype(np.float32))
+    with_fill, _, returns = WorldModel(config).base_image(cond[None])
+    without, _, _ = WorldModel(WorldModelConfig.from_dict({**config.to_dict(), "gap_fill": False})).base_image(cond[None])
+    assert not returns[0, 9, 10]
+    assert with_fill[0, 9, 10] == with_fill[0, 9, 11], "the wall's range"
+    assert without[0, 9, 10] > with_fill[0, 9, 10] + 0.3, "flat ground, 79 m away"
+    assert torch.equal(with_fill[returns], without[returns]), "pixels with a prior are untouched"

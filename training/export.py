@@ -342,8 +342,11 @@ def model_card(cfg: TrainConfig, progress: dict[str, Any], dataset: dict[str, An
         "cache, the map's geometry (green areas and the trees and hedges it lists included) and classes, the actor",
         "layout and beam/azimuth coordinates. Where a sampled range lies within "
         f"{model_cfg.prior_snap:g} (log-range) of the prior's it keeps",
-        "the prior's exact range (`prior_snap`): smaller corrections are the residual head's noise. It was trained",
-        "in this repository, on the CPU, from the procedural simulator only.",
+        "the prior's exact range (`prior_snap`): smaller corrections are the residual head's noise.",
+        *(["A keep gate (a fourth output, trained with cross-entropy on \"the return lies within that tolerance of",
+           "the prior's range\") keeps the prior's range wherever it judges that the likelier outcome, rather than",
+           "leaving the choice to the sampler's noise."] if model_cfg.keep_gate else []),
+        "It was trained in this repository, on the CPU, from the procedural simulator only.",
         "",
         "| file | what |",
         "|---|---|",

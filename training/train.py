@@ -53,10 +53,11 @@ def update_ema(ema: torch.nn.Module, model: torch.nn.Module, decay: float) -> No
     torch._foreach_lerp_(ema_params, params, 1.0 - decay)
 
 
-#: Architecture fields an `init_from` source may differ in: the bottleneck attention is a residual branch, and
-#: the keep gate one more output of the head. What the source lacks keeps the network's own initialisation
-#: (zero for both, so they start as no-ops); what it has beyond the network is left out.
-TRANSFERABLE_FIELDS = ("bottleneck_attention", "keep_gate")
+#: Architecture fields an `init_from` source may differ in: the bottleneck attention is a residual branch, the
+#: keep gate one more output of the head, and the gap fill moves the residual base at a few pixels (fine-tuning
+#: relearns those). What the source lacks keeps the network's own initialisation (zero for the attention's
+#: output and the head, so both start as no-ops); what it has beyond the network is left out.
+TRANSFERABLE_FIELDS = ("bottleneck_attention", "keep_gate", "gap_fill")
 
 
 def load_init_weights(model: WorldModel, source: str) -> None:
