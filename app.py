@@ -646,7 +646,9 @@ generated or observed so far (a rolling spatial cache, re-projected), the HD map
 fences, green areas, trees and hedges ray-cast from the new pose, and the other road users' 3-D boxes at that
 moment. From these it
 draws a prior sweep, and a few flow-matching steps (4 by default) correct its ranges and decide where each
-ray returns (a correction within the network's precision keeps the prior's exact range); the sweep is unprojected, moved into the world frame and merged into the cache. Forecasting
+ray returns (where the model judges the prior right, or its correction is within the network's precision,
+the prior's exact range is kept; a ray the prior misses starts from its neighbours' range). The sweep is
+unprojected, moved into the world frame and merged into the cache. Forecasting
 seeds the cache with the uploaded scans and conditions every frame on them (its own frames are not fed back,
 so its errors do not compound); re-simulation renders them from new poses. *Guidance* trades diversity for
 fidelity to the map.
