@@ -31,7 +31,8 @@ def job(tmp_path_factory) -> tuple[Path, WorldModel, WorldModel]:
     """A job dir as training leaves it: resolved config, progress and one checkpoint generation."""
     job_dir = tmp_path_factory.mktemp("job")
     model_cfg = WorldModelConfig(sensor=HDL32.with_width(64).to_dict(), base_channels=8, channel_mults=(1, 2),
-                                 strides=((1, 2),), norm_groups=4, bottleneck_attention=False)
+                                 strides=((1, 2),), norm_groups=4, bottleneck_attention=False, keep_gate=True,
+                                 gap_fill=True)  # the shipped architecture's switches
     cfg = TrainConfig(model=model_cfg.to_dict(), data_root=str(job_dir / "no-data"), max_iters=10, warmup_iters=2)
     (job_dir / "config.json").write_text(cfg.to_json())
     torch.manual_seed(0)
@@ -87,6 +88,7 @@ def test_release_is_self_describing(job, tmp_path: Path) -> None:
     assert "Not evaluated yet" in card
     assert "## Notes\n\n- data simulated at commit abc1234" in card
     assert "initialised from" not in card  # trained from scratch
+    assert "A keep gate" in card and "(`gap_fill`)" in card, "the card names the sampling rules the config switches on"
     assert all(f.stat().st_mode & 0o444 == 0o444 for f in release.iterdir()), "every release file readable by all"
 
 

@@ -346,6 +346,8 @@ def model_card(cfg: TrainConfig, progress: dict[str, Any], dataset: dict[str, An
         *(["A keep gate (a fourth output, trained with cross-entropy on \"the return lies within that tolerance of",
            "the prior's range\") keeps the prior's range wherever it judges that the likelier outcome, rather than",
            "leaving the choice to the sampler's noise."] if model_cfg.keep_gate else []),
+        *(["A pixel the prior misses starts from its nearest neighbour's range (`gap_fill`), not from flat ground:",
+           "a hole in a cached wall starts at the wall."] if model_cfg.gap_fill else []),
         "It was trained in this repository, on the CPU, from the procedural simulator only.",
         "",
         "| file | what |",
