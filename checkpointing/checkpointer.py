@@ -170,7 +170,8 @@ class FSDPCheckpointer:
                     )
                 else:
                     logger.info(
-                        "no checkpoint in %s and no load_path: nothing to restore",
+                        "no checkpoint in %s and no load_path: starting at iteration 0 with the model's current "
+                        "weights",
                         self.checkpoint_dir_local,
                     )
             except Exception as e:  # handed to every rank below
@@ -293,10 +294,7 @@ class FSDPCheckpointer:
         self.callbacks.on_load_checkpoint_start(model)
         source = self._decide_source()
         iteration = 0
-        if source is None:
-            # the model keeps the weights it has: a fresh init, or a caller's fine-tuning start
-            logger.info("nothing restored: starting at iteration 0 with the model's current weights")
-        else:
+        if source is not None:  # else the model keeps the weights it has: a fresh init, or a fine-tuning start
             # 1. the marker: iteration, per-rank RNG and whatever callbacks stored
             has_marker = source.marker_path.name.endswith(".pt") and source.resume
             marker_state = (

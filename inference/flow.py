@@ -87,9 +87,9 @@ def flow_matching_loss(
     intensity_l1 = ((out[:, 1] - x0[:, 1]).abs() * weight).sum()
     bce = F.binary_cross_entropy_with_logits(out[:, 2], returns.float())
     loss = RANGE_WEIGHT * range_l1 + intensity_l1 + bce
-    if out.shape[1] > 3:
+    if out.shape[1] > x0.shape[1]:  # an output beyond the flow image's channels: the keep gate's logit
         label, counted = model.keep_target(x0, cond)
-        gate = F.binary_cross_entropy_with_logits(out[:, 3], label.float(), reduction="none")
+        gate = F.binary_cross_entropy_with_logits(out[:, x0.shape[1]], label, reduction="none")
         loss = loss + (gate * counted).sum() / counted.sum().clamp_min(1)
     return loss
 

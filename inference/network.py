@@ -84,7 +84,8 @@ class WorldModelConfig:
     bottleneck_attention: bool = True
     #: GroupNorm groups (must divide every level's channels).
     norm_groups: int = 8
-    #: A fourth output, the logit that a return lies within `prior_snap` of the prior's range (BCE-trained).
+    #: A fourth output, the logit that a return lies within `prior_snap` of the prior's range (BCE-trained; the
+    #: map tolerance `SNAP_TOLERANCE` when snapping is off).
     #: Sampling then keeps the prior wherever the gate says so (`WorldModel.predict_x0`): a decision by the
     #: likelier outcome, where a sampled range wanders off the prior whenever the prior is merely uncertain.
     keep_gate: bool = False
@@ -426,7 +427,12 @@ class WorldModel(nn.Module):
 
     def predict_x0(self, x_t: torch.Tensor, t: torch.Tensor, cond: torch.Tensor | PreparedCondition) -> torch.Tensor:
         """The clean flow image the sampler steps towards: the return channel as its expectation 2p - 1, and
-        with `keep_gate` the prior's range wherever the prior returns and the gate's logit is positive."""
+        with `keep_gate` the prior's range wherever the prior returns and the gate's logit is positive.
+
+        Each condition of a guided batch keeps its own prior; guidance other than 1 then extrapolates between
+        the two estimates, as it does for every channel, so the gate holds exactly only at guidance 1 (the
+        default). The kept range is in the model's dtype; `snap_to_prior` makes it the float32 prior.
+        """
         prepared = cond if isinstance(cond, PreparedCondition) else self.prepare(cond)
         out = self(x_t, t, prepared)
         range_ = out[:, RANGE]

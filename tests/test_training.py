@@ -347,6 +347,30 @@ def test_init_from_a_model_without_the_keep_gate_grows_its_head_and_drops_or_add
     assert "new: ['mid_attn." in caplog.text
 
 
+def test_init_from_a_gated_release_into_a_job_without_the_gate_keeps_the_heads_first_outputs(tmp_path, caplog) -> None:
+    """The other direction: the shipped release has the gate; a job that turns it off starts from the rest."""
+    from inference.network import IMAGE_CHANNELS, WorldModel
+    from tests.test_loader import write_release
+    from training.train import load_init_weights
+
+    gated = WorldModelConfig(sensor=TINY_SENSOR.to_dict(), base_channels=8, channel_mults=(1, 2), strides=((1, 2),),
+                             norm_groups=4, bottleneck_attention=False, keep_gate=True, gap_fill=True)
+    torch.manual_seed(2)
+    source = WorldModel(gated)
+    with torch.no_grad():
+        for p in source.parameters():
+            p.add_(0.05 * torch.randn_like(p))
+    release = write_release(tmp_path / "gated", source)
+    model = WorldModel(WorldModelConfig.from_dict({**gated.to_dict(), "keep_gate": False, "gap_fill": False}))
+    with caplog.at_level(logging.INFO, logger="training.train"):
+        load_init_weights(model, str(release))
+    mine, theirs = model.state_dict(), source.state_dict()
+    assert mine["head.2.weight"].shape[0] == IMAGE_CHANNELS
+    for name, value in mine.items():
+        torch.testing.assert_close(value, theirs[name][: value.shape[0]], atol=0, rtol=0, msg=name)
+    assert "first outputs only: ['head.2.weight', 'head.2.bias']" in caplog.text
+
+
 def test_init_from_a_model_of_another_architecture_is_refused_naming_the_fields(killed_and_resumed: dict) -> None:
     from inference.network import WorldModel
     from training.train import load_init_weights

@@ -318,18 +318,10 @@ def card_metadata(base_model: str | None = None) -> str:
     return f"---\n{ModelCardData(**CARD_METADATA, base_model=base_model).to_yaml()}\n---\n"
 
 
-def model_card(cfg: TrainConfig, progress: dict[str, Any], dataset: dict[str, Any], iteration: int,
-               model: WorldModel, weights: Path, metrics: dict[str, Any] | None, notes: list[str],
-               base_model: str | None = None, pictures: list[str] | None = None) -> str:
-    sensor = cfg.model["sensor"]
+def card_intro(model: WorldModel, sensor: dict[str, Any]) -> list[str]:
+    """The card's title and first paragraph: what the network is and which sampling rules its config switches on."""
     model_cfg, parameters = model.config, model.num_parameters()
-    launches = progress["launches"]
-    commands = list(dict.fromkeys(launch["command"] for launch in launches))  # in launch order
-    hardware = list(dict.fromkeys(launch["hardware"] for launch in launches))
-    speed = launches[-1].get("samples_per_s") if launches else None
-    wall = wall_seconds(progress)
-    lines = [
-        card_metadata(base_model),
+    return [
         "# LidarVerse default world model",
         "",
         f"A causal, few-step (rectified flow, {model_cfg.default_steps} Euler steps from noise tempered to "
@@ -349,18 +341,12 @@ def model_card(cfg: TrainConfig, progress: dict[str, Any], dataset: dict[str, An
         *(["A pixel the prior misses starts from its nearest neighbour's range (`gap_fill`), not from flat ground:",
            "a hole in a cached wall starts at the wall."] if model_cfg.gap_fill else []),
         "It was trained in this repository, on the CPU, from the procedural simulator only.",
-        "",
-        "| file | what |",
-        "|---|---|",
-        f"| `model.safetensors` | EMA weights at iteration {iteration} ({weights.stat().st_size / 1e6:.1f} MB) |",
-        "| `config.json` | architecture (`model`), sensor, normalisation, map classes, training summary |",
-        "| `README.md` | this card |",
-        "",
-        "Load it with `inference.load_pipeline(\"weights/default\")` (the app does this by default).",
-        "",
-        "## Training data",
-        "",
     ]
+
+
+def card_training_data(cfg: TrainConfig, dataset: dict[str, Any], sensor: dict[str, Any]) -> list[str]:
+    """Where the samples come from and how their conditions are corrupted, so a reader can rebuild the data."""
+    lines = ["## Training data", ""]
     if "sequences" in dataset:
         lines += [
             f"`python -m lidar.sim --sensor {sensor['name']} --width {sensor['width']} --sequences "
@@ -386,6 +372,34 @@ def model_card(cfg: TrainConfig, progress: dict[str, Any], dataset: dict[str, An
         f"probability {cfg.model['p_drop_map']} (free generation / CFG) and the layout with "
         f"{cfg.model.get('p_drop_layout', 0.0)} (real-data forecasting).",
         "",
+    ]
+    return lines
+
+
+def model_card(cfg: TrainConfig, progress: dict[str, Any], dataset: dict[str, Any], iteration: int,
+               model: WorldModel, weights: Path, metrics: dict[str, Any] | None, notes: list[str],
+               base_model: str | None = None, pictures: list[str] | None = None) -> str:
+    sensor = cfg.model["sensor"]
+    launches = progress["launches"]
+    commands = list(dict.fromkeys(launch["command"] for launch in launches))  # in launch order
+    hardware = list(dict.fromkeys(launch["hardware"] for launch in launches))
+    speed = launches[-1].get("samples_per_s") if launches else None
+    wall = wall_seconds(progress)
+    lines = [
+        card_metadata(base_model),
+        *card_intro(model, sensor),
+        "",
+        "| file | what |",
+        "|---|---|",
+        f"| `model.safetensors` | EMA weights at iteration {iteration} ({weights.stat().st_size / 1e6:.1f} MB) |",
+        "| `config.json` | architecture (`model`), sensor, normalisation, map classes, training summary |",
+        "| `README.md` | this card |",
+        "",
+        "Load it with `inference.load_pipeline(\"weights/default\")` (the app does this by default).",
+        "",
+    ]
+    lines += card_training_data(cfg, dataset, sensor)
+    lines += [
         "## Training",
         "",
         "```bash",
@@ -404,7 +418,8 @@ def model_card(cfg: TrainConfig, progress: dict[str, Any], dataset: dict[str, An
         f"- EMA decay {cfg.ema_decay} from iteration {cfg.ema_start_iter}; the release holds the EMA weights",
         "- objective: rectified flow on (range, intensity, return); the network predicts the clean image as a "
         "log-range residual to its geometric prior plus a return logit: L1 on range and intensity where the "
-        "target returns, BCE on the return (`inference.flow.flow_matching_loss`, uniform t)",
+        "target returns, BCE on the return (`inference.flow.flow_matching_loss`, uniform t)"
+        + (", BCE on the keep gate where the prior and the target both return" if cfg.model.get("keep_gate") else ""),
         "",
     ]
     rows = loss_curve_rows(progress["losses"])

@@ -72,19 +72,21 @@ def load_init_weights(model: WorldModel, source: str) -> None:
     if differ:
         raise ValueError(f"init_from {source!r}: its network differs from config.model in {differ}; "
                          f"expected the same architecture and sensor (only {list(TRANSFERABLE_FIELDS)} may differ)")
-    own, given = model.state_dict(), init.state_dict()
+    own, given, resized = model.state_dict(), init.state_dict(), []
     for name, value in given.items():
         if name not in own:
             continue
         if own[name].shape == value.shape:
             own[name] = value
-        else:  # the head grown by the keep gate: its first outputs are the source's
-            own[name][: value.shape[0]] = value
+        else:  # the head with or without the keep gate: the outputs both have are the source's
+            shared = min(own[name].shape[0], value.shape[0])
+            own[name][:shared] = value[:shared]
+            resized.append(name)
     model.load_state_dict(own)
     dropped, fresh = sorted(set(given) - set(own)), sorted(set(own) - set(given))
-    logger.info("initialised from %s (%s weights, iteration %s)%s%s", provenance.source, provenance.weights,
+    logger.info("initialised from %s (%s weights, iteration %s)%s%s%s", provenance.source, provenance.weights,
                 provenance.iteration, f"; not used: {dropped}" if dropped else "",
-                f"; new: {fresh}" if fresh else "")
+                f"; new: {fresh}" if fresh else "", f"; first outputs only: {resized}" if resized else "")
 
 
 def setup_logging(job_dir: Path, rank: int) -> None:
