@@ -23,6 +23,7 @@ the header may lie). Zip members are written under a fresh folder by their base 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import re
@@ -48,6 +49,11 @@ MAX_ZIP_MEMBERS = 200
 #: Files a sequence folder may hold besides sweeps: never read as sweeps.
 POSES_FILES = ("poses.json", "poses.txt")
 CALIB_FILE = "calib.txt"
+#: KITTI odometry keeps a sequence's sweeps in this subfolder, beside its poses.txt, calib.txt and times.txt.
+KITTI_SWEEP_FOLDER = "velodyne"
+TIMES_FILE = "times.txt"
+#: Most lines a times.txt may hold (a whole KITTI sequence has at most 4,661 frames).
+MAX_TIMES = 100_000
 #: KITTI camera 0 from Velodyne, axes only: x_cam = -y_velo, y_cam = -z_velo, z_cam = x_velo.
 NOMINAL_KITTI_TR = np.array([[0.0, -1.0, 0.0, 0.0], [0.0, 0.0, -1.0, 0.0], [1.0, 0.0, 0.0, 0.0], [0.0, 0.0, 0.0, 1.0]])
 _FRAME_NUMBER = re.compile(r"(\d+)$")
@@ -88,15 +94,73 @@ def read_sequence(
 
 
 def sweep_files(folder: Path) -> list[Path]:
-    """The sweep files directly in `folder`, in frame order; hidden files and poses/calibration are skipped."""
+    """The sweep files of `folder`, in frame order; hidden files and poses/calibration are skipped.
+
+    A folder in the KITTI odometry layout holds no sweeps itself but a `velodyne/` subfolder of them.
+    """
     if not folder.is_dir():
         raise PointCloudError(f"{folder}: not a folder; expected a folder of sweep files")
+    files = _sweeps_in(folder)
+    if not files and (folder / KITTI_SWEEP_FOLDER).is_dir():
+        files = _sweeps_in(folder / KITTI_SWEEP_FOLDER)
+    return files
+
+
+def _sweeps_in(folder: Path) -> list[Path]:
     files = [
         p
         for p in folder.iterdir()
         if p.is_file() and not p.name.startswith(".") and p.suffix.lower() in READ_SUFFIXES
     ]
     return sorted(files, key=_frame_order)
+
+
+@dataclass
+class Recording:
+    """A recorded drive on disk, read one sweep at a time: a lab's log holds thousands of sweeps, more than
+    fit in memory, so training and evaluation keep only the file list and the poses."""
+
+    files: list[Path]
+    #: (N, 4, 4) world_from_sensor from the folder's poses file, or None (then register the sweeps).
+    poses: np.ndarray | None
+    #: (N,) seconds from a KITTI times.txt, or None (then 10 Hz).
+    times: np.ndarray | None
+    sensor: Sensor | None = None
+
+    def __len__(self) -> int:
+        return len(self.files)
+
+    @property
+    def names(self) -> list[str]:
+        return [f.name for f in self.files]
+
+    def sweep(self, index: int) -> Scan:
+        return read_points(self.files[index], self.sensor)
+
+
+def open_recording(folder: str | Path, *, sensor: Sensor | None = None) -> Recording:
+    """A recorded sequence folder: KITTI odometry (`velodyne/*.bin`, `poses.txt`, `calib.txt`, `times.txt`),
+    a folder of sweeps with a poses.txt or a poses.json, or sweeps alone (poses None).
+
+    Unlike `read_sequence` it reads no sweep and has no sweep limit: its callers are training and evaluation
+    jobs reading a lab's own logs, not uploads.
+    """
+    folder = Path(folder)
+    files = sweep_files(folder)
+    own = folder / "poses.json"
+    if own.is_file():  # a folder `write_rollout` wrote lists its frames in order; other JSON poses do not
+        with contextlib.suppress(PointCloudError):
+            files = [folder / n for n in _rollout_frame_files(own)]
+    if not files:
+        raise PointCloudError(f"{folder}: no sweep files ({', '.join(READ_SUFFIXES)}) here or in {KITTI_SWEEP_FOLDER}/")
+    names = [f.name for f in files]
+    poses_file = next((folder / n for n in POSES_FILES if (folder / n).is_file()), None)
+    calib = folder / CALIB_FILE
+    poses = None if poses_file is None else read_poses(poses_file, names, calib if calib.is_file() else None)
+    times = _kitti_times(folder / TIMES_FILE, names) if (folder / TIMES_FILE).is_file() else None
+    logger.info("opened a recording of %d sweeps in %s (%s)", len(files), folder.name,
+                "with poses" if poses is not None else "no poses")
+    return Recording(files, poses, times, sensor)
 
 
 def extract_zip(archive: Path, into: Path) -> Path:
@@ -286,6 +350,20 @@ def _kitti_poses(path: Path, text: str, names: Sequence[str], calib: str | Path 
     cam = np.tile(np.eye(4), (len(numbers), 1, 1))
     cam[:, :3, :4] = rows[numbers].reshape(-1, 3, 4)
     return kitti_velodyne_poses(cam, _kitti_tr(calib))
+
+
+def _kitti_times(path: Path, names: Sequence[str]) -> np.ndarray:
+    """Seconds of each sweep from a KITTI times.txt (one number per frame, matched by frame number)."""
+    if path.stat().st_size > MAX_FILE_BYTES:
+        raise PointCloudError(f"{path}: too large for a times.txt (over {MAX_FILE_BYTES / 1e6:.0f} MB)")
+    try:
+        values = np.array([float(v) for v in path.read_text(errors="replace").split()[:MAX_TIMES]])
+    except ValueError:
+        raise PointCloudError(f"{path}: not a KITTI times.txt (one number of seconds per line)") from None
+    numbers = _frame_numbers(names) or list(range(len(names)))
+    if max(numbers) >= len(values) or not np.isfinite(values).all():
+        raise PointCloudError(f"{path}: {len(values)} finite times, but the sweeps need frame {max(numbers)}")
+    return values[numbers]
 
 
 def _kitti_tr(calib: str | Path | None) -> np.ndarray:
