@@ -30,6 +30,7 @@ from checkpointing import (
 )
 from checkpointing.weights import checkpoints_dir_of
 from inference.network import WorldModel, WorldModelConfig
+from lidar.errors import InputError
 
 logger = logging.getLogger(__name__)
 
@@ -55,7 +56,7 @@ _EXPECTED = (
 )
 
 
-class ModelSourceError(ValueError):
+class ModelSourceError(InputError):
     """A source that cannot be resolved or loaded; the message names the source, the problem and the fix."""
 
 

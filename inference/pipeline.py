@@ -24,6 +24,7 @@ from inference.cache import SpatialCache
 from inference.loader import Provenance, load_model
 from inference.network import WorldModel, WorldModelConfig
 from inference.rollout import MapSource, Progress, RolloutResult, cache_from_scans, frame_times, rollout
+from lidar.errors import InputError
 from lidar.formats import Scan, write_points
 from lidar.range_image import RangeImage, project, unproject
 from lidar.sensors import Sensor
@@ -179,7 +180,7 @@ class LidarVersePipeline:
             _check_action(action)
             poses = action_poses(prefix_poses[-1], action, frames)
         if not isinstance(feedback, bool):
-            raise ValueError(f"feedback must be True or False, got {feedback!r}")
+            raise InputError(f"feedback must be True or False, got {feedback!r}")
         cache = cache_from_scans(points, prefix_poses)
         return self._rollout(
             poses,
@@ -253,7 +254,7 @@ class LidarVersePipeline:
         if cache_points is not None:
             pts = np.asarray(cache_points, dtype=np.float32)
             if pts.ndim != 2 or pts.shape[1] != 4 or not np.isfinite(pts).all():
-                raise ValueError(
+                raise InputError(
                     f"cache_points must be finite (N, 4) world-frame points, got shape {pts.shape}"
                 )
             cache = SpatialCache()
@@ -282,20 +283,20 @@ class LidarVersePipeline:
     ) -> tuple[int, float]:
         steps = self.config.default_steps if steps is None else steps
         if isinstance(steps, bool) or not isinstance(steps, int | np.integer) or not 1 <= steps <= MAX_STEPS:
-            raise ValueError(f"steps must be an integer in [1, {MAX_STEPS}], got {steps!r}")
+            raise InputError(f"steps must be an integer in [1, {MAX_STEPS}], got {steps!r}")
         guidance = self.config.default_guidance if guidance is None else guidance
         if (
             not isinstance(guidance, int | float)
             or not math.isfinite(guidance)
             or not 0.0 <= guidance <= MAX_GUIDANCE
         ):
-            raise ValueError(
+            raise InputError(
                 f"guidance must be a number in [0, {MAX_GUIDANCE}] (1 = no guidance), got {guidance!r}"
             )
         if isinstance(seed, bool) or not isinstance(seed, int | np.integer) or seed < 0:
-            raise ValueError(f"seed must be an integer >= 0, got {seed!r}")
+            raise InputError(f"seed must be an integer >= 0, got {seed!r}")
         if callback is not None and not callable(callback):
-            raise ValueError(
+            raise InputError(
                 f"callback must be callable (it receives a Progress), got {type(callback).__name__}"
             )
         return int(steps), float(guidance)
@@ -306,7 +307,7 @@ class LidarVersePipeline:
         if sensor is not None and (
             sensor.elevations_deg != model.elevations_deg or sensor.width != model.width
         ):
-            raise ValueError(
+            raise InputError(
                 f"this model generates {model.name} sweeps ({model.height}x{model.width}); got sensor {sensor.name} "
                 f"({sensor.height}x{sensor.width}). Load a model trained for {sensor.name}, or omit the sensor"
             )
@@ -314,7 +315,7 @@ class LidarVersePipeline:
     def _observed_points(self, scans: Sequence[ScanLike], name: str) -> list[np.ndarray]:
         """Each scan as sensor-frame points for the cache, checked to be a sweep the model's beams can see."""
         if isinstance(scans, np.ndarray | Scan | RangeImage) or not isinstance(scans, Sequence) or not scans:
-            raise ValueError(
+            raise InputError(
                 f"{name} must be a non-empty list of lidar.formats.Scan, (N, 3+) arrays or RangeImages"
             )
         return [self._checked_scan(scan, f"{name}[{i}]") for i, scan in enumerate(scans)]
@@ -323,7 +324,7 @@ class LidarVersePipeline:
         sensor = self.sensor
         if isinstance(scan, RangeImage):
             if scan.shape != sensor.shape:
-                raise ValueError(
+                raise InputError(
                     f"{name} is a {scan.shape[0]}x{scan.shape[1]} range image but the model sensor {sensor.name} is "
                     f"{sensor.height}x{sensor.width}; pass points instead and they are resampled"
                 )
@@ -331,7 +332,7 @@ class LidarVersePipeline:
         else:
             if isinstance(scan, Scan):
                 if not scan.sensor_frame:
-                    raise ValueError(
+                    raise InputError(
                         f"{name} ({scan.path}) is not in the sensor frame (its origin is not at the LiDAR, as in "
                         "PandaSet's ego frame); forecasting needs sweeps in the sensor frame"
                     )
@@ -339,14 +340,14 @@ class LidarVersePipeline:
             else:
                 points = np.asarray(scan)
             if points.ndim != 2 or points.shape[1] < 3 or not np.issubdtype(points.dtype, np.number):
-                raise ValueError(
+                raise InputError(
                     f"{name} must be (N, 3+) points x, y, z[, intensity], got shape {points.shape}"
                 )
             points = points[np.isfinite(points[:, :3]).all(axis=1)]
             image = project(points, sensor)
         returns = int(image.mask.sum())
         if returns < MIN_PREFIX_RETURNS:
-            raise ValueError(
+            raise InputError(
                 f"{name} has only {returns} returns within the model sensor's beams ({sensor.name}: "
                 f"{sensor.elevations_deg[0]:+.1f} to {sensor.elevations_deg[-1]:+.1f} deg, "
                 f"{sensor.min_range}-{sensor.max_range} m); expected a LiDAR sweep in its sensor frame"
@@ -363,7 +364,7 @@ class LidarVersePipeline:
             return np.tile(np.eye(4), (count, 1, 1))
         poses = _check_poses(poses, name)
         if len(poses) != count:
-            raise ValueError(f"{name} has {len(poses)} poses for {count} scans; expected one pose per scan")
+            raise InputError(f"{name} has {len(poses)} poses for {count} scans; expected one pose per scan")
         return poses
 
 
@@ -398,7 +399,7 @@ def write_rollout(
     previous = folder / POSES_NAME
     if previous.exists():
         if not overwrite:
-            raise ValueError(
+            raise InputError(
                 f"{folder} already holds a rollout ({POSES_NAME}); choose another folder or overwrite it"
             )
         _remove_rollout(folder)
@@ -450,7 +451,7 @@ def _remove_rollout(folder: Path) -> None:
         meta = json.loads((folder / POSES_NAME).read_text())
         names = [f["file"] for f in meta["frames"]] + [meta["world"], POSES_NAME]
     except (json.JSONDecodeError, KeyError, TypeError) as exc:
-        raise ValueError(
+        raise InputError(
             f"{folder / POSES_NAME} is not a poses.json written by write_rollout ({exc}); remove it"
         ) from None
     for name in names:
@@ -488,21 +489,21 @@ def action_poses(
 
 def _check_frames(frames: Any, name: str = "frames") -> None:
     if isinstance(frames, bool) or not isinstance(frames, int | np.integer) or not 1 <= frames <= MAX_FRAMES:
-        raise ValueError(f"{name} must be an integer in [1, {MAX_FRAMES}], got {frames!r}")
+        raise InputError(f"{name} must be an integer in [1, {MAX_FRAMES}], got {frames!r}")
 
 
 def _check_action(action: Any) -> None:
     if action not in ACTIONS:
-        raise ValueError(f"unknown action {action!r}; expected one of {', '.join(ACTIONS)} (or pass poses=)")
+        raise InputError(f"unknown action {action!r}; expected one of {', '.join(ACTIONS)} (or pass poses=)")
 
 
 def _check_poses(poses: Any, name: str) -> np.ndarray:
     """(T, 4, 4) finite rigid world_from_sensor transforms (DESIGN.md), as float64."""
     arr = np.asarray(poses, dtype=np.float64)
     if arr.ndim != 3 or arr.shape[1:] != (4, 4) or len(arr) < 1:
-        raise ValueError(f"{name} must be (T, 4, 4) world_from_sensor poses, got shape {arr.shape}")
+        raise InputError(f"{name} must be (T, 4, 4) world_from_sensor poses, got shape {arr.shape}")
     if not np.isfinite(arr).all():
-        raise ValueError(f"{name} holds NaN or inf")
+        raise InputError(f"{name} holds NaN or inf")
     return check_poses(arr, name)
 
 
@@ -512,7 +513,7 @@ def _world(map: int | World | None, style: str, seed: int) -> World:
     if map is None:
         return make_world(int(seed), style)
     if isinstance(map, bool) or not isinstance(map, int | np.integer) or map < 0:
-        raise ValueError(f"map must be a world seed (integer >= 0) or a lidar.sim World, got {map!r}")
+        raise InputError(f"map must be a world seed (integer >= 0) or a lidar.sim World, got {map!r}")
     return make_world(int(map), style)
 
 
@@ -527,6 +528,6 @@ def _scene(map: Any, count: int, times: np.ndarray | None) -> dict[str, Any]:
         return {"map_source": map.hdmap, "layout": map.boxes, "times": frame_times(count, times, map.time)}
     if hasattr(map, "range_view"):
         return {"map_source": map, "layout": None, "times": frame_times(count, times)}
-    raise ValueError(
+    raise InputError(
         f"map must be a lidar.sim World (map and actor layout) or an HDMap (map only), got {type(map).__name__}"
     )

@@ -31,6 +31,8 @@ from kiss_icp.config.config import RegistrationConfig as KissRegistrationConfig
 from kiss_icp.kiss_icp import KissICP
 from scipy.spatial import cKDTree
 
+from lidar.cancel import checkpoint
+from lidar.errors import InputError
 from lidar.formats import Scan
 from lidar.sequence import check_poses
 
@@ -40,7 +42,7 @@ logger = logging.getLogger(__name__)
 MIN_KEYPOINTS = 100
 
 
-class RegistrationError(ValueError):
+class RegistrationError(InputError):
     """Sweeps that do not register into one world: the message names the sweep, its fitness and the bar."""
 
 
@@ -136,6 +138,7 @@ def register_sweeps(
     poses, fitness, rmse = np.empty((n, 4, 4)), np.ones(n), np.zeros(n)
     sigma, seconds = np.empty(n), np.empty(n)
     for i, cloud in enumerate(clouds):
+        checkpoint()  # a cancelled request stops between sweeps
         start = time.perf_counter()
         previous_map = icp.local_map.point_cloud()
         sigma[i] = icp.adaptive_threshold.get_threshold()
@@ -175,7 +178,7 @@ def _score(keypoints: np.ndarray, pose: np.ndarray, world_map: np.ndarray, inlie
 
 def _check_sweeps(sweeps: Sequence[np.ndarray | Scan]) -> Sequence[np.ndarray | Scan]:
     if isinstance(sweeps, np.ndarray | Scan) or not isinstance(sweeps, Sequence) or not sweeps:
-        raise ValueError("sweeps must be a non-empty list of (N, 3+) point arrays or lidar.formats.Scan")
+        raise InputError("sweeps must be a non-empty list of (N, 3+) point arrays or lidar.formats.Scan")
     return sweeps
 
 
@@ -183,7 +186,7 @@ def _xyz(sweep: np.ndarray | Scan, name: str) -> np.ndarray:
     """Finite x, y, z as float64, the layout KISS-ICP takes."""
     points = np.asarray(sweep.points if isinstance(sweep, Scan) else sweep)
     if points.ndim != 2 or points.shape[1] < 3 or not np.issubdtype(points.dtype, np.number):
-        raise ValueError(f"{name} must be (N, 3+) points x, y, z[, ...], got shape {points.shape}")
+        raise InputError(f"{name} must be (N, 3+) points x, y, z[, ...], got shape {points.shape}")
     xyz = points[:, :3].astype(np.float64)
     return xyz[np.isfinite(xyz).all(axis=1)]
 

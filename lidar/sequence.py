@@ -18,7 +18,12 @@ Poses come, optionally, from
 
 Uploads from the public app go through here, so everything is bounded before it is read: the number of
 sweeps, their total bytes and a zip's members (with each member's size checked while it is inflated, since
-the header may lie). Zip members are written under a fresh folder by their base name only (zip slip safe).
+the header may lie). A zip's entry count is read from its end-of-central-directory record before `zipfile`
+parses the directory. Pose, calibration and JSON files are small by nature, so they are refused past
+`MAX_TEXT_BYTES` before parsing, and JSON nested past Python's recursion limit is refused cleanly. Poses
+must be rigid and plausible: a translation past `MAX_POSE_TRANSLATION_M` is refused (a drive is not 100 km
+long, and 1e308 m would overflow the first arithmetic done with it). Zip members are written under a fresh
+folder by their base name only (zip slip safe).
 """
 
 from __future__ import annotations
@@ -29,13 +34,17 @@ import logging
 import re
 import tempfile
 import zipfile
+import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
+from lidar.cancel import checkpoint
+from lidar.errors import InputError
 from lidar.formats import MAX_FILE_BYTES, READ_SUFFIXES, PointCloudError, Scan, read_points
+from lidar.formats.arrays import zip_directory
 from lidar.sensors import Sensor
 
 logger = logging.getLogger(__name__)
@@ -46,6 +55,13 @@ MAX_SWEEPS = 50
 MAX_SEQUENCE_BYTES = 256 * 2**20
 #: Most entries a zip may list, sweeps or not (a zip of thousands of tiny entries is refused unread).
 MAX_ZIP_MEMBERS = 200
+#: Most bytes a zip's central directory may take (200 entries with long names need a few tens of KB).
+MAX_ZIP_DIRECTORY = 1 << 20
+#: Most bytes a poses, calibration or JSON file may hold: a KITTI poses.txt takes ~160 bytes a frame, so
+#: this holds ~6,500 frames (KITTI's longest sequence, 02, has 4,661).
+MAX_TEXT_BYTES = 1 << 20
+#: Farthest a pose may lie from the world origin (m): a recorded or generated drive stays well inside it.
+MAX_POSE_TRANSLATION_M = 100_000.0
 #: Files a sequence folder may hold besides sweeps: never read as sweeps.
 POSES_FILES = ("poses.json", "poses.txt")
 CALIB_FILE = "calib.txt"
@@ -57,6 +73,8 @@ MAX_TIMES = 100_000
 #: KITTI camera 0 from Velodyne, axes only: x_cam = -y_velo, y_cam = -z_velo, z_cam = x_velo.
 NOMINAL_KITTI_TR = np.array([[0.0, -1.0, 0.0, 0.0], [0.0, 0.0, -1.0, 0.0], [1.0, 0.0, 0.0, 0.0], [0.0, 0.0, 0.0, 1.0]])
 _FRAME_NUMBER = re.compile(r"(\d+)$")
+#: Zip members are inflated this many bytes at a time, with a cancellation check between chunks.
+_CHUNK_BYTES = 4 << 20
 
 
 @dataclass
@@ -169,13 +187,18 @@ def extract_zip(archive: Path, into: Path) -> Path:
     Only a member's base name is used, so `../x.bin` or `/etc/x.bin` lands as `into/x.bin`; folders inside
     the zip are flattened, and two members with the same base name are refused rather than overwritten.
     """
+    entries, directory_bytes = zip_directory(archive)
+    if entries > MAX_ZIP_MEMBERS:
+        count = "65,535 or more" if entries == 0xFFFF else f"{entries:,}"  # 0xFFFF: a zip64 directory
+        raise PointCloudError(f"{archive.name}: {count} entries; a sequence zip may hold at most {MAX_ZIP_MEMBERS}")
+    if directory_bytes > MAX_ZIP_DIRECTORY:
+        raise PointCloudError(
+            f"{archive.name}: a {directory_bytes:,}-byte zip directory; a sequence zip's may take at most "
+            f"{MAX_ZIP_DIRECTORY:,} bytes"
+        )
     try:
         with zipfile.ZipFile(archive) as zf:
             members = zf.infolist()
-            if len(members) > MAX_ZIP_MEMBERS:
-                raise PointCloudError(
-                    f"{archive.name}: {len(members)} entries; a sequence zip may hold at most {MAX_ZIP_MEMBERS}"
-                )
             wanted = [m for m in members if _wanted_member(m)]
             _check_count(sum(Path(m.filename).suffix.lower() in READ_SUFFIXES for m in wanted), archive.name)
             total = 0
@@ -193,11 +216,7 @@ def extract_zip(archive: Path, into: Path) -> Path:
 def read_poses(path: str | Path, names: Sequence[str], calib: str | Path | None = None) -> np.ndarray:
     """(N, 4, 4) world_from_sensor poses for the sweeps called `names`, from a poses.txt or a JSON file."""
     path = Path(path)
-    if not path.is_file():
-        raise PointCloudError(f"{path}: no such poses file; expected a KITTI poses.txt or a poses.json")
-    if path.stat().st_size > MAX_FILE_BYTES:
-        raise PointCloudError(f"{path}: too large for a poses file (over {MAX_FILE_BYTES / 1e6:.0f} MB)")
-    text = path.read_text(errors="replace")
+    text = read_text_file(path, "poses file", "a KITTI poses.txt or a poses.json")
     if text.lstrip().startswith(("{", "[")):
         poses = _json_poses(path, text, names)
     else:
@@ -210,11 +229,50 @@ def kitti_velodyne_poses(cam_poses: np.ndarray, tr: np.ndarray = NOMINAL_KITTI_T
     return np.linalg.inv(tr) @ cam_poses @ tr
 
 
+def read_text_file(path: Path, what: str, expected: str) -> str:
+    """The text of a small regular file (poses, calibration, JSON), refused unread past `MAX_TEXT_BYTES`.
+
+    Only regular files: a FIFO would block the read forever and a device file never ends. At most
+    `MAX_TEXT_BYTES` + 1 bytes are read whatever the size says, so a file that grows meanwhile is refused too.
+    """
+    if not path.is_file():
+        raise PointCloudError(f"{path}: no such {what} (or not a regular file); expected {expected}")
+    with path.open("rb") as f:
+        data = f.read(MAX_TEXT_BYTES + 1)
+    if len(data) > MAX_TEXT_BYTES:
+        raise PointCloudError(f"{path}: over {MAX_TEXT_BYTES:,} bytes, too large for a {what}; expected {expected}")
+    return data.decode("utf-8", errors="replace")
+
+
+def parse_json(text: str, name: str) -> object:
+    """`json.loads`, with every failure a `PointCloudError` naming the file: bad syntax, nesting deeper than
+    Python's recursion limit (a 1 MB file of `[` is a nesting bomb) or an integer longer than Python converts;
+    Python's own wording for the last two stays out of the message."""
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise PointCloudError(f"{name}: not valid JSON ({exc.msg} at line {exc.lineno} column {exc.colno})") from None
+    except RecursionError:
+        raise PointCloudError(f"{name}: JSON nested too deeply; expected a poses file") from None
+    except ValueError:
+        raise PointCloudError(f"{name}: JSON holds an integer too long to read; expected a poses file") from None
+
+
 def check_poses(poses: np.ndarray, name: str) -> np.ndarray:
-    """(N, 4, 4) finite rigid transforms as float64, or a `ValueError` naming the first bad one."""
-    arr = np.asarray(poses, dtype=np.float64)
+    """(N, 4, 4) finite rigid transforms within `MAX_POSE_TRANSLATION_M` of the origin, as float64, or an
+    `InputError` naming the first bad one."""
+    try:
+        arr = np.asarray(poses, dtype=np.float64)
+    except (TypeError, ValueError, OverflowError):
+        raise InputError(f"{name}: poses must be numbers; expected (N, 4, 4) world_from_sensor matrices") from None
     if arr.ndim != 3 or arr.shape[1:] != (4, 4):
-        raise ValueError(f"{name}: poses of shape {arr.shape}; expected (N, 4, 4) world_from_sensor")
+        raise InputError(f"{name}: poses of shape {arr.shape}; expected (N, 4, 4) world_from_sensor")
+    far = np.flatnonzero(~(np.abs(arr[:, :3, 3]) <= MAX_POSE_TRANSLATION_M).all(axis=1) & np.isfinite(arr).all(axis=(1, 2)))
+    if len(far):
+        raise InputError(
+            f"{name}: pose {int(far[0])} lies {np.abs(arr[far[0], :3, 3]).max():.3g} m from the origin; expected "
+            f"poses within {MAX_POSE_TRANSLATION_M / 1000:.0f} km (metres, world_from_sensor)"
+        )
     rot = arr[:, :3, :3]
     ok = np.isfinite(arr).all(axis=(1, 2))
     with np.errstate(invalid="ignore"):
@@ -222,7 +280,7 @@ def check_poses(poses: np.ndarray, name: str) -> np.ndarray:
         ok &= np.abs(np.linalg.det(np.where(np.isfinite(rot), rot, 0.0)) - 1.0) < 1e-4
         ok &= np.abs(arr[:, 3] - [0.0, 0.0, 0.0, 1.0]).max(axis=1) < 1e-9
     if not ok.all():
-        raise ValueError(
+        raise InputError(
             f"{name}: pose {int(np.flatnonzero(~ok)[0])} is not a finite rigid transform (rotation with det 1, "
             "last row 0 0 0 1); expected world_from_sensor poses"
         )
@@ -235,15 +293,14 @@ def check_poses(poses: np.ndarray, name: str) -> np.ndarray:
 def _read_folder(folder: Path, sensor: Sensor | None, poses: str | Path | None, label: str) -> SweepSequence:
     """A folder written by `write_rollout` is read in its poses.json order (frames only, not world.*)."""
     own = folder / "poses.json"
-    if own.is_file() and poses is None:
-        names = _rollout_frame_files(own)
-        files = [folder / n for n in names]
-        return _read_files(files, sensor, own)
+    names = _rollout_frame_files(own) if own.is_file() and poses is None else None
+    if names is not None:
+        return _read_files([folder / n for n in names], sensor, own)
     files = sweep_files(folder)
     if not files:
         raise PointCloudError(f"{label}: no sweep files ({', '.join(READ_SUFFIXES)}) found")
-    if poses is None and (folder / "poses.txt").is_file():
-        poses = folder / "poses.txt"
+    if poses is None:  # a poses.json that is a list of 4x4 poses, else a KITTI poses.txt
+        poses = next((p for p in (own, folder / "poses.txt") if p.is_file()), None)
     return _read_files(files, sensor, poses)
 
 
@@ -282,17 +339,35 @@ def _wanted_member(member: zipfile.ZipInfo) -> bool:
 
 
 def _inflate(zf: zipfile.ZipFile, member: zipfile.ZipInfo, target: Path, budget: int, label: str) -> int:
-    """Write one member, reading at most min(budget, MAX_FILE_BYTES) + 1 bytes whatever its header says."""
-    limit = min(budget, MAX_FILE_BYTES)
-    with zf.open(member) as src:
-        data = src.read(limit + 1)
-    if len(data) > limit:
-        raise PointCloudError(
-            f"{label}: {member.filename} inflates past the limit (one sweep <= {MAX_FILE_BYTES / 1e6:.0f} MB, "
-            f"a sequence <= {MAX_SEQUENCE_BYTES / 2**20:.0f} MB)"
-        )
-    target.write_bytes(data)
-    return len(data)
+    """Write one member, reading at most its limit + 1 bytes whatever its header says: min(budget,
+    MAX_FILE_BYTES) for a sweep, MAX_TEXT_BYTES for a poses or calibration file. Inflated in chunks, so a
+    cancelled request stops between them."""
+    text = Path(member.filename.replace("\\", "/")).name in (*POSES_FILES, CALIB_FILE)
+    limit = MAX_TEXT_BYTES if text else min(budget, MAX_FILE_BYTES)
+    chunks, size = [], 0
+    try:
+        with zf.open(member) as src:
+            while size <= limit and (chunk := src.read(min(_CHUNK_BYTES, limit + 1 - size))):
+                checkpoint()
+                chunks.append(chunk)
+                size += len(chunk)
+    except (RuntimeError, NotImplementedError, zipfile.BadZipFile, zlib.error, EOFError) as exc:
+        raise PointCloudError(f"{label}: cannot unpack {member.filename}: {_zip_problem(exc)}") from None
+    if size > limit:
+        what = f"a poses or calibration file <= {MAX_TEXT_BYTES:,} bytes" if text else (
+            f"one sweep <= {MAX_FILE_BYTES / 1e6:.0f} MB, a sequence <= {MAX_SEQUENCE_BYTES / 2**20:.0f} MB")
+        raise PointCloudError(f"{label}: {member.filename} inflates past the limit ({what})")
+    target.write_bytes(b"".join(chunks))
+    return size
+
+
+def _zip_problem(exc: BaseException) -> str:
+    """What a zipfile / zlib failure means, in the user's terms (zipfile's own messages name its internals)."""
+    if isinstance(exc, RuntimeError) and "encrypted" in str(exc):
+        return "it is encrypted; expected an unencrypted zip"
+    if isinstance(exc, NotImplementedError):
+        return "its compression method is not supported; expected stored or deflated entries"
+    return "its data is corrupt (a bad checksum or deflate stream)"
 
 
 def _frame_order(path: Path) -> tuple[int, int, str]:
@@ -305,12 +380,18 @@ def _frame_numbers(names: Sequence[str]) -> list[int] | None:
     return [int(m.group(1)) for m in numbers] if all(numbers) else None  # type: ignore[union-attr]
 
 
-def _rollout_frame_files(poses_json: Path) -> list[str]:
+def _rollout_frame_files(poses_json: Path) -> list[str] | None:
+    """The frame files a LidarVerse poses.json lists, in order; None for a JSON list of 4x4 poses, which
+    poses the folder's sweeps in their frame order instead."""
+    data = parse_json(read_text_file(poses_json, "poses.json", "the poses.json of a LidarVerse rollout"), str(poses_json))
+    if isinstance(data, list):
+        return None
     try:
-        frames = json.loads(poses_json.read_text())["frames"]
-        names = [f["file"] for f in frames if f["file"]]
-    except (json.JSONDecodeError, KeyError, TypeError) as exc:
-        raise PointCloudError(f"{poses_json}: not a poses.json written by LidarVerse ({exc})") from None
+        names = [f["file"] for f in data["frames"] if f["file"]]
+    except (KeyError, TypeError, IndexError):
+        raise PointCloudError(
+            f"{poses_json}: not a poses.json written by LidarVerse (frames[*].file) nor a list of 4x4 poses"
+        ) from None
     if not all(isinstance(n, str) and Path(n).name == n for n in names):
         raise PointCloudError(f"{poses_json}: frame files must be plain names inside its folder")
     return names
@@ -318,29 +399,38 @@ def _rollout_frame_files(poses_json: Path) -> list[str]:
 
 def _json_poses(path: Path, text: str, names: Sequence[str]) -> np.ndarray:
     """A LidarVerse poses.json (matched by file name, prefix sweeps included) or a list of 4x4 matrices."""
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise PointCloudError(f"{path}: not valid JSON ({exc}); expected a poses.json") from None
+    data = parse_json(text, str(path))
     if isinstance(data, list):
         if len(data) != len(names):
             raise PointCloudError(f"{path}: {len(data)} poses for {len(names)} sweeps; expected one per sweep")
-        return np.asarray(data, dtype=np.float64)
+        return _pose_array(data, path)
     try:
         records = [*data.get("prefix", []), *data["frames"]]
-        by_file = {r["file"]: r["pose"] for r in records if r.get("file")}
-    except (AttributeError, KeyError, TypeError) as exc:
-        raise PointCloudError(f"{path}: expected a LidarVerse poses.json with frames[*].file/pose ({exc})") from None
+        by_file = {r["file"]: r["pose"] for r in records if isinstance(r.get("file"), str)}
+    except (AttributeError, KeyError, TypeError):
+        raise PointCloudError(f"{path}: expected a LidarVerse poses.json with frames[*].file/pose") from None
     missing = [n for n in names if n not in by_file]
     if missing:
-        raise PointCloudError(f"{path}: no pose for {', '.join(missing[:3])}; it lists {', '.join(list(by_file)[:5])}")
-    return np.asarray([by_file[n] for n in names], dtype=np.float64)
+        listed = ", ".join(str(name)[:80] for name in list(by_file)[:5])
+        raise PointCloudError(f"{path}: no pose for {', '.join(missing[:3])}; it lists {listed}")
+    return _pose_array([by_file[n] for n in names], path)
+
+
+def _pose_array(data: list, path: Path) -> np.ndarray:
+    """JSON poses as (N, 4, 4) float64, or a `PointCloudError` when they are not all 4x4 grids of numbers."""
+    try:
+        arr = np.asarray(data, dtype=np.float64)
+    except (TypeError, ValueError, OverflowError):
+        arr = None
+    if arr is None or arr.shape[1:] != (4, 4):
+        raise PointCloudError(f"{path}: each pose must be a 4x4 list of numbers; expected (N, 4, 4) world_from_sensor")
+    return arr
 
 
 def _kitti_poses(path: Path, text: str, names: Sequence[str], calib: str | Path | None) -> np.ndarray:
     try:
         rows = np.array([[float(v) for v in line.split()] for line in text.splitlines() if line.strip()])
-    except ValueError:
+    except ValueError:  # a word, or ragged lines
         raise PointCloudError(f"{path}: not a KITTI poses.txt (12 numbers per line) nor JSON") from None
     if rows.ndim != 2 or rows.shape[1] != 12:
         raise PointCloudError(f"{path}: lines of {rows.shape[-1] if rows.ndim == 2 else '?'} numbers; expected 12")
@@ -371,7 +461,7 @@ def _kitti_tr(calib: str | Path | None) -> np.ndarray:
     if calib is None:
         logger.warning("no KITTI calib.txt beside poses.txt: assuming the nominal Velodyne-camera axis swap")
         return NOMINAL_KITTI_TR
-    for line in Path(calib).read_text(errors="replace").splitlines():
+    for line in read_text_file(Path(calib), "calib.txt", "a KITTI odometry calib.txt").splitlines():
         key, _, values = line.partition(":")
         if key.strip() == "Tr":
             tr = np.eye(4)

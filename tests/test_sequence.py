@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import json
+import os
+import struct
+import time
 import zipfile
 from pathlib import Path
 
@@ -10,6 +13,7 @@ import numpy as np
 import pytest
 
 import lidar.sequence as sequence
+from lidar.errors import InputError
 from lidar.formats import PointCloudError, write_points
 from lidar.sequence import NOMINAL_KITTI_TR, kitti_velodyne_poses, read_poses, read_sequence
 
@@ -153,3 +157,127 @@ def test_a_bad_member_is_named_inside_its_zip_not_by_a_scratch_path(tmp_path: Pa
     with pytest.raises(PointCloudError, match=r"^upload\.zip:000000\.bin: ") as err:
         read_sequence(archive)
     assert "lidarverse_zip_" not in str(err.value)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Hostile archives and pose files (issue 22): refused fast, by size or shape, with a message and no internals
+
+
+def directory_only_zip(path: Path, entries: int) -> Path:
+    """A zip whose central directory lists `entries` empty entries and holds nothing else (zip64 records, as
+    past 65,535 entries): 46 bytes an entry, the cheapest way to make `zipfile` parse a huge directory."""
+    record = np.zeros(entries, dtype=np.dtype([("sig", "<u4"), ("ver", "<u2", 2), ("flag", "<u2"), ("method", "<u2"),
+                                                ("time", "<u2", 2), ("crc", "<u4"), ("sizes", "<u4", 2),
+                                                ("lengths", "<u2", 3), ("disk", "<u2"), ("attrs", "<u2"),
+                                                ("ext", "<u4"), ("offset", "<u4")]))
+    record["sig"], record["ver"] = 0x02014B50, 20
+    directory = record.tobytes()
+    zip64_end = struct.pack("<4sQ2H2L4Q", b"PK\x06\x06", 44, 45, 45, 0, 0, entries, entries, len(directory), 0)
+    locator = struct.pack("<4sLQL", b"PK\x06\x07", 0, len(directory), 1)
+    end = struct.pack("<4s4H2LH", b"PK\x05\x06", 0, 0, 0xFFFF, 0xFFFF, 0xFFFFFFFF, 0xFFFFFFFF, 0)
+    path.write_bytes(directory + zip64_end + locator + end)
+    return path
+
+
+def test_a_million_entry_zip_is_refused_from_its_end_record_before_zipfile_reads_it(tmp_path: Path) -> None:
+    assert len(zipfile.ZipFile(directory_only_zip(tmp_path / "small.zip", 70_000)).infolist()) == 70_000  # real
+    bomb = directory_only_zip(tmp_path / "many.zip", 1_048_575)
+    assert bomb.stat().st_size > 48_000_000
+    start = time.perf_counter()
+    with pytest.raises(PointCloudError, match=r"many\.zip: 65,535 or more entries; a sequence zip may hold at most 200"):
+        read_sequence(bomb)
+    assert time.perf_counter() - start < 0.5, "the directory was parsed before the entry count was checked"
+
+
+def _patched_zip(path: Path, member: bytes, flag: int = 0, method: int | None = None, corrupt: bool = False) -> Path:
+    """A one-member zip with the member's flag bits or compression method changed in both of its headers
+    (zipfile writes neither encrypted nor unknown-method members), or its deflate stream damaged."""
+    with zipfile.ZipFile(path, "w", zipfile.ZIP_DEFLATED) as zf:
+        zf.writestr("000000.bin", member)
+    data = bytearray(path.read_bytes())
+    for signature, flag_at in ((b"PK\x03\x04", 6), (b"PK\x01\x02", 8)):
+        at = data.find(signature)
+        data[at + flag_at : at + flag_at + 2] = struct.pack("<H", flag)
+        if method is not None:
+            data[at + flag_at + 2 : at + flag_at + 4] = struct.pack("<H", method)
+    if corrupt:
+        start = 30 + len("000000.bin")
+        data[start : start + 40] = bytes(range(200, 240))
+    path.write_bytes(bytes(data))
+    return path
+
+
+@pytest.mark.parametrize(("kind", "message"), [
+    ("encrypted", "it is encrypted; expected an unencrypted zip"),
+    ("method", "its compression method is not supported; expected stored or deflated entries"),
+    ("corrupt", r"its data is corrupt \(a bad checksum or deflate stream\)"),
+])
+def test_an_encrypted_unknown_or_corrupt_member_is_refused_with_a_message(tmp_path: Path, kind: str, message: str):
+    member = _sweep(0).astype(np.float32).tobytes()
+    archive = _patched_zip(tmp_path / f"{kind}.zip", member, flag=1 if kind == "encrypted" else 0,
+                           method=99 if kind == "method" else None, corrupt=kind == "corrupt")
+    with pytest.raises(PointCloudError, match=rf"^{kind}\.zip: cannot unpack 000000\.bin: {message}$"):
+        read_sequence(archive)
+
+
+def test_pose_and_calibration_members_are_capped_before_parsing(tmp_path: Path, kitti_folder: Path) -> None:
+    archive = tmp_path / "big_poses.zip"
+    with zipfile.ZipFile(archive, "w", zipfile.ZIP_DEFLATED) as zf:
+        zf.write(kitti_folder / "000000.bin", "000000.bin")
+        zf.writestr("poses.txt", ("1 0 0 0 0 1 0 0 0 0 1 0\n" * 200_000).encode())  # 4.8 MB, a 20 KB member
+    assert archive.stat().st_size < 400_000
+    with pytest.raises(PointCloudError, match=r"poses\.txt inflates past the limit \(a poses or calibration file <= "):
+        read_sequence(archive)
+    (kitti_folder / "calib.txt").write_text("Tr: " + "1 " * 600_000)
+    with pytest.raises(PointCloudError, match=r"calib\.txt: over 1,048,576 bytes, too large for a calib\.txt"):
+        read_sequence(kitti_folder)
+    (kitti_folder / "calib.txt").unlink()
+    big = kitti_folder / "poses.json"
+    big.write_text("[" + " " * (sequence.MAX_TEXT_BYTES + 10) + "]")
+    with pytest.raises(PointCloudError, match=r"poses\.json: over 1,048,576 bytes, too large for a poses\.json"):
+        read_sequence(kitti_folder)
+
+
+def test_a_fifo_poses_file_is_refused_without_blocking(tmp_path: Path) -> None:
+    fifo = tmp_path / "poses.txt"
+    os.mkfifo(fifo)
+    with pytest.raises(PointCloudError, match=r"no such poses file \(or not a regular file\)"):
+        read_poses(fifo, ["000000.bin"])
+
+
+@pytest.mark.parametrize(("text", "message"), [
+    pytest.param("[" * 500_000, "JSON nested too deeply; expected a poses file", id="nesting-bomb"),
+    ("[" + "9" * 5000 + "]", "JSON holds an integer too long to read; expected a poses file"),
+    ('[{"x": 1}]', r"each pose must be a 4x4 list of numbers"),
+    ('{"frames": [{"file": "000000.bin", "pose": {"x": 1}}]}', r"each pose must be a 4x4 list of numbers"),
+    ('{"frames": 3}', r"expected a LidarVerse poses.json with frames\[\*\].file/pose"),
+    ("[[[1, 0, 0, 1e308], [0, 1, 0, 0], [0, 0, 1, 0], [0, 0, 0, 1]]]",
+     r"pose 0 lies 1e\+308 m from the origin; expected poses within 100 km"),
+])
+def test_hostile_json_poses_are_refused_with_a_message_free_of_python_internals(tmp_path: Path, text: str,
+                                                                                message: str) -> None:
+    path = tmp_path / "poses.json"
+    path.write_text(text)
+    with pytest.raises(InputError, match=message) as err:  # PointCloudError for the file, InputError for a pose
+        read_poses(path, ["000000.bin"])
+    assert "recursion" not in str(err.value) and "4300" not in str(err.value) and "sys.set" not in str(err.value)
+
+
+def test_poses_past_100_km_are_refused_even_as_numbers(tmp_path: Path) -> None:
+    far = _yaw_pose(150_000.0, 0.0)
+    with pytest.raises(InputError, match=r"pose 1 lies 1\.5e\+05 m from the origin"):
+        sequence.check_poses(np.stack([np.eye(4), far]), "poses")
+    near = _yaw_pose(99_000.0, 30.0)
+    assert sequence.check_poses(near[None], "poses").shape == (1, 4, 4)
+
+
+def test_a_json_list_of_poses_in_a_folder_or_zip_poses_its_sweeps(tmp_path: Path, kitti_folder: Path) -> None:
+    (kitti_folder / "poses.txt").unlink()
+    poses = np.stack([_yaw_pose(1.5 * i, 5.0 * i) for i in range(3)])
+    (kitti_folder / "poses.json").write_text(json.dumps(poses.tolist()))
+    np.testing.assert_allclose(read_sequence(kitti_folder).poses, poses)
+    archive = tmp_path / "listed.zip"
+    with zipfile.ZipFile(archive, "w") as zf:
+        for path in sorted(kitti_folder.iterdir()):
+            zf.write(path, path.name)
+    np.testing.assert_allclose(read_sequence(archive).poses, poses)

@@ -67,16 +67,27 @@ def _npy_rows(path: Path) -> int:
     return int(shape[0]) if shape else 0
 
 
-def _check_zip_directory(path: Path) -> None:
-    """Refuse an archive whose central directory lists more members, or more bytes, than a cloud needs."""
+def zip_directory(path: Path, what: str = "zip") -> tuple[int, int]:
+    """(entries, central-directory bytes) of a zip, from its end-of-central-directory record alone.
+
+    `zipfile` reads the whole central directory into memory before anything can be checked (a million
+    entries cost seconds and hundreds of MB), so archives are bounded by this tail record first. A zip64
+    archive states 0xFFFF entries and 0xFFFFFFFF bytes here, which every bound refuses.
+    """
     size = path.stat().st_size
     with path.open("rb") as f:
         f.seek(max(0, size - EOCD.size - 0xFFFF))
         tail = f.read()
     at = tail.rfind(EOCD_SIGNATURE)
     if at < 0 or len(tail) - at < EOCD.size:
-        raise PointCloudError(f"{path}: not a valid .npz (no zip end-of-directory record)")
+        raise PointCloudError(f"{path}: not a valid {what} (no zip end-of-directory record)")
     _, _, _, _, entries, directory_bytes, _, _ = EOCD.unpack_from(tail, at)
+    return entries, directory_bytes
+
+
+def _check_zip_directory(path: Path) -> None:
+    """Refuse an archive whose central directory lists more members, or more bytes, than a cloud needs."""
+    entries, directory_bytes = zip_directory(path, ".npz")
     if entries > MAX_NPZ_MEMBERS or directory_bytes > MAX_NPZ_DIRECTORY:
         raise PointCloudError(
             f"{path}: the .npz lists {entries} members in a {directory_bytes:,}-byte directory; expected at "

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
+from lidar.errors import InputError
 from lidar.range_image import point_elevations
 from lidar.sensors import Sensor
 
@@ -38,7 +39,7 @@ _BELOW_HORIZON_DEG = 5.0
 _MIN_BELOW_HORIZON = 0.02
 
 
-class PointCloudError(ValueError):
+class PointCloudError(InputError):
     """A file that cannot be read as a LiDAR sweep; the message names the file and what was expected."""
 
 
