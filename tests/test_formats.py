@@ -7,6 +7,7 @@ import re
 import struct
 import subprocess
 import sys
+import time
 import zipfile
 from collections.abc import Callable
 from pathlib import Path
@@ -291,6 +292,31 @@ def test_nan_and_inf_points_are_dropped_and_counted(tmp_path, cloud):
     assert any("5 points with NaN/inf" in n for n in scan.notes)
 
 
+@pytest.mark.parametrize("far", [1e30, 3e38, -2000.0])
+def test_points_past_a_kilometre_are_refused_with_the_distance(tmp_path, cloud, far):
+    points, _ = cloud
+    bad = points.copy()
+    bad[7, 1] = far
+    expected = re.escape(f"far.bin: 1 points lie farther than 1000 m from the sensor (up to {abs(far):.3g} m)")
+    with pytest.raises(PointCloudError, match=expected):
+        read_points(write_points_raw(tmp_path / "far.bin", bad))
+
+
+def test_a_cloud_wider_than_las_integers_reach_is_refused_not_overflowed(tmp_path, cloud):
+    points, _ = cloud
+    wide = points.copy()
+    wide[0, 0] = 3e5  # 300 km from the others: past 2**31 steps of 0.1 mm
+    with pytest.raises(PointCloudError, match=r"wide\.las: the points span 3e\+05 m on one axis; LAS holds at most 215 km"):
+        write_points(tmp_path / "wide.las", wide)
+    assert read_points(write_points(tmp_path / "ok.las", points)).num_points == len(points)
+
+
+def test_an_unwritable_destination_is_a_point_cloud_error(tmp_path, cloud):
+    (tmp_path / "file").write_text("a file, not a folder")
+    with pytest.raises(PointCloudError, match=r"file/out\.ply: cannot write"):
+        write_points(tmp_path / "file" / "out.ply", cloud[0])
+
+
 def write_points_raw(path: Path, data: np.ndarray) -> Path:
     """Bytes as a foreign tool would write them (write_points refuses NaN)."""
     path.write_bytes(data.astype("<f4").tobytes())
@@ -328,6 +354,19 @@ def test_lzf_decoder_handles_literals_and_overlapping_back_references():
     assert lzf_decompress(b"\x01xy\x20\x00", 5) == b"xyyyy"
     with pytest.raises(ValueError, match="header says"):
         lzf_decompress(b"\x02abc", 4)
+
+
+def test_lzf_is_decoded_in_c_so_a_stream_of_one_byte_literals_costs_milliseconds(tmp_path):
+    """The hostile case for a per-token decoder: 8 MB of output as 8 million 1-byte literal runs (16 MB). The
+    pure-Python loop this replaced spent ~5 s here (a minute for the 200 MB a header may declare)."""
+    raw = np.random.default_rng(0).integers(0, 256, 8_000_000, dtype=np.uint8).tobytes()
+    stream = np.zeros((len(raw), 2), np.uint8)
+    stream[:, 1] = np.frombuffer(raw, np.uint8)
+    start = time.perf_counter()
+    assert lzf_decompress(stream.tobytes(), len(raw)) == raw
+    assert time.perf_counter() - start < 1.0
+    with pytest.raises(ValueError, match="decodes past the 7999999 bytes"):
+        lzf_decompress(stream.tobytes(), len(raw) - 1)
 
 
 def lzf_compress(data: bytes) -> bytes:

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
+from lidar.cancel import checkpoint
 from lidar.formats.arrays import NPY_MAGIC, read_npy, read_npz, write_npy, write_npz
 from lidar.formats.binary import read_bin, write_bin
 from lidar.formats.las import read_las, write_las
@@ -79,14 +80,20 @@ def read_points(path: str | Path, sensor: Sensor | None = None) -> Scan:
     if kind is not None and suffix not in expected[kind]:
         notes.append(f"content is a {kind.upper()} file despite the {suffix or 'missing'} extension")
     readers = {"npy": read_npy, "npz": read_npz, "las": read_las, "ply": read_ply, "pcd": read_pcd}
+    checkpoint()  # a cancelled request stops before each file's decode
     try:
         scan = readers[kind](path, sensor) if kind is not None else read_bin(path, size, sensor)
     except PointCloudError:
         raise
     except Exception as err:
         # A corrupt file can fail deep inside numpy, zipfile, zlib or laspy with any exception type; the caller
-        # (CLI, app, training) must still get one clear PointCloudError naming the file, never a traceback.
-        raise PointCloudError(f"{path}: cannot read as {kind or 'a raw sweep'} ({type(err).__name__}: {err})") from err
+        # (CLI, app, training) must still get one clear PointCloudError naming the file, never a traceback, and
+        # without the library's own wording (the log keeps that).
+        logger.warning("%s: %s reader failed", path, kind or "raw sweep", exc_info=True)
+        raise PointCloudError(
+            f"{path}: cannot read as {kind or 'a raw sweep'}: the file is corrupt or uses a variant this reader "
+            "does not support"
+        ) from err
     scan.notes[:0] = notes
     logger.info("read %s (%s, %d points) in %.3f s", path, scan.format, scan.num_points, time.perf_counter() - started)
     return scan
@@ -131,7 +138,10 @@ def write_points(path: str | Path, points: np.ndarray, fmt: str | None = None, r
     if fmt == "kitti-bin" and ring is not None:
         ring = None
     started = time.perf_counter()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    WRITERS[fmt](path, pts, ring)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        WRITERS[fmt](path, pts, ring)
+    except OSError as err:  # an unwritable or full destination is the caller's to fix, not a bug
+        raise PointCloudError(f"{path}: cannot write ({err.strerror or err})") from err
     logger.info("wrote %s (%s, %d points) in %.3f s", path, fmt, len(pts), time.perf_counter() - started)
     return path

@@ -65,7 +65,17 @@ def read_las(path: Path, sensor: Sensor | None) -> Scan:
 
 
 def write_las(path: Path, points: np.ndarray, ring: np.ndarray | None) -> None:
-    """Intensity goes to LAS's uint16 field as 0-65535, which readers map back to [0, 1]."""
+    """Intensity goes to LAS's uint16 field as 0-65535, which readers map back to [0, 1].
+
+    LAS stores coordinates as 32-bit integers times a scale (0.1 mm here) from an offset, so a cloud spanning
+    more than 2**31 steps (214 km) on an axis has no LAS form; it is refused here, not overflowed in laspy.
+    """
+    span = float((points[:, :3].max(axis=0) - points[:, :3].min(axis=0)).max()) if len(points) else 0.0
+    if span >= (2**31 - 1) * _SCALE:
+        raise PointCloudError(
+            f"{path}: the points span {span:.3g} m on one axis; LAS holds at most {(2**31 - 1) * _SCALE / 1000:,.0f} km "
+            f"at its {_SCALE * 1000:g} mm resolution"
+        )
     header = laspy.LasHeader(point_format=0, version="1.4")
     if ring is not None:
         header.add_extra_dim(laspy.ExtraBytesParams(name="ring", type=np.uint16))

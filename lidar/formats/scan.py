@@ -28,6 +28,10 @@ MAX_FILE_BYTES = 200_000_000
 #: upload (a zip or LZF bomb, a LAZ header promising more than it holds) cannot make a reader allocate more.
 MAX_DECODED_BYTES = MAX_FILE_BYTES
 
+#: Farthest a sweep's point may lie from its sensor on any axis (m): the longest-reaching spinning LiDARs
+#: see ~250-500 m, so past this it is a georeferenced map or garbage (1e30 m overflows the first arithmetic).
+MAX_POINT_RANGE_M = 1000.0
+
 #: Intensity scales recognised by their maximum: reflectance in [0, 1], 8-bit, and 16-bit counters (Ouster signal, LAS).
 _INTENSITY_SCALES = (1.0, 255.0, 65535.0)
 #: Range-image widths drivers and datasets use: organised dumps come in them, detected sensors get one.
@@ -94,6 +98,18 @@ def check_point_count(path: Path, n: int) -> None:
         raise PointCloudError(
             f"{path}: {n:,} points is over the {MAX_POINTS:,}-point limit for one LiDAR sweep "
             "(is it a merged map? split it into sweeps)"
+        )
+
+
+def check_point_range(path: Path, xyz: np.ndarray) -> None:
+    """Refuse a sweep with a coordinate past `MAX_POINT_RANGE_M`: it would pass as finite and overflow
+    later (a LAS writer's integers, a pose's product)."""
+    farthest = float(np.abs(xyz).max()) if len(xyz) else 0.0
+    if farthest > MAX_POINT_RANGE_M:
+        count = int((np.abs(xyz) > MAX_POINT_RANGE_M).any(axis=1).sum())
+        raise PointCloudError(
+            f"{path}: {count:,} points lie farther than {MAX_POINT_RANGE_M:.0f} m from the sensor (up to "
+            f"{farthest:.3g} m); expected a LiDAR sweep in its sensor's frame (a georeferenced map? move it first)"
         )
 
 
@@ -259,6 +275,7 @@ def build_scan(
     xyz, inten = xyz[keep], inten[keep]
     if len(xyz) == 0:
         raise PointCloudError(f"{path}: no finite points left after dropping {dropped:,} NaN/inf points")
+    check_point_range(path, xyz)
     ring_out = None if ring is None else np.asarray(ring, dtype=np.float64).ravel()[keep].astype(np.int64)
     if ring_out is not None and sensor is not None and ring_out.max() >= sensor.height:
         notes.append(
