@@ -11,8 +11,9 @@
 `--prefix` / `--scan` take sweep files, a folder of them or one zip (`lidar.sequence`); several sweeps
 without `--poses` are registered with KISS-ICP (`lidar.registration`). Output folders hold one point file
 per frame (sensor frame), `world.<ext>` (the accumulated world, world frame) and `poses.json`, whose
-`prefix` list gives each observed sweep's file and pose. Any bad input ends with one line on stderr and
-exit status 2.
+`prefix` list gives each observed sweep's file and pose. Bad input (an `InputError`: a file, pose file,
+model source or argument the user can fix) ends with one `error:` line on stderr and exit status 2; any
+other exception is a bug and ends in a traceback with exit status 1.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import sys
 import time
 from pathlib import Path
@@ -27,7 +29,6 @@ from typing import Any
 
 import psutil
 
-from inference.loader import ModelSourceError
 from inference.observed import ObservedScene, check_inside, observe, record_prefix, shifted_path
 from inference.pipeline import (
     MAX_FRAMES,
@@ -38,6 +39,7 @@ from inference.pipeline import (
     write_rollout,
 )
 from inference.rollout import Progress, RolloutResult
+from lidar.errors import InputError
 from lidar.sim import ACTIONS, STYLES
 
 FORMATS = ("bin", "pcd", "ply", "npz")
@@ -52,7 +54,7 @@ def main(argv: list[str] | None = None, started: float | None = None) -> int:
     )
     try:
         return args.run(args, started)
-    except (ModelSourceError, ValueError, OSError) as exc:  # bad input: one line, no traceback
+    except InputError as exc:  # bad input: one line, no traceback (a bug keeps its traceback and exit 1)
         print(f"error: {' '.join(str(exc).split())}", file=sys.stderr)
         return 2
 
@@ -153,11 +155,16 @@ def _info(args: argparse.Namespace, started: float) -> int:
 
 
 def _check_out(args: argparse.Namespace) -> None:
-    """Refuse to overwrite an earlier rollout before minutes are spent generating the new one."""
+    """Refuse an --out that cannot take the rollout (an earlier rollout, a file, no write permission) before
+    minutes are spent generating it."""
     if (args.out / POSES_NAME).exists() and not args.overwrite:
-        raise ValueError(
+        raise InputError(
             f"{args.out} already holds a rollout ({POSES_NAME}); choose another --out or pass --overwrite"
         )
+    existing = next(p for p in (args.out, *args.out.absolute().parents) if p.exists())
+    if not existing.is_dir() or not os.access(existing, os.W_OK | os.X_OK):
+        what = "is not a folder" if not existing.is_dir() else "is not writable"
+        raise InputError(f"--out {args.out}: {existing} {what}; expected a folder this user may write in")
 
 
 def _load(args: argparse.Namespace) -> LidarVersePipeline:

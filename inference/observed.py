@@ -22,6 +22,7 @@ from scipy.spatial.transform import Rotation, Slerp
 
 from inference.cache import transform_points
 from inference.pipeline import POSES_NAME
+from lidar.errors import InputError
 from lidar.formats import Scan
 from lidar.registration import Registration, register_sweeps
 from lidar.sensors import Sensor
@@ -74,11 +75,11 @@ def observe(
 ) -> ObservedScene:
     """Read and pose a scene; `register=None` registers several sweeps that came without poses.
 
-    `poses` and `register=True` exclude each other. Raises a `ValueError` (a `PointCloudError` for files, a
+    `poses` and `register=True` exclude each other. Raises an `InputError` (a `PointCloudError` for files, a
     `RegistrationError` for sweeps that do not belong together) naming what was wrong.
     """
     if poses is not None and register:
-        raise ValueError("give either a poses file or ask for registration, not both")
+        raise InputError("give either a poses file or ask for registration, not both")
     # 1. read, in frame order (a folder or zip may bring its own poses file)
     seq = read_sequence(sources, sensor=sensor, poses=poses)
     # 2. pose
@@ -103,9 +104,9 @@ def shifted_path(
     poses = np.asarray(poses, dtype=np.float64)
     frames = len(poses) if frames is None else frames
     if isinstance(frames, bool) or not isinstance(frames, int) or frames < 1:
-        raise ValueError(f"frames must be an integer >= 1, got {frames!r}")
+        raise InputError(f"frames must be an integer >= 1, got {frames!r}")
     if not all(math.isfinite(v) for v in (*shift, yaw_deg)):
-        raise ValueError(f"shift and yaw must be finite numbers, got shift={shift}, yaw={yaw_deg}")
+        raise InputError(f"shift and yaw must be finite numbers, got shift={shift}, yaw={yaw_deg}")
     path = _resample_path(poses, frames)
     local = np.eye(4)
     local[:3, :3] = Rotation.from_euler("z", yaw_deg, degrees=True).as_matrix()
@@ -118,7 +119,7 @@ def check_inside(targets: np.ndarray, observed: np.ndarray, max_offset: float = 
     gap = np.linalg.norm(targets[:, None, :2, 3] - observed[None, :, :2, 3], axis=-1).min(axis=1)
     worst = int(np.argmax(gap))
     if gap[worst] > max_offset:
-        raise ValueError(
+        raise InputError(
             f"target pose {worst} lies {gap[worst]:.1f} m from the nearest observed sweep, outside the observed area "
             f"(at most {max_offset:.0f} m); expected a smaller shift"
         )

@@ -4,7 +4,9 @@
     python -m lidar convert IN OUT [--sensor S]
     python -m lidar render FILE --out PNG [--view bev|range] [--sensor S]
 
-Bad input prints one `lidar: error: ...` line to stderr and exits with status 2; no traceback.
+Bad input (an `InputError`: a file that is not a sweep, an unknown sensor, an unwritable output) prints one
+`lidar: error: ...` line to stderr and exits with status 2. Anything else is a bug and ends in a traceback
+with status 1, so it is reported rather than passed off as the user's mistake.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from typing import Any, NoReturn
 
 import numpy as np
 
+from lidar.errors import InputError
 from lidar.formats import (
     PointCloudError,
     Scan,
@@ -39,17 +42,26 @@ class _Parser(argparse.ArgumentParser):
         self.exit(EXIT_USAGE, f"lidar: error: {message} (see `python -m lidar --help`)\n")
 
 
+#: Widest BEV picture `render` draws: bev_image refuses more than 4096 pixels a side at its 0.125 m a pixel.
+MAX_EXTENT_M = 256.0
+
+
 def _sensor_arg(name: str | None) -> Sensor | None:
-    return None if name is None else get_sensor(name)
+    if name is None:
+        return None
+    try:
+        return get_sensor(name)
+    except ValueError as err:  # the preset table's own message lists every name and alias
+        raise InputError(f"--sensor: {err}") from None
 
 
-def _positive_metres(text: str) -> float:
+def _extent_metres(text: str) -> float:
     try:
         value = float(text)
     except ValueError:
         value = float("nan")
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"expected a positive number of metres, got {text!r}")
+    if not 0 < value <= MAX_EXTENT_M:
+        raise argparse.ArgumentTypeError(f"expected a number of metres in (0, {MAX_EXTENT_M:g}], got {text!r}")
     return value
 
 
@@ -154,7 +166,7 @@ def _check_picture_path(out: Path) -> None:
 
     suffix = out.suffix.lower()
     if Image.registered_extensions().get(suffix) not in Image.SAVE:
-        raise ValueError(
+        raise InputError(
             f"{out}: cannot save a picture as {suffix or 'a file without an extension'}; "
             "expected --out ending in .png (or another image type such as .jpg or .webp)"
         )
@@ -175,8 +187,11 @@ def cmd_render(args: argparse.Namespace) -> int:
             reason = "it is not in the sensor frame" if not scan.sensor_frame else "no preset fits its beams"
             raise PointCloudError(f"{args.file}: cannot pick a sensor for the range view ({reason}); pass --sensor")
         image = range_image_png(project(scan.points, sensor, ring=scan.ring), max_range=sensor.max_range)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    image.save(args.out)
+    try:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        image.save(args.out)
+    except OSError as err:
+        raise InputError(f"{args.out}: cannot write ({err.strerror or err})") from err
     print(f"wrote {args.out} ({image.width}x{image.height}, {args.view} view of {scan.num_points:,} points)")
     return 0
 
@@ -203,7 +218,8 @@ def build_parser() -> argparse.ArgumentParser:
     render.add_argument("--out", type=Path, required=True, help="output picture (.png)")
     render.add_argument("--view", choices=("bev", "range"), default="bev")
     render.add_argument("--sensor", help=f"{sensors} for the range view (default: detected)")
-    render.add_argument("--extent", type=_positive_metres, default=50.0, help="BEV half-width in metres (default 50)")
+    render.add_argument("--extent", type=_extent_metres, default=50.0,
+                        help=f"BEV half-width in metres, up to {MAX_EXTENT_M:g} (default 50)")
     render.add_argument("--color-by", choices=("height", "density", "intensity"), default="height")
     render.set_defaults(func=cmd_render)
     return parser
@@ -213,6 +229,6 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return int(args.func(args))
-    except (PointCloudError, ValueError, OSError) as err:
-        print(f"lidar: error: {err}", file=sys.stderr)
+    except InputError as err:
+        print(f"lidar: error: {' '.join(str(err).split())}", file=sys.stderr)
         return EXIT_USAGE

@@ -469,5 +469,5 @@ def _kitti_tr(calib: str | Path | None) -> np.ndarray:
                 tr[:3, :4] = np.array(values.split(), dtype=np.float64).reshape(3, 4)
             except ValueError:
                 break
-            return tr
+            return check_poses(tr[None], f"{calib}: Tr")[0]  # rigid, so inverting it cannot fail
     raise PointCloudError(f"{calib}: no 'Tr: <12 numbers>' line; expected a KITTI odometry calib.txt")

@@ -16,6 +16,7 @@ from inference.__main__ import main
 from lidar.formats import read_points
 from lidar.real_scans import real_scans_dir
 from tests.test_loader import tiny_model, write_hub_cache, write_release
+from tests.test_sequence import _patched_zip, _sweep
 
 REPO = Path(__file__).resolve().parents[1]
 REAL_SCANS = real_scans_dir()
@@ -158,3 +159,59 @@ def test_info_resolves_a_hub_id_offline_in_a_fresh_process(release, tmp_path):
         and "HF_HUB_OFFLINE" in missing.stderr
         and "Traceback" not in missing.stderr
     )
+
+
+def _hostile_inputs(tmp_path: Path) -> dict[str, list[str]]:
+    """Issue 22's inputs that used to end in a traceback, as --prefix / --poses arguments."""
+    member = _sweep(0).astype(np.float32).tobytes()
+    kinds = {"encrypted": {"flag": 1}, "method": {"method": 99}, "corrupt": {"corrupt": True}}
+    args = {kind: ["--prefix", str(_patched_zip(tmp_path / f"{kind}.zip", member, **how))] for kind, how in kinds.items()}
+    scans = []
+    for i in range(2):
+        scans.append(tmp_path / f"{i:06d}.bin")
+        scans[-1].write_bytes(member)
+    for name, text in (("bomb.json", "[" * 500_000), ("dict.json", '[{"x": 1}, {"x": 2}]')):
+        (tmp_path / name).write_text(text)
+        args[name] = ["--prefix", *map(str, scans), "--poses", str(tmp_path / name)]
+    folder = tmp_path / "kitti"
+    folder.mkdir()
+    (folder / "000000.bin").write_bytes(member)
+    (folder / "poses.txt").write_text("1 0 0 0 0 1 0 0 0 0 1 0\n")
+    (folder / "calib.txt").write_text("Tr: " + " ".join(["0"] * 12) + "\n")  # singular
+    args["singular-calib"] = ["--prefix", str(folder)]
+    return args
+
+
+@pytest.mark.parametrize(("kind", "message"), [
+    ("encrypted", "encrypted.zip: cannot unpack 000000.bin: it is encrypted"),
+    ("method", "method.zip: cannot unpack 000000.bin: its compression method is not supported"),
+    ("corrupt", "corrupt.zip: cannot unpack 000000.bin: its data is corrupt"),
+    ("bomb.json", "bomb.json: JSON nested too deeply"),
+    ("dict.json", "dict.json: each pose must be a 4x4 list of numbers"),
+    ("singular-calib", "calib.txt: Tr: pose 0 is not a finite rigid transform"),
+])
+def test_hostile_scene_inputs_end_in_one_error_line_and_exit_2(release, tmp_path, capsys, kind, message):
+    argv = ["forecast", "--model", str(release), *_hostile_inputs(tmp_path)[kind], "--out", str(tmp_path / "o")]
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: ") and message in err[0], err
+    assert "Singular matrix" not in err[0] and "recursion" not in err[0]
+    assert not (tmp_path / "o").exists(), "a refused run leaves no output folder"
+
+
+def test_an_unwritable_out_is_refused_before_the_model_loads(release, tmp_path, capsys):
+    (tmp_path / "file").write_text("not a folder")
+    argv = ["generate", "--model", str(release), "--frames", "1", "--out", str(tmp_path / "file" / "o")]
+    assert main(argv) == 2
+    assert "is not a folder; expected a folder this user may write in" in capsys.readouterr().err
+
+
+def test_a_bug_is_a_traceback_with_exit_status_1(release, tmp_path):
+    code = ("import sys, inference.__main__ as cli\n"
+            "def boom(*_, **__): raise RuntimeError('a bug, not bad input')\n"
+            "cli.load_pipeline = boom\n"
+            f"sys.exit(cli.main(['info', '--model', {str(release)!r}]))\n")
+    result = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 1
+    assert "Traceback" in result.stderr and "RuntimeError: a bug, not bad input" in result.stderr
+    assert "error: a bug" not in result.stderr

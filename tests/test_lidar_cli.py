@@ -134,7 +134,8 @@ def test_errors_are_one_line_on_stderr_with_exit_status_2(args, expected):
         (["render", "{src}", "--out", "{tmp}/picture.bin"], r"picture\.bin: cannot save a picture as \.bin; expected --out ending in \.png"),
         (["render", "{src}", "--out", "{tmp}"], "without an extension; expected --out ending in .png"),
         (["info", "{src}", "--sensor", "hdl99"], "unknown sensor 'hdl99'; expected one of"),
-        (["render", "{src}", "--out", "{tmp}/b.png", "--extent", "-5"], "argument --extent: expected a positive number of metres, got '-5'"),
+        (["render", "{src}", "--out", "{tmp}/b.png", "--extent", "-5"], r"argument --extent: expected a number of metres in \(0, 256\], got '-5'"),
+        (["render", "{src}", "--out", "{tmp}/b.png", "--extent", "1e9"], r"argument --extent: expected a number of metres in \(0, 256\], got '1e9'"),
         (["convert", "{src}", "{tmp}/out.xyz"], r"out\.xyz: cannot tell the format from the extension \.xyz; expected one of"),
         (["info", "{tmp}"], "not a regular file; expected a point-cloud file"),
     ],
@@ -156,3 +157,34 @@ def test_module_entry_point_runs_info(hdl32_bin):
     result = run_cli("info", str(hdl32_bin), "--json")
     assert result.returncode == 0, result.stderr
     assert json.loads(result.stdout)["points"] == 32_768
+
+
+def test_points_at_3e38_are_refused_by_convert_to_las_in_one_line(tmp_path):
+    """Issue 22: float32-finite but absurd points used to end in an OverflowError traceback inside laspy."""
+    points = np.full((2000, 4), 0.5, dtype="<f4")
+    points[:, :3] = np.random.default_rng(1).uniform(-3e38, 3e38, (2000, 3))
+    src = tmp_path / "absurd.npy"
+    np.save(src, points)
+    result = run_cli("convert", str(src), str(tmp_path / "out.las"))
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and "points lie farther than 1000 m from the sensor" in lines[0], lines
+    assert not (tmp_path / "out.las").exists()
+
+
+def test_a_bug_is_a_traceback_with_exit_status_1_not_a_user_error(hdl32_bin):
+    """Only an InputError is the user's mistake; anything else must surface as the bug it is."""
+    code = ("import sys, lidar.cli as cli\n"
+            "def boom(*_): raise RuntimeError('a bug, not bad input')\n"
+            "cli.summarize = boom\n"
+            f"sys.exit(cli.main(['info', {str(hdl32_bin)!r}]))\n")
+    result = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert result.returncode == 1
+    assert "Traceback" in result.stderr and "RuntimeError: a bug, not bad input" in result.stderr
+    assert "lidar: error:" not in result.stderr
+
+
+def test_an_unwritable_picture_is_an_error_line_not_a_traceback(hdl32_bin, tmp_path):
+    result = run_cli("render", str(hdl32_bin), "--out", str(hdl32_bin / "b.png"))  # a file is not a folder
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert re.fullmatch(r"lidar: error: .*sweep\.bin/b\.png: cannot write \(.+\)", result.stderr.strip().splitlines()[-1])
