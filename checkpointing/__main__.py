@@ -23,6 +23,7 @@ from checkpointing.generations import (
     prune_plan,
     read_pointer,
 )
+from checkpointing.trust import member_problem
 from checkpointing.weights import checkpoints_dir_of
 
 
@@ -31,6 +32,13 @@ def _pointer_or_error(directory: Path) -> tuple[str | None, str | None]:
         return read_pointer(directory), None
     except CheckpointError as e:
         return None, str(e)
+
+
+def _member_size(directory: Path, name: str) -> int | None:
+    """A listed file's size, only for a regular file inside the folder (a link out is never followed)."""
+    if member_problem(directory, name) is not None:
+        return None
+    return (directory / name).stat().st_size
 
 
 def inspect(directory: Path, verify: str) -> dict:
@@ -48,9 +56,7 @@ def inspect(directory: Path, verify: str) -> dict:
                 "problems": problems,
                 "pinned": g.pinned,
                 "has_manifest": g.manifest is not None,
-                "files": {
-                    name: (directory / name).stat().st_size for name in g.files if (directory / name).exists()
-                },
+                "files": {name: size for name in g.files if (size := _member_size(directory, name)) is not None},
             }
         )
     return {
@@ -81,6 +87,59 @@ def _print_table(report: dict) -> None:
         print(f"{flag:<2}{g['marker']:<22}{iteration:>11}{len(g['files']):>7}{megabytes:>10.2f}  {status}")
 
 
+def _inspect_command(directory: Path, args: argparse.Namespace) -> int:
+    report = inspect(directory, args.verify)
+    if args.json:
+        print(json.dumps(report, indent=1))
+    else:
+        _print_table(report)
+    return 0
+
+
+def _verify_command(directory: Path, args: argparse.Namespace) -> int:
+    pointer, pointer_error = _pointer_or_error(directory)
+    if pointer_error or pointer is None:
+        print(f"INVALID: {pointer_error or f'no latest_checkpoint.txt in {directory}'}")
+        return 1
+    generation = next((g for g in list_generations(directory) if g.marker == pointer), None)
+    problems = (
+        [f"{pointer} does not exist"]
+        if generation is None
+        else generation_problems(directory, generation, args.verify)
+    )
+    if problems:
+        print(f"INVALID: {pointer}: " + "; ".join(problems))
+        return 1
+    print(f"OK: {pointer} (iteration {generation.iteration}) verified with {args.verify}")
+    return 0
+
+
+def _prune_command(directory: Path, args: argparse.Namespace) -> int:
+    """Deletes only when every record it decides on is readable: a bad pointer or a malformed manifest
+    is reported (exit 2) and nothing is deleted, since either could make a kept generation look prunable."""
+    if args.keep < 1:
+        raise CheckpointError(f"--keep must be >= 1, got {args.keep}")
+    read_pointer(directory)  # raises for a bad pointer
+    unreadable = [g.manifest_error for g in list_generations(directory) if g.manifest_error]
+    if unreadable:
+        raise CheckpointError(f"{unreadable[0]}; nothing was pruned (fix or remove that generation by hand)")
+    plan = prune_plan(directory, args.keep, verify=args.verify)
+    for generation in plan:
+        if args.yes:
+            delete_generation(directory, generation)
+        print(
+            f"{'deleted' if args.yes else 'would delete'} {generation.marker} ({len(generation.files)} files)"
+        )
+    if not plan:
+        print("nothing to prune")
+    elif not args.yes:
+        print("dry run: pass --yes to delete")
+    return 0
+
+
+_COMMANDS = {"inspect": _inspect_command, "verify": _verify_command, "prune": _prune_command}
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m checkpointing", description=__doc__.split("\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -99,56 +158,14 @@ def main(argv: list[str] | None = None) -> int:
         "--verify", choices=VERIFY_MODES, default="sha256", help="what counts as a valid generation"
     )
     args = parser.parse_args(argv)
-
-    if not args.dir.is_dir():
-        print(f"error: {args.dir} is not a directory", file=sys.stderr)
-        return 2
     try:
+        if not args.dir.is_dir():
+            raise CheckpointError(f"{args.dir} is not a directory")
         directory = checkpoints_dir_of(args.dir)
-    except CheckpointError as e:
-        print(f"error: {e}", file=sys.stderr)
+        return _COMMANDS[args.command](directory, args)
+    except (CheckpointError, OSError) as e:  # bad input: one line, exit 2; a bug keeps its traceback
+        print("error: " + " ".join(str(e).splitlines()), file=sys.stderr)
         return 2
-
-    if args.command == "inspect":
-        report = inspect(directory, args.verify)
-        if args.json:
-            print(json.dumps(report, indent=1))
-        else:
-            _print_table(report)
-        return 0
-
-    if args.command == "verify":
-        pointer, pointer_error = _pointer_or_error(directory)
-        if pointer_error or pointer is None:
-            print(f"INVALID: {pointer_error or f'no latest_checkpoint.txt in {directory}'}")
-            return 1
-        generation = next((g for g in list_generations(directory) if g.marker == pointer), None)
-        problems = (
-            [f"{pointer} does not exist"]
-            if generation is None
-            else generation_problems(directory, generation, args.verify)
-        )
-        if problems:
-            print(f"INVALID: {pointer}: " + "; ".join(problems))
-            return 1
-        print(f"OK: {pointer} (iteration {generation.iteration}) verified with {args.verify}")
-        return 0
-
-    if args.keep < 1:
-        print(f"error: --keep must be >= 1, got {args.keep}", file=sys.stderr)
-        return 2
-    plan = prune_plan(directory, args.keep, verify=args.verify)
-    for generation in plan:
-        if args.yes:
-            delete_generation(directory, generation)
-        print(
-            f"{'deleted' if args.yes else 'would delete'} {generation.marker} ({len(generation.files)} files)"
-        )
-    if not plan:
-        print("nothing to prune")
-    elif not args.yes:
-        print("dry run: pass --yes to delete")
-    return 0
 
 
 if __name__ == "__main__":

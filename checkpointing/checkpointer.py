@@ -517,10 +517,27 @@ class FSDPCheckpointer:
         marker), then the pointer. A crash between marker and manifest leaves a marker whose format
         key, without a complete manifest, makes the generation invalid (generations.py)."""
         directory = self.checkpoint_dir_local
+        self._remove_strays(job.marker, {r.name for r in records})
         records = [*records, atomic_torch_save(job.marker_state, directory / job.marker)]
         manifest = Manifest.from_records(job.iteration, records, collectives.world_size(), job.pinned)
         manifest.write(directory / layout.sibling_name(job.marker, layout.MANIFEST))
         atomic_write_text(directory / layout.POINTER_NAME, f"{job.marker}\n")
+
+    def _remove_strays(self, marker: str, written: set[str]) -> None:
+        """Delete files of `marker`'s generation this save did not write (an earlier save of the same name
+        with other files, a failed attempt), so the manifest lists exactly the generation's files. The
+        generation is not committed at this point: no complete manifest names it."""
+        keep = {*written, marker, layout.sibling_name(marker, layout.MANIFEST)}
+        strays = [
+            name
+            for name in os.listdir(self.checkpoint_dir_local)
+            if layout.generation_of(name) == marker and name not in keep
+        ]
+        for name in strays:
+            (self.checkpoint_dir_local / name).unlink(missing_ok=True)
+        if strays:
+            fsync_dir(self.checkpoint_dir_local)
+            logger.info("removed %d file(s) of an earlier save of %s: %s", len(strays), marker, strays)
 
     def _link_backup(self, marker: str) -> None:
         """Before `ckpt_.pt` is overwritten in place, hard-link its committed files as `iter_<its iteration>`.

@@ -15,9 +15,15 @@ from pathlib import Path
 
 from checkpointing import layout
 from checkpointing.atomic import check_complete_zip, fsync_dir
-from checkpointing.errors import CheckpointError, CorruptCheckpointError, NoValidCheckpointError
+from checkpointing.errors import (
+    CheckpointError,
+    CheckpointPointerError,
+    CorruptCheckpointError,
+    NoValidCheckpointError,
+)
 from checkpointing.manifest import Manifest
 from checkpointing.safe_load import safe_torch_load
+from checkpointing.trust import POINTER_MAX_BYTES, member_problem, read_member
 
 logger = logging.getLogger(__name__)
 
@@ -97,7 +103,11 @@ def generation_problems(directory: Path, generation: Generation, verify: str) ->
     if generation.manifest_error is not None:
         return [generation.manifest_error]
     if generation.manifest is not None:
-        return generation.manifest.problems(directory, verify)
+        return generation.manifest.problems(directory, generation.marker, generation.files, verify)
+    # No manifest: nothing is opened before every file is known to be a regular file inside the folder.
+    problems = [p for name in generation.files if (p := member_problem(directory, name)) is not None]
+    if problems:
+        return problems
     if is_committed_format(directory / generation.marker):
         return [
             f"{generation.marker} was written by this package but its manifest is missing: the save never "
@@ -106,7 +116,6 @@ def generation_problems(directory: Path, generation: Generation, verify: str) ->
     # Written by the seed: no manifest, so check what can be checked without one.
     if verify == "none":
         return []
-    problems = []
     for name in generation.files:
         if name.endswith(".pt"):
             try:
@@ -132,17 +141,21 @@ def is_committed_format(marker_path: Path) -> bool:
 
 
 def read_pointer(directory: Path) -> str | None:
-    """The marker named by latest_checkpoint.txt; None when there is no pointer; error when it is bad."""
-    path = directory / layout.POINTER_NAME
+    """The marker named by latest_checkpoint.txt; None when there is no pointer; error when it is bad.
+
+    Read through the bounded reader (trust.py): only a small regular file inside the folder is read.
+    """
     try:
-        raw = path.read_bytes()
-    except FileNotFoundError:
+        raw = read_member(directory, layout.POINTER_NAME, POINTER_MAX_BYTES)
+    except CorruptCheckpointError as e:
+        raise CheckpointPointerError(f"{e}; expected a small text file naming one marker") from e
+    if raw is None:
         return None
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError:
         text = raw.decode("latin-1")
-    return layout.parse_pointer(text, path)
+    return layout.parse_pointer(text, directory / layout.POINTER_NAME)
 
 
 def resolve_latest(directory: Path, verify: str) -> Resolution | None:

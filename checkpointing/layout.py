@@ -57,6 +57,11 @@ def sibling_name(marker: str, kind: str) -> str:
     return f"{stem_of(marker)}_{kind}.pt"
 
 
+def required_files(marker: str) -> list[str]:
+    """Files every committed generation of `marker` has: without one of them it cannot be resumed."""
+    return [marker, sibling_name(marker, REG_MODEL), sibling_name(marker, OPTIM)]
+
+
 def replica_marker(marker: str, replica: int) -> str:
     """The (never written) marker name of EMA replica k, from which its siblings are named."""
     return f"{stem_of(marker)}_RANK{replica}.pt"

@@ -680,3 +680,162 @@ print("dcp" if "torch.distributed.checkpoint" in sys.modules else "plain")
 """
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
     assert out == ["plain"]
+
+
+# ---------------------------------------------------------------- issue 22: nothing in a checkpoints folder is trusted unchecked
+
+
+def _rewrite_manifest(job: Path, marker_stem: str, edit) -> None:
+    path = ckdir(job) / f"{marker_stem}_manifest.json"
+    data = json.loads(path.read_text())
+    edit(data)
+    path.write_text(json.dumps(data))
+
+
+def _problems(job: Path, iteration: int, verify: str = "sha256") -> str:
+    (generation,) = [g for g in list_generations(ckdir(job)) if g.iteration == iteration]
+    return "; ".join(generation_problems(ckdir(job), generation, verify))
+
+
+def test_a_manifest_listing_no_files_beside_a_garbage_weights_file_is_invalid(tmp_path, capsys):
+    job = tmp_path / "job"
+    save_generations(job, [1])
+    (ckdir(job) / "iter_000000001_ema_model.pt").write_bytes(b"garbage")
+    _rewrite_manifest(job, "iter_000000001", lambda m: m.update(files={}))
+    assert cli(["verify", str(job)]) == 1
+    out = capsys.readouterr().out
+    assert "iter_000000001_reg_model.pt is required but the manifest does not list it" in out
+    assert "iter_000000001_ema_model.pt is on disk but the manifest does not list it" in out
+    assert prune_plan(ckdir(job), 1) == []  # the pointer's generation is kept, never counted as valid
+
+
+@pytest.mark.parametrize(
+    ("listed", "reason"),
+    [
+        ("/etc/hostname", "absolute path"),
+        ("../secret", "leaves the checkpoints folder"),
+        ("sub/iter_000000001_reg_model.pt", "leaves the checkpoints folder"),
+        ("iter_000000002_reg_model.pt", "another generation's name"),
+    ],
+)
+def test_a_manifest_naming_files_outside_its_generation_is_invalid_and_they_are_never_examined(
+    tmp_path, capsys, listed, reason
+):
+    job = tmp_path / "job"
+    save_generations(job, [1])
+    (job / "secret").write_bytes(b"s" * 12345)
+
+    def add_outside(manifest: dict) -> None:
+        manifest["files"][listed] = {"size": 1, "sha256": "0" * 64}
+
+    _rewrite_manifest(job, "iter_000000001", add_outside)
+    assert reason in _problems(job, 1)
+    assert cli(["verify", str(job)]) == 1
+    out = capsys.readouterr().out
+    assert f"{listed!r}, which is not a file of iter_000000001.pt" in out
+    assert "bytes" not in out and "12345" not in out  # no size of a file outside is ever reported
+
+
+def test_a_weights_file_linked_out_of_the_folder_is_invalid_even_with_matching_size_and_hash(tmp_path):
+    job = tmp_path / "job"
+    save_generations(job, [1, 2])
+    weights = ckdir(job) / "iter_000000002_reg_model.pt"
+    outside = tmp_path / "elsewhere.pt"
+    outside.write_bytes(weights.read_bytes())
+    weights.unlink()
+    weights.symlink_to(outside)
+    assert "symbolic link that leads out of the checkpoints folder" in _problems(job, 2)
+    assert load_fresh(job)[0] == 1
+    # a link to a sibling inside the folder is no escape, and is accepted
+    inside = ckdir(job) / "copy.bin"
+    inside.write_bytes(outside.read_bytes())
+    weights.unlink()
+    weights.symlink_to(inside)
+    assert _problems(job, 2) == ""
+
+
+@pytest.mark.parametrize(
+    "content",
+    [
+        "[]",
+        '{"iteration": 1}',
+        '{"iteration": 1, "complete": true, "files": []}',
+        '{"iteration": 1, "complete": true, "files": {"iter_000000001.pt": {"size": "9", "sha256": "x"}}}',
+        '{"iteration": true, "complete": true}',
+        '{"iteration": 1, "complete": true, "evil": 1}',
+        "[" * 200_000,
+        "{" + " " * (9 << 20) + "}",
+    ],
+    ids=["list", "no-complete", "files-list", "bad-entry", "bool-iteration", "unknown-key", "nesting-bomb", "huge"],
+)
+def test_a_malformed_manifest_is_invalid_and_prune_refuses_with_one_error_line(tmp_path, content):
+    job = tmp_path / "job"
+    save_generations(job, [1, 2])
+    (ckdir(job) / "iter_000000001_manifest.json").write_text(content)
+    assert "manifest" in _problems(job, 1)
+    assert load_fresh(job)[0] == 2
+    result = subprocess.run(
+        [sys.executable, "-m", "checkpointing", "prune", str(job), "--keep", "1", "--yes"],
+        capture_output=True, text=True, cwd=REPO, timeout=120,
+    )
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.count("\n") == 1 and result.stderr.startswith("error: ")
+    assert "nothing was pruned" in result.stderr
+    assert len(list_generations(ckdir(job))) == 2
+
+
+def _special_pointer(job: Path, kind: str) -> None:
+    pointer = ckdir(job) / "latest_checkpoint.txt"
+    pointer.unlink()
+    if kind == "dev-zero":
+        pointer.symlink_to("/dev/zero")
+    elif kind == "fifo":
+        os.mkfifo(pointer)
+    else:
+        pointer.write_text("iter_000000001.pt\n" + " " * (1 << 20))
+
+
+@pytest.mark.parametrize("kind", ["dev-zero", "fifo", "oversized"])
+def test_pointers_are_read_only_from_small_regular_files(tmp_path, kind):
+    """A pointer linked to /dev/zero filled memory, a FIFO pointer hung every reader (issue 22)."""
+    job = tmp_path / "job"
+    save_generations(job, [1])
+    _special_pointer(job, kind)
+    code = f"""
+import sys
+from checkpointing import CheckpointPointerError, resolve_generation
+from inference.loader import ModelSourceError, load_model
+try:
+    resolve_generation({str(job)!r})
+except CheckpointPointerError as e:
+    print("checkpointing:", e)
+try:
+    load_model({str(job)!r})
+except ModelSourceError as e:
+    print("loader:", e)
+"""
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=120)
+    assert run.returncode == 0, run.stderr
+    expected = "more than the 4096 allowed" if kind == "oversized" else "latest_checkpoint.txt"
+    lines = run.stdout.splitlines()
+    assert [line.split(":")[0] for line in lines] == ["checkpointing", "loader"]
+    assert all(expected in line for line in lines), lines
+    for command in (["prune", str(job), "--keep", "1"], ["verify", str(job)]):
+        result = subprocess.run(
+            [sys.executable, "-m", "checkpointing", *command], capture_output=True, text=True, cwd=REPO, timeout=120
+        )
+        assert "Traceback" not in result.stderr
+        assert result.returncode == (2 if command[0] == "prune" else 1)
+
+
+def test_saving_an_iteration_again_leaves_exactly_the_new_files(tmp_path):
+    """The manifest lists exactly a generation's files, so a repeated save removes what it no longer writes."""
+    job = tmp_path / "job"
+    for keep in (1, 0):
+        ckpt = make_ckpt(job / str(keep), keep_last_checkpoints=keep)
+        ckpt.save(ModelWithEMA(make_model(), make_model(1)), None, None, None, 3, async_saving=False)
+        again = 3 if keep else 4  # iter_000000003 twice, or ckpt_ overwritten
+        ckpt.save(make_model(2), None, None, None, again, async_saving=False)  # no EMA this time
+        assert not [n for n in os.listdir(ckdir(job / str(keep))) if "ema_model" in n]
+        assert _problems(job / str(keep), again) == ""
+        assert load_fresh(job / str(keep))[0] == again
