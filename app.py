@@ -9,6 +9,13 @@ the per-request scratch folder and the small formatting that turns a rollout int
 
 A public Space serves the model it was started with: visitors can read where it came from (a label,
 never a server path) but not switch it, unless the operator allows switching among named sources.
+
+Every route goes through one bounded queue (`api_open=False`), and each client (by IP address, as uvicorn
+reports it: behind a proxy set FORWARDED_ALLOW_IPS to the proxy's address) may hold only a few places in
+it and upload only so many bytes while Gradio's cache still keeps them. Generation runs on one worker
+thread under a lock of its own; a request that is cancelled or whose client disconnects is stopped at its
+next checkpoint (a sampler step, a decode, a zip chunk, a registered sweep), so it frees the worker, not
+just Gradio's slot.
 """
 
 from __future__ import annotations
@@ -22,7 +29,9 @@ except ImportError:
     spaces = None
 
 import argparse
+import asyncio
 import contextlib
+import contextvars
 import functools
 import io
 import json
@@ -33,26 +42,35 @@ import re
 import secrets
 import shutil
 import tempfile
+import threading
 import time
 import zipfile
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from collections import defaultdict, deque
+from collections.abc import AsyncIterator, Callable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import gradio as gr
 import numpy as np
 import torch
+from gradio.context import LocalContext
 from PIL import Image, ImageDraw
+from starlette.middleware import Middleware
+from starlette.responses import JSONResponse
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from inference import MAX_FRAMES as PIPELINE_MAX_FRAMES
 from inference import MAX_STEPS as PIPELINE_MAX_STEPS
-from inference import LidarVersePipeline, ModelSourceError, RolloutResult, load_pipeline, write_rollout
+from inference import LidarVersePipeline, RolloutResult, load_pipeline, write_rollout
 from inference import Progress as RolloutProgress
 from inference.cache import transform_points
-from inference.loader import MODEL_ENV, env_flag
+from inference.loader import MODEL_ENV, ModelSourceError, Provenance, env_flag
 from inference.observed import ObservedScene, check_inside, observe, record_prefix, shifted_path
 from lidar import render
+from lidar.cancel import Cancelled, checkpoint, stop_when
+from lidar.errors import InputError
 from lidar.formats import READ_SUFFIXES, check_sensor, detect_sensor, read_points, write_points
 from lidar.real_scans import real_scans_dir
 from lidar.sensors import PRESETS, get_sensor
@@ -71,6 +89,19 @@ MAX_GUIDANCE = 10.0
 # Generation holds the model: one at a time per replica, and a bounded wait list so memory stays bounded.
 GENERATION_CONCURRENCY = 1
 QUEUE_MAX_SIZE = 16
+#: Places one client (IP address) may hold in the queue at once, waiting or running: a page load queues
+#: two events (model info, map preview) and a click a third, so a visitor never meets it; a script that
+#: would fill the queue does.
+MAX_QUEUED_PER_CLIENT = 4
+#: Gradio's cache cleaner: every 600 s it deletes uploads and outputs older than 1800 s.
+DELETE_CACHE = (600, 1800)
+#: Uploads count against these budgets until the cleaner has certainly deleted them (its age plus one
+#: period), so the bytes they allow bound the disk that uploads can take.
+UPLOAD_WINDOW_S = sum(DELETE_CACHE)
+UPLOAD_BYTES_PER_CLIENT = 500 * 2**20
+UPLOAD_BYTES_TOTAL = 5 * 2**30
+#: How often a running request looks for its client (seconds): a disconnected one is stopped.
+CLIENT_POLL_S = 0.2
 
 ACTIONS = {"Straight": "straight", "Turn left": "turn_left", "Turn right": "turn_right"}
 STYLES = ("urban", "suburban", "highway")
@@ -223,13 +254,15 @@ def _upload_path(upload: str | Path | None, suffixes: tuple[str, ...] = READ_SUF
 
 @contextlib.contextmanager
 def _user_errors(what: str, path: Path | None = None) -> Iterator[None]:
-    """The UI boundary: input errors become a message for the visitor, anything else is logged with its
-    traceback and reported without one, so a failure never takes the server down or leaks internals."""
+    """The UI boundary: an `InputError` (the readers', the registration's and the pipeline's input checks)
+    becomes a message for the visitor; anything else is a bug, logged with its traceback and reported
+    without one, so a failure never takes the server down or leaks internals. `Cancelled` (a
+    `BaseException`) passes through to the worker."""
     try:
         yield
     except gr.Error:
         raise
-    except ValueError as err:  # the pipeline's and the readers' input checks (PointCloudError included)
+    except InputError as err:
         message = public_text(str(err) if path is None else str(err).replace(str(path), path.name))
         raise gr.Error(f"{what}: {message}") from None
     except Exception as err:
@@ -259,9 +292,178 @@ def _progress_callback(progress: gr.Progress, label: str) -> Callable[[RolloutPr
     """Adapt the pipeline's per-step callback (frame, frames, step, steps, fraction) to Gradio's bar."""
 
     def callback(p: RolloutProgress) -> None:
+        checkpoint()  # after every sampler step: a cancelled request stops here
         progress(p.fraction, desc=f"{label}: frame {p.frame + 1}/{p.frames}, step {p.step}/{p.steps}")
 
     return callback
+
+
+# ----------------------------------------------------------------------------------------------------------
+# The worker: one generation at a time, and cancelled work stops.
+
+#: Held by the generation that is running, from its start until its thread has stopped; a cancelled
+#: request keeps it until it reaches a checkpoint, so the next one cannot start beside it.
+_GENERATION = threading.Lock()
+#: The one thread generations run on, step by step (each step runs the callback up to its next yield).
+_WORKER = ThreadPoolExecutor(1, thread_name_prefix="lidarverse-generation")
+_DONE = object()
+
+
+def _step(gen: Iterator[tuple], stop: threading.Event) -> Any:
+    """Run `gen` to its next output on the worker thread; `checkpoint()` inside raises once `stop` is set."""
+    with stop_when(stop):
+        return next(gen, _DONE)
+
+
+def _client_gone() -> Callable[[], bool]:
+    """A test of whether this request's client has gone (disconnected, or its event was cancelled).
+
+    Gradio marks such an event not alive, but only its next yield would notice; a rollout yields once, at
+    its end. Reads Gradio's queue (`Event.alive`), so test_app_server pins that this still works.
+    """
+    blocks, event_id = LocalContext.blocks.get(None), LocalContext.event_id.get(None)
+    if blocks is None or event_id is None:  # called outside a Gradio event (tests, scripts)
+        return lambda: False
+
+    def gone() -> bool:
+        event = blocks._queue.event_ids_to_events.get(event_id)
+        return event is not None and not event.alive
+
+    return gone
+
+
+def _retrieved(future: asyncio.Future) -> None:
+    """Mark a step's outcome as read, so asyncio does not log a cancelled request's `Cancelled` as lost."""
+    if not future.cancelled():
+        future.exception()
+
+
+def _finish(step: Future | None, gen: Iterator[tuple] | None, name: str) -> None:
+    """Once the last step has stopped, close the generator (its scratch folder goes) and free the worker."""
+
+    def finish(_: Any = None) -> None:
+        try:
+            if step is not None and not step.cancelled() and isinstance(step.exception(), Cancelled):
+                logger.info("%s stopped at a checkpoint: its request was cancelled or its client left", name)
+            if gen is not None:
+                gen.close()
+        except Exception:
+            logger.exception("closing a generation failed")
+        finally:
+            _GENERATION.release()
+
+    if step is None or step.done():
+        _WORKER.submit(finish)
+    else:
+        step.add_done_callback(finish)  # runs on the worker thread when the step stops
+
+
+def _worker(fn: Callable[..., Iterator[tuple]]) -> Callable[..., AsyncIterator[tuple]]:
+    """`fn` (a generation callback, a generator) as Gradio's async generator, run on the worker thread.
+
+    It waits for the generation lock (cancellable while it waits), runs `fn` one output at a time, and stops
+    it at its next checkpoint when the request is cancelled (Gradio cancels this task, or closes it) or its
+    client goes. The lock is released when `fn`'s thread has stopped, not when Gradio gives up on it.
+    """
+
+    @functools.wraps(fn)  # Gradio reads the signature (the gr.Progress parameter) through __wrapped__
+    async def run(*args: Any, **kwargs: Any) -> AsyncIterator[tuple]:
+        while not _GENERATION.acquire(blocking=False):
+            await asyncio.sleep(CLIENT_POLL_S)
+        stop, gone = threading.Event(), _client_gone()
+        context = contextvars.copy_context()  # Gradio's event context, which the progress bar reads
+        step: Future | None = None
+        gen: Iterator[tuple] | None = None
+        try:
+            gen = fn(*args, **kwargs)  # a generator: nothing runs yet
+            while True:
+                step = _WORKER.submit(context.run, _step, gen, stop)
+                waiting = asyncio.wrap_future(step)
+                waiting.add_done_callback(_retrieved)  # read even when this task is cancelled mid-step
+                while not (await asyncio.wait({waiting}, timeout=CLIENT_POLL_S))[0]:
+                    if gone():
+                        stop.set()
+                try:
+                    item = waiting.result()
+                except Cancelled:
+                    raise gr.Error("The request was cancelled.") from None
+                if item is _DONE:
+                    return
+                yield item
+        finally:
+            stop.set()
+            _finish(step, gen, fn.__name__)
+
+    return run
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Per-client limits, in front of Gradio's routes.
+
+
+class ClientLimits:
+    """ASGI middleware: each client (IP address) may hold `MAX_QUEUED_PER_CLIENT` places in the queue, and
+    upload `UPLOAD_BYTES_PER_CLIENT` bytes (all clients together `UPLOAD_BYTES_TOTAL`) per `UPLOAD_WINDOW_S`.
+
+    Gradio bounds the queue as a whole, so without this one client could fill it and lock every visitor
+    out, and it keeps uploads until its cache cleaner runs, so a client could fill the disk meanwhile.
+    A refusal is a 429 (507 when all uploads together are over budget) whose detail says why.
+    """
+
+    def __init__(self, app: ASGIApp, blocks: gr.Blocks) -> None:
+        self.app, self.blocks = app, blocks
+        self.joining = asyncio.Lock()  # a client's count and its join are one step, so bursts cannot race it
+        self.uploads: dict[str, deque[tuple[float, int]]] = defaultdict(deque)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        path = scope.get("path", "") if scope["type"] == "http" and scope.get("method") == "POST" else ""
+        client = (scope.get("client") or ("unknown",))[0]
+        if path.endswith("/queue/join") or "/call/" in path:
+            async with self.joining:
+                refusal = self._queue_refusal(client)
+                if refusal is None:
+                    await self.app(scope, receive, send)
+                    return
+        elif path.endswith("/upload"):
+            refusal = self._upload_refusal(client, dict(scope.get("headers") or []).get(b"content-length"))
+        else:
+            refusal = None
+        if refusal is None:
+            await self.app(scope, receive, send)
+        else:
+            logger.warning("refused %s from %s: %s", path, client, refusal[1])
+            await JSONResponse({"detail": refusal[1]}, status_code=refusal[0])(scope, receive, send)
+
+    def _queue_refusal(self, client: str) -> tuple[int, str] | None:
+        """A 429 when `client` already holds its share of the queue (waiting or running events)."""
+        events = list(self.blocks._queue.event_ids_to_events.values())  # Gradio's pending events
+        held = sum(1 for event in events if event.request is not None and event.request.client is not None
+                   and event.request.client.host == client)
+        if held < MAX_QUEUED_PER_CLIENT:
+            return None
+        return 429, (f"You have {held} requests waiting or running; at most {MAX_QUEUED_PER_CLIENT} per visitor. "
+                     "Wait for one to finish.")
+
+    def _upload_refusal(self, client: str, length: bytes | None) -> tuple[int, str] | None:
+        """A refusal when this upload would pass the client's or everyone's upload budget (it is counted
+        by its Content-Length, which the upload must state)."""
+        if length is None or not length.isdigit():
+            return 411, "Uploads must state their Content-Length."
+        size, now = int(length), time.monotonic()
+        for key, history in list(self.uploads.items()):
+            while history and history[0][0] < now - UPLOAD_WINDOW_S:
+                history.popleft()
+            if not history:
+                del self.uploads[key]
+        mine = sum(n for _, n in self.uploads[client])
+        everyone = sum(n for history in self.uploads.values() for _, n in history)
+        if mine + size > UPLOAD_BYTES_PER_CLIENT:
+            return 429, (f"You have uploaded {mine / 2**20:.0f} MB in the last {UPLOAD_WINDOW_S // 60} minutes; at "
+                         f"most {UPLOAD_BYTES_PER_CLIENT / 2**20:.0f} MB per visitor. Try again later.")
+        if everyone + size > UPLOAD_BYTES_TOTAL:
+            return 507, "The server holds as many uploads as it can; try again in a few minutes."
+        self.uploads[client].append((now, size))
+        return None
 
 
 def _png_bytes(image: Image.Image) -> bytes:
@@ -290,7 +492,7 @@ class Presented:
 def _present(result: RolloutResult, out: Path, pipe: LidarVersePipeline, request: dict[str, Any], stats: dict[str, Any],
              observed: np.ndarray | None = None, scene: ObservedScene | None = None) -> Presented:
     """Write the files for one rollout into `out` and collect what the page shows."""
-    sensor, provenance = pipe.sensor, pipe.provenance
+    sensor, provenance = pipe.sensor, public_provenance(pipe.provenance)
     frames = result.frames
     world = np.asarray(result.world, dtype=np.float32)
 
@@ -580,14 +782,18 @@ def reset_frame_viewer(frame_pngs: list[tuple[bytes, bytes]] | None) -> tuple:
     return (slider, *show_frame(0, frame_pngs))
 
 
+def public_provenance(provenance: Provenance) -> Provenance:
+    """`provenance` as a visitor may see it (the Model tab, poses.json in the downloads): the source by its
+    label, every path and note without server paths."""
+    public = {key: public_text(value) for key, value in provenance.to_dict().items() if isinstance(value, str)}
+    notes = tuple(public_text(note) for note in provenance.notes)
+    return replace(provenance, **{**public, "source": SOURCE_LABEL, "notes": notes})
+
+
 def model_info() -> dict[str, Any]:
     """Where the loaded weights came from (source, iteration, EMA or regular, parameters, sensor, device),
     as a visitor may see it: the source by its label, file names without server paths."""
-    info = json.loads(json.dumps(_pipeline().provenance.to_dict(), default=str))
-    info = {key: public_text(value) if isinstance(value, str) else value for key, value in info.items()}
-    info["notes"] = [public_text(note) for note in info["notes"]]
-    info["source"] = SOURCE_LABEL
-    return info
+    return json.loads(json.dumps(public_provenance(_pipeline().provenance).to_dict(), default=str))
 
 
 def _start_up_source(source: str | None) -> str | None:
@@ -620,7 +826,8 @@ def reload_model(choice: Any) -> tuple[dict[str, Any], str]:
     source = SWITCH.source_for(label)
     start = time.perf_counter()
     try:
-        load_model(source, public_text(label))
+        with _GENERATION:  # not while a generation runs (it holds the model it started with anyway)
+            load_model(source, public_text(label))
     except ModelSourceError as err:
         logger.warning("could not load %r (%s): %s", label, source, err)
         raise gr.Error(f"Could not load {public_text(label)!r}; the details are in the server log.") from None
@@ -746,7 +953,7 @@ def _scene_inputs(label: str) -> tuple[gr.File, gr.Dataframe]:
 def build_demo() -> gr.Blocks:
     """The page. Callbacks read the model from `PIPELINE` at request time, so the Model tab can swap it."""
     guidance_default = _pipeline().config.default_guidance  # 1 = no guidance; the model card says what it was tuned for
-    with gr.Blocks(title="LidarVerse", delete_cache=(600, 1800)) as demo:
+    with gr.Blocks(title="LidarVerse", delete_cache=DELETE_CACHE) as demo:
         gr.Markdown(
             "# LidarVerse\nGenerate a 360° LiDAR world around a driving car, continue a real scan, "
             "and download the result for your own tools."
@@ -815,21 +1022,21 @@ def build_demo() -> gr.Blocks:
               [map_seed, style, action, frames, seed], map_preview, api_visibility="private")
         dice.click(random_seed, None, seed, api_visibility="private")
         world_view.wire(generate.click(
-            _on_gpu(generate_world), [map_seed, style, action, frames, steps, seed, guidance], world_view.outputs,
+            _worker(_on_gpu(generate_world)), [map_seed, style, action, frames, steps, seed, guidance], world_view.outputs,
             api_name="generate_world", concurrency_id="model", concurrency_limit=GENERATION_CONCURRENCY,
         ))
         forecast_view.wire(forecast.click(
-            _on_gpu(forecast_from_scan), [scan_file, sensor, f_action, f_frames, f_steps, f_seed],
+            _worker(_on_gpu(forecast_from_scan)), [scan_file, sensor, f_action, f_frames, f_steps, f_seed],
             forecast_view.outputs,
             api_name="forecast_from_scan", concurrency_id="model", concurrency_limit=GENERATION_CONCURRENCY,
         ))
         forecast_view.wire(forecast_many.click(
-            _on_gpu(forecast_from_scans), [sweep_files, f_action, f_frames, f_steps, f_seed],
+            _worker(_on_gpu(forecast_from_scans)), [sweep_files, f_action, f_frames, f_steps, f_seed],
             [*forecast_view.outputs, prefix_table],
             api_name="forecast_from_scans", concurrency_id="model", concurrency_limit=GENERATION_CONCURRENCY,
         ))
         resim_view.wire(resim_button.click(
-            _on_gpu(resimulate), [resim_files, lateral, forward, yaw, r_frames, r_steps, r_seed],
+            _worker(_on_gpu(resimulate)), [resim_files, lateral, forward, yaw, r_frames, r_steps, r_seed],
             [*resim_view.outputs, resim_table],
             api_name="resimulate", concurrency_id="model", concurrency_limit=GENERATION_CONCURRENCY,
         ))
@@ -838,8 +1045,19 @@ def build_demo() -> gr.Blocks:
             source, reload_button, status = switch
             reload_button.click(reload_model, source, [info, status], api_name="reload_model", concurrency_id="model",
                                 concurrency_limit=GENERATION_CONCURRENCY)
-    demo.queue(max_size=QUEUE_MAX_SIZE)
+    # api_open=False: the REST routes (/run/..., /api/...) do not skip the queue, so its bound holds for all
+    demo.queue(max_size=QUEUE_MAX_SIZE, api_open=False)
+    _unname_private(demo)
     return demo
+
+
+def _unname_private(demo: gr.Blocks) -> None:
+    """Take the name off every event that is not a public endpoint (frame viewer, map preview, dice,
+    examples): Gradio names each one after its function, and /call/<name> runs any named event. The page
+    calls them by index, through the same queue and its per-client limit."""
+    for fn in demo.fns.values():
+        if fn.api_visibility != "public":
+            fn.api_name = None
 
 
 def _model_switch_controls() -> tuple[gr.Dropdown, gr.Button, gr.Markdown] | None:
@@ -856,8 +1074,15 @@ def _model_switch_controls() -> tuple[gr.Dropdown, gr.Button, gr.Markdown] | Non
     return source, reload_button, gr.Markdown()
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse whose errors are one `app.py: error:` line (no usage block), like the other command lines."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"app.py: error: {' '.join(message.split())} (see `python app.py --help`)\n")
+
+
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description="LidarVerse world-generation demo (Gradio).")
+    parser = _Parser(description="LidarVerse world-generation demo (Gradio).")
     parser.add_argument("--model", default=None,
                         help="release folder, weights file, job dir or Hub id (default: $LIDARVERSE_MODEL, else weights/default)")
     parser.add_argument("--host", default=None, help="interface to bind (default: $GRADIO_SERVER_NAME, else 127.0.0.1)")
@@ -884,13 +1109,15 @@ def main(argv: list[str] | None = None) -> None:
 
     try:
         load_model(args.model)
-    except ModelSourceError as err:
-        parser.exit(2, f"app.py: cannot load the model: {err}\n")
+    except InputError as err:  # a bad --model or $LIDARVERSE_MODEL; any other failure is a bug: traceback
+        parser.error(f"cannot load the model: {err}")
     _configure_switch(args.model, args.allow_source, args.allow_model_switch, args.allow_any_source)
     allowed = [str(EXAMPLE_SCANS_DIR), *([str(REAL_SCANS_DIR)] if REAL_SCANS_DIR.is_dir() else [])]
-    build_demo().launch(
+    demo = build_demo()
+    demo.launch(
         server_name=args.host, server_port=args.port, share=args.share, max_file_size=f"{MAX_UPLOAD_MB}mb",
         allowed_paths=allowed, theme=gr.themes.Soft(),
+        app_kwargs={"middleware": [Middleware(ClientLimits, blocks=demo)]},
     )
 
 

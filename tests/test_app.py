@@ -7,13 +7,16 @@ The launched server, the browser and the load test live in test_app_server.py an
 
 from __future__ import annotations
 
+import asyncio
 import io
 import itertools
 import json
 import re
+import time
 import zipfile
 from collections.abc import Iterator
 from pathlib import Path
+from types import SimpleNamespace
 
 import gradio as gr
 import numpy as np
@@ -83,6 +86,18 @@ def loaded(tiny_release: Path):
 def first_yield(gen):
     """Run a generation callback up to its outputs; the caller closes it (which removes the scratch dir)."""
     return next(gen)
+
+
+def first_async(agen):
+    """The first output of a callback as Gradio runs it (the worker's async generator), then close it."""
+
+    async def first():
+        try:
+            return await anext(agen)
+        finally:
+            await agen.aclose()
+
+    return asyncio.run(first())
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -487,14 +502,16 @@ def test_on_zerogpu_the_generation_callbacks_run_inside_spaces_gpu(monkeypatch):
     fns = {block_fn.api_name: block_fn for block_fn in demo.fns.values()}
     assert fns["generate_world"].fn.__name__ == "on_gpu" and fns["model_info"].fn is app.model_info
     assert fns["generate_world"].concurrency_limit == app.GENERATION_CONCURRENCY
-    outputs = next(fns["generate_world"].fn(3, "urban", "Straight", 1, 1, 0, 1.0))
+    assert fns["generate_world"].fn.__wrapped__.__name__ == "on_gpu"  # the worker runs what ZeroGPU wrapped
+    outputs = first_async(fns["generate_world"].fn(3, "urban", "Straight", 1, 1, 0, 1.0))
     assert Path(outputs[0]).name == "world_viewer.ply"
 
 
 def test_without_zerogpu_the_callbacks_are_used_as_they_are(monkeypatch):
     monkeypatch.setattr(app, "spaces", None)
     fns = {block_fn.api_name: block_fn for block_fn in app.build_demo().fns.values()}
-    assert fns["generate_world"].fn is app.generate_world and fns["forecast_from_scan"].fn is app.forecast_from_scan
+    assert fns["generate_world"].fn.__wrapped__ is app.generate_world
+    assert fns["forecast_from_scan"].fn.__wrapped__ is app.forecast_from_scan
 
 
 def test_a_bad_model_source_on_the_command_line_exits_with_one_line(tmp_path, capsys):
@@ -502,4 +519,203 @@ def test_a_bad_model_source_on_the_command_line_exits_with_one_line(tmp_path, ca
         app.main(["--model", str(tmp_path / "no-such-model"), "--port", "1"])
     assert exit_info.value.code == 2
     err = capsys.readouterr().err
-    assert err.startswith("app.py: cannot load the model:") and "no-such-model" in err and "Traceback" not in err
+    assert err.startswith("app.py: error: cannot load the model:") and "no-such-model" in err
+    assert len(err.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize(("argv", "expected"), [
+    (["--threads", "0"], "--threads must be >= 1, got 0"),
+    (["--port", "http"], "argument --port: invalid int value: 'http'"),
+    (["--no-such-flag"], "unrecognized arguments: --no-such-flag"),
+])
+def test_an_argument_error_is_one_error_line_and_exit_2(capsys, argv, expected):
+    with pytest.raises(SystemExit) as exit_info:
+        app.main(argv)
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 2 and len(err.strip().splitlines()) == 1
+    assert err.startswith("app.py: error: ") and expected in err
+
+
+def test_a_bug_while_loading_is_raised_as_it_is_not_called_bad_input(monkeypatch):
+    def broken(*_, **__):
+        raise RuntimeError("a bug in the loader")
+
+    monkeypatch.setattr(app, "load_pipeline", broken)
+    with pytest.raises(RuntimeError, match="a bug in the loader"):  # python app.py: traceback, exit 1
+        app.main(["--port", "1"])
+
+
+# ----------------------------------------------------------------------------------------------------------
+# The worker (issue 22): cancelled work stops at its next step, one generation at a time, errors are typed
+
+
+def _count_sampler_steps() -> tuple[list[float], object]:
+    """A progress tracker that records each update the rollout makes (one per sampler step)."""
+    calls: list[float] = []
+
+    def progress(fraction, desc=None, **_):
+        calls.append(fraction)
+
+    return calls, progress
+
+
+async def _wait_until(condition, timeout: float = 10.0) -> float:
+    start = time.perf_counter()
+    while not condition():
+        assert time.perf_counter() - start < timeout, "timed out"
+        await asyncio.sleep(0.01)
+    return time.perf_counter() - start
+
+
+def test_a_cancelled_generation_stops_at_its_next_sampler_step_and_frees_the_worker():
+    calls, progress = _count_sampler_steps()
+
+    async def scenario() -> tuple[int, int, float]:
+        run = app._worker(app.generate_world)(3, "urban", "Straight", 32, 50, 0, 10.0, progress=progress)
+        task = asyncio.ensure_future(anext(run))
+        await _wait_until(lambda: len(calls) >= 5)
+        task.cancel()  # what Gradio does for /cancel
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        at_cancel = len(calls)
+        freed = await _wait_until(lambda: not app._GENERATION.locked())
+        await asyncio.sleep(0.3)
+        return at_cancel, len(calls), freed
+
+    at_cancel, total, freed = asyncio.run(scenario())
+    assert total - at_cancel <= 1, "the rollout went on after its request was cancelled"
+    assert total < 100 and freed < 2.0, (total, freed)  # of 1,600 sampler steps
+
+
+def test_a_generation_whose_client_left_stops_and_says_so(monkeypatch):
+    calls, progress = _count_sampler_steps()
+    monkeypatch.setattr(app, "_client_gone", lambda: lambda: len(calls) >= 5)
+
+    async def scenario() -> None:
+        with pytest.raises(gr.Error, match="The request was cancelled"):
+            await anext(app._worker(app.generate_world)(3, "urban", "Straight", 32, 50, 0, 10.0, progress=progress))
+        await _wait_until(lambda: not app._GENERATION.locked())
+
+    asyncio.run(scenario())
+    assert len(calls) < 100
+
+
+def test_one_generation_runs_at_a_time_even_when_a_cancelled_one_is_still_stopping(monkeypatch):
+    """Gradio frees its slot as soon as a request is cancelled; the worker's lock must hold until the
+    cancelled rollout has actually stopped, so the next one never runs beside it."""
+    active, most = [0], [0]
+    original = app.PIPELINE.generate_world
+
+    def counted(**kwargs):
+        active[0] += 1
+        most[0] = max(most[0], active[0])
+        try:
+            return original(**kwargs)
+        finally:
+            active[0] -= 1
+
+    monkeypatch.setattr(app.PIPELINE, "generate_world", counted)
+    calls, progress = _count_sampler_steps()
+
+    async def scenario() -> tuple:
+        slow = asyncio.ensure_future(anext(app._worker(app.generate_world)(3, "urban", "Straight", 32, 50, 0, 10.0,
+                                                                           progress=progress)))
+        await _wait_until(lambda: len(calls) >= 3)
+        slow.cancel()
+        quick = app._worker(app.generate_world)(3, "urban", "Straight", 1, 1, 0, 1.0)
+        outputs = await anext(quick)
+        await quick.aclose()
+        return outputs
+
+    outputs = asyncio.run(scenario())
+    assert outputs[3]["frames"] == 1 and most[0] == 1
+
+
+def test_a_value_error_that_is_not_an_input_error_is_an_internal_error(monkeypatch, caplog):
+    def singular(**_):
+        raise np.linalg.LinAlgError("Singular matrix")
+
+    monkeypatch.setattr(app.PIPELINE, "generate_world", singular)
+    with pytest.raises(gr.Error) as info:
+        first_yield(app.generate_world(3, "urban", "Straight", 1, 1, 0, 1.0))
+    assert "failed on the server (LinAlgError)" in str(info.value) and "Singular" not in str(info.value)
+    assert "Singular matrix" in caplog.text
+
+
+def test_the_downloaded_poses_json_names_the_model_by_its_label_not_its_path(world_outputs, tiny_release):
+    _, files, _ = world_outputs
+    with zipfile.ZipFile(io.BytesIO(files["frames_kitti.zip"])) as zf:
+        text = zf.read("frames_kitti/poses.json").decode()
+    model = json.loads(text)["model"]
+    assert model["source"] == "tiny" and model["resolved_path"] == "model.safetensors"
+    assert str(tiny_release) not in text and "/tmp" not in text and str(app.APP_DIR) not in text
+
+
+def test_private_callbacks_have_no_name_a_client_could_call():
+    demo = app.build_demo()
+    named = {fn.api_name for fn in demo.fns.values() if fn.api_name is not None}
+    assert {f"/{name}" for name in named} == PUBLIC_ENDPOINTS
+    private = [fn for fn in demo.fns.values() if fn.api_name is None]
+    assert {fn.fn.__name__ for fn in private if fn.fn} >= {"preview_map", "random_seed", "show_frame",
+                                                           "reset_frame_viewer", "load_example"}
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Per-client limits (the middleware alone; test_app_server drives it through the launched server)
+
+
+class _FakeQueue:
+    def __init__(self, hosts: list[str]) -> None:
+        self.event_ids_to_events = {
+            str(i): SimpleNamespace(request=SimpleNamespace(client=SimpleNamespace(host=host)))
+            for i, host in enumerate(hosts)
+        }
+
+
+async def _through(limits: app.ClientLimits, path: str, client: str, headers: dict[str, str] | None = None):
+    sent: list[dict] = []
+
+    async def receive():
+        return {"type": "http.request", "body": b"", "more_body": False}
+
+    async def send(message):
+        sent.append(message)
+
+    scope = {"type": "http", "method": "POST", "path": path, "client": (client, 1234), "query_string": b"",
+             "headers": [(k.lower().encode(), v.encode()) for k, v in (headers or {}).items()]}
+    await limits(scope, receive, send)
+    status = next(m["status"] for m in sent if m["type"] == "http.response.start")
+    body = b"".join(m.get("body", b"") for m in sent if m["type"] == "http.response.body")
+    return status, json.loads(body) if body else None
+
+
+def _limits(hosts: list[str]) -> app.ClientLimits:
+    async def gradio(scope, receive, send):  # stands in for Gradio's routes: 200 for everything
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": b"{}"})
+
+    return app.ClientLimits(gradio, SimpleNamespace(_queue=_FakeQueue(hosts)))
+
+
+def test_a_client_holding_its_share_of_the_queue_is_refused_and_others_are_not():
+    limits = _limits(["10.0.0.1"] * app.MAX_QUEUED_PER_CLIENT + ["10.0.0.2"])
+    for path in ("/gradio_api/queue/join", "/gradio_api/call/generate_world"):
+        status, body = asyncio.run(_through(limits, path, "10.0.0.1"))
+        assert status == 429 and f"at most {app.MAX_QUEUED_PER_CLIENT} per visitor" in body["detail"]
+        assert asyncio.run(_through(limits, path, "10.0.0.2"))[0] == 200
+    assert asyncio.run(_through(limits, "/gradio_api/info", "10.0.0.1"))[0] == 200, "other routes pass"
+
+
+def test_uploads_are_budgeted_per_client_and_in_total(monkeypatch):
+    monkeypatch.setattr(app, "UPLOAD_BYTES_PER_CLIENT", 1000)
+    monkeypatch.setattr(app, "UPLOAD_BYTES_TOTAL", 1500)
+    limits = _limits([])
+    upload = "/gradio_api/upload"
+    assert asyncio.run(_through(limits, upload, "a", {"Content-Length": "600"}))[0] == 200
+    status, body = asyncio.run(_through(limits, upload, "a", {"Content-Length": "600"}))
+    assert status == 429 and "at most 0 MB per visitor" in body["detail"]
+    assert asyncio.run(_through(limits, upload, "b", {"Content-Length": "800"}))[0] == 200
+    assert asyncio.run(_through(limits, upload, "c", {"Content-Length": "200"}))[0] == 507, "over the total"
+    assert asyncio.run(_through(limits, upload, "c", {}))[0] == 411
+    monkeypatch.setattr(app, "UPLOAD_WINDOW_S", 0)  # once the cache cleaner has run, the budget is back
+    assert asyncio.run(_through(limits, upload, "a", {"Content-Length": "600"}))[0] == 200
