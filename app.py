@@ -420,7 +420,7 @@ class ClientLimits:
         client = (scope.get("client") or ("unknown",))[0]
         if path.endswith("/queue/join") or "/call/" in path:
             async with self.joining:
-                refusal = self._queue_refusal(client)
+                refusal = self._call_refusal(path) or self._queue_refusal(client)
                 if refusal is None:
                     await self.app(scope, receive, send)
                     return
@@ -433,6 +433,14 @@ class ClientLimits:
         else:
             logger.warning("refused %s from %s: %s", path, client, refusal[1])
             await JSONResponse({"detail": refusal[1]}, status_code=refusal[0])(scope, receive, send)
+
+    def _call_refusal(self, path: str) -> tuple[int, str] | None:
+        """A 404 for /call/<name> of a name that is not a public endpoint (Gradio would answer 500)."""
+        name = path.rpartition("/call/")[2] if "/call/" in path else ""
+        public = {fn.api_name for fn in self.blocks.fns.values() if fn.api_name and fn.api_visibility == "public"}
+        if not name or name in public:
+            return None
+        return 404, f"No endpoint named {name[:64]!r}; see the API page for the ones this app offers."
 
     def _queue_refusal(self, client: str) -> tuple[int, str] | None:
         """A 429 when `client` already holds its share of the queue (waiting or running events)."""

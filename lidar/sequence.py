@@ -104,7 +104,7 @@ def read_sequence(
         with tempfile.TemporaryDirectory(prefix="lidarverse_zip_") as tmp:
             try:
                 return _read_folder(extract_zip(paths[0], Path(tmp)), sensor, poses, label=paths[0].name)
-            except PointCloudError as err:  # name members as zip:member, not by the scratch folder
+            except InputError as err:  # name members as zip:member, not by the scratch folder
                 raise PointCloudError(str(err).replace(f"{tmp}/", f"{paths[0].name}:")) from None
     if len(paths) == 1 and paths[0].is_dir():
         return _read_folder(paths[0], sensor, poses, label=str(paths[0]))

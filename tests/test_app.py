@@ -694,7 +694,9 @@ def _limits(hosts: list[str]) -> app.ClientLimits:
         await send({"type": "http.response.start", "status": 200, "headers": []})
         await send({"type": "http.response.body", "body": b"{}"})
 
-    return app.ClientLimits(gradio, SimpleNamespace(_queue=_FakeQueue(hosts)))
+    fns = {0: SimpleNamespace(api_name="generate_world", api_visibility="public"),
+           1: SimpleNamespace(api_name=None, api_visibility="private")}
+    return app.ClientLimits(gradio, SimpleNamespace(_queue=_FakeQueue(hosts), fns=fns))
 
 
 def test_a_client_holding_its_share_of_the_queue_is_refused_and_others_are_not():
@@ -704,6 +706,8 @@ def test_a_client_holding_its_share_of_the_queue_is_refused_and_others_are_not()
         assert status == 429 and f"at most {app.MAX_QUEUED_PER_CLIENT} per visitor" in body["detail"]
         assert asyncio.run(_through(limits, path, "10.0.0.2"))[0] == 200
     assert asyncio.run(_through(limits, "/gradio_api/info", "10.0.0.1"))[0] == 200, "other routes pass"
+    status, body = asyncio.run(_through(limits, "/gradio_api/call/preview_map", "10.0.0.2"))
+    assert status == 404 and "No endpoint named 'preview_map'" in body["detail"]
 
 
 def test_uploads_are_budgeted_per_client_and_in_total(monkeypatch):
