@@ -14,6 +14,7 @@ import json
 import sys
 from pathlib import Path
 
+from checkpointing import layout
 from checkpointing.config import VERIFY_MODES
 from checkpointing.errors import CheckpointError
 from checkpointing.generations import (
@@ -56,6 +57,7 @@ def inspect(directory: Path, verify: str) -> dict:
                 "problems": problems,
                 "pinned": g.pinned,
                 "has_manifest": g.manifest is not None,
+                "layout": g.manifest.state_layout if g.manifest is not None else layout.FULL,
                 "files": {name: size for name in g.files if (size := _member_size(directory, name)) is not None},
             }
         )
@@ -74,7 +76,7 @@ def _print_table(report: dict) -> None:
         print(f"POINTER INVALID: {report['pointer_error']}")
     elif report["pointer"] is None:
         print("no latest_checkpoint.txt")
-    print(f"{'':2}{'marker':<22}{'iteration':>11}{'files':>7}{'MB':>10}  status")
+    print(f"{'':2}{'marker':<22}{'iteration':>11}{'layout':>9}{'files':>7}{'MB':>10}  status")
     for g in report["generations"]:
         flag = "->" if g["latest"] else ""
         status = "valid" if g["valid"] else "INVALID: " + "; ".join(g["problems"])
@@ -84,7 +86,9 @@ def _print_table(report: dict) -> None:
             status += " (no manifest: seed layout)"
         megabytes = sum(g["files"].values()) / 1e6
         iteration = "?" if g["iteration"] is None else g["iteration"]
-        print(f"{flag:<2}{g['marker']:<22}{iteration:>11}{len(g['files']):>7}{megabytes:>10.2f}  {status}")
+        print(
+            f"{flag:<2}{g['marker']:<22}{iteration:>11}{g['layout']:>9}{len(g['files']):>7}{megabytes:>10.2f}  {status}"
+        )
 
 
 def _inspect_command(directory: Path, args: argparse.Namespace) -> int:

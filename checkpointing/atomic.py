@@ -77,7 +77,14 @@ def check_complete_zip(path: Path) -> None:
 
 
 def tensor_bytes(obj: Any) -> int:
-    """Bytes of tensor data inside nested containers (the bulk of a torch file)."""
+    """Bytes of tensor data inside nested containers (the bulk of a torch file); of a sharded tensor
+    (DTensor, FSDP1's ShardedTensor), only this rank's shards, which is what this rank writes.
+
+    Told apart by their methods, so weight loading never imports torch.distributed's tensor types."""
+    if hasattr(obj, "to_local"):  # DTensor
+        return tensor_bytes(obj.to_local())
+    if hasattr(obj, "local_shards"):  # ShardedTensor
+        return sum(tensor_bytes(shard.tensor) for shard in obj.local_shards())
     if isinstance(obj, torch.Tensor):
         return obj.numel() * obj.element_size()
     if isinstance(obj, dict):
@@ -169,13 +176,13 @@ def atomic_torch_save(obj: Any, path: str | os.PathLike) -> FileRecord:
     return atomic_torch_save_all([(obj, path)])[0]
 
 
-def atomic_write_text(path: str | os.PathLike, text: str) -> None:
-    """Write a small text file (pointer, manifest) with the same temporary-name/fsync/rename protocol."""
+def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> FileRecord:
+    """Write a small file (pointer, manifest, DCP metadata) with the same temporary-name/fsync/rename protocol."""
     path = Path(path)
     tmp = tmp_path_for(path)
     try:
-        with open(tmp, "w", encoding="utf-8") as f:
-            f.write(text)
+        with open(tmp, "wb") as f:
+            f.write(data)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
@@ -185,6 +192,12 @@ def atomic_write_text(path: str | os.PathLike, text: str) -> None:
         if isinstance(e, OSError) and not isinstance(e, CheckpointWriteError):
             raise _write_error(path, e) from e
         raise
+    return FileRecord(path.name, len(data), hashlib.sha256(data).hexdigest())
+
+
+def atomic_write_text(path: str | os.PathLike, text: str) -> None:
+    """`atomic_write_bytes` of UTF-8 text."""
+    atomic_write_bytes(path, text.encode("utf-8"))
 
 
 def _pid_alive(pid: int) -> bool:

@@ -16,12 +16,14 @@ import os
 import shutil
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 import torch
 from torch import nn
+from torch.distributed._shard.sharded_tensor import Shard, ShardedTensor
+from torch.distributed.tensor import DTensor
 
 from checkpointing import collectives, layout
 from checkpointing.atomic import (
@@ -42,6 +44,7 @@ from checkpointing.generations import (
     list_generations,
     prune_plan,
     resolve_latest,
+    state_layout_of,
 )
 from checkpointing.manifest import FORMAT_VERSION, Manifest
 from checkpointing.safe_load import safe_torch_load
@@ -55,6 +58,7 @@ from checkpointing.state import (
     ema_of,
     gather_model_states,
     gather_optimizer_state,
+    is_seed_protocol,
     module_of,
     restore_optimizer,
     rng_state,
@@ -72,6 +76,7 @@ class _Source:
 
     marker_path: Path  # a generation's marker, or load_path as configured
     resume: bool  # restore the training state too, not just the weights
+    state_layout: str = layout.FULL  # the layout its manifest records (seed-era and release files: full)
 
 
 @dataclass
@@ -81,9 +86,11 @@ class _SaveJob:
     iteration: int
     marker: str
     pinned: bool
-    primary: bool
-    files: list[tuple[str, Any]]  # (file name, object) this rank writes, the marker excluded
-    marker_state: dict[str, Any] | None  # rank 0 only: written after every rank's files are durable
+    primary: bool  # rank 0: commits the generation (marker, manifest, pointer)
+    state_layout: str
+    files: list[tuple[str, Any]]  # (file name, object) this rank torch.saves whole, the marker excluded
+    parts: list[tuple[str, dict]] = field(default_factory=list)  # sharded: (kind, this rank's shards) for DCP
+    marker_state: dict[str, Any] | None = None  # rank 0 only: written after every rank's files are durable
 
 
 class _StagingBuffers:
@@ -97,6 +104,16 @@ class _StagingBuffers:
         self._buffers: dict[tuple, torch.Tensor] = {}
 
     def stage(self, obj: Any, path: tuple = ()) -> Any:
+        if isinstance(obj, DTensor):  # FSDP2: this rank's shard, same mesh and placements
+            local = self.stage(obj.to_local(), path)
+            return DTensor.from_local(
+                local, obj.device_mesh, obj.placements, run_check=False, shape=obj.shape, stride=obj.stride()
+            )
+        if isinstance(obj, ShardedTensor):  # FSDP1's sharded state: this rank's shards, same global metadata
+            shards = [Shard(self.stage(s.tensor, (*path, i)), s.metadata) for i, s in enumerate(obj.local_shards())]
+            return ShardedTensor._init_from_local_shards_and_global_metadata(
+                shards, obj.metadata(), process_group=obj._process_group
+            )
         if isinstance(obj, torch.Tensor):
             buffer = self._buffers.get(path)
             if buffer is None or buffer.shape != obj.shape or buffer.dtype != obj.dtype:
@@ -159,10 +176,12 @@ class FSDPCheckpointer:
             try:
                 resolution = resolve_latest(self.checkpoint_dir_local, self.config.verify)
                 if resolution is not None:
-                    outcome = _Source(resolution.marker_path, True)
+                    manifest = resolution.generation.manifest
+                    outcome = _Source(resolution.marker_path, True, manifest.state_layout if manifest else layout.FULL)
                     logger.info("resuming from %s", resolution.marker_path)
                 elif self.load_path:
-                    outcome = _Source(self._checked_load_path(), self.load_training_state)
+                    path = self._checked_load_path()
+                    outcome = _Source(path, self.load_training_state, state_layout_of(path))
                     logger.info(
                         "starting from load_path %s (training state: %s)",
                         self.load_path,
@@ -233,10 +252,13 @@ class FSDPCheckpointer:
         return path
 
     def _load_weights(self, module: nn.Module, source: _Source, is_ema: bool, ema_id: int = 0) -> None:
-        path = self._weights_file(source, is_ema, ema_id)
         start = time.perf_counter()
-        state = read_weights(path, trusted=self.config.trust_legacy_pickle)
-        load_weights_into(module, state, strict=self.strict_resume, source=str(path))
+        if source.state_layout == layout.SHARDED:
+            path = self._load_sharded_weights(module, source, is_ema)
+        else:
+            path = self._weights_file(source, is_ema, ema_id)
+            state = read_weights(path, trusted=self.config.trust_legacy_pickle)
+            load_weights_into(module, state, strict=self.strict_resume, source=str(path))
         self._restored.add("ema" if is_ema else "reg")
         logger.info(
             "loaded %s weights from %s in %.2f s",
@@ -244,6 +266,21 @@ class FSDPCheckpointer:
             path,
             time.perf_counter() - start,
         )
+
+    def _load_sharded_weights(self, module: nn.Module, source: _Source, is_ema: bool) -> Path:
+        """Reshard a weights part into `module` (collective); the EMA part, else the regular one. Returns
+        the metadata file read, for the log."""
+        from checkpointing import sharded
+
+        directory, marker = source.marker_path.parent, source.marker_path.name
+        kind = layout.REG_MODEL
+        if is_ema:
+            if (directory / layout.part_metadata_name(marker, layout.EMA_MODEL)).is_file():
+                kind = layout.EMA_MODEL
+            else:
+                logger.warning("%s has no EMA part; initialising the EMA from the regular weights", marker)
+        sharded.load_module(module, directory, marker, kind, self._group, self.strict_resume)
+        return directory / layout.part_metadata_name(marker, kind)
 
     def _load_optim_file(self, source: _Source) -> dict[str, Any]:
         path = self._sibling(source, layout.OPTIM)
@@ -256,9 +293,17 @@ class FSDPCheckpointer:
             raise CheckpointError(f"{path} does not hold an {{'optimizer', 'scheduler'}} dict")
         return state
 
-    def _restore_optim(self, model: Any, optimizer: Any, scheduler: Any, state: dict[str, Any]) -> None:
+    def _restore_optim(
+        self, model: Any, optimizer: Any, scheduler: Any, state: dict[str, Any], source: _Source
+    ) -> None:
         if optimizer is not None and state.get(OPTIMIZER) is not None:
-            restore_optimizer(model, optimizer, state[OPTIMIZER])
+            if source.state_layout == layout.SHARDED:
+                from checkpointing import sharded
+
+                directory, marker = source.marker_path.parent, source.marker_path.name
+                sharded.load_optimizer(module_of(model), optimizer, state[OPTIMIZER], directory, marker, self._group)
+            else:
+                restore_optimizer(model, optimizer, state[OPTIMIZER])
         if scheduler is not None and state.get(SCHEDULER) is not None:
             scheduler.load_state_dict(state[SCHEDULER])
         self._restored.add("optim")
@@ -281,7 +326,7 @@ class FSDPCheckpointer:
         source = self._decide_source()
         if source is None or not source.resume:
             return
-        self._restore_optim(fsdp_model, optimizer, scheduler, self._load_optim_file(source))
+        self._restore_optim(fsdp_model, optimizer, scheduler, self._load_optim_file(source), source)
 
     def load(
         self,
@@ -317,7 +362,7 @@ class FSDPCheckpointer:
                 if need_optim or grad_scaler is not None:
                     optim_state = self._load_optim_file(source)
                     if need_optim:
-                        self._restore_optim(model, optimizer, scheduler, optim_state)
+                        self._restore_optim(model, optimizer, scheduler, optim_state, source)
                     if grad_scaler is not None and optim_state.get(GRAD_SCALER):
                         grad_scaler.load_state_dict(optim_state[GRAD_SCALER])
                 self._restore_rng(marker_state)
@@ -351,45 +396,27 @@ class FSDPCheckpointer:
         iteration: int,
         async_saving: bool = True,
     ) -> None:
-        """Save a generation. Collective. With async saving, returns once the state is copied; a failure
-        of that write is raised by the next save() or finalize() on every rank."""
+        """Save a generation. Collective. With async saving, returns once this rank's share is copied; a
+        failure of that write is raised by the next save() or finalize() on every rank."""
         # 1. finish the previous save and surface its failure everywhere
         self._finish_inflight()
         self._ensure_group()
         self.callbacks.on_save_checkpoint_start(model, iteration)
-        # 2. gather full state (collective) and decide who writes what
-        role = save_role(model)
-        reg, ema = gather_model_states(model)
-        optim = gather_optimizer_state(model, optimizer)
-        numbered = self.config.is_numbered(iteration)
-        marker = layout.marker_name(iteration, "", numbered)
-        files: list[tuple[str, Any]] = []
-        if role.primary:
-            if collectives.rank() != 0:
-                raise ValueError(
-                    f"rank {collectives.rank()} claims to be the primary checkpoint writer; only rank 0 may"
-                )
-            if reg is not None:
-                files.append((layout.sibling_name(marker, layout.REG_MODEL), reg))
-            if ema is not None:
-                files.append((layout.sibling_name(marker, layout.EMA_MODEL), ema))
-            files.append(
-                (
-                    layout.sibling_name(marker, layout.OPTIM),
-                    {
-                        OPTIMIZER: optim,
-                        SCHEDULER: scheduler.state_dict() if scheduler is not None else None,
-                        GRAD_SCALER: grad_scaler.state_dict() if grad_scaler is not None else None,
-                    },
-                )
-            )
-        elif role.writes_ema and ema is not None:
-            replica = layout.marker_name(iteration, role.postfix, numbered)
-            files.append((layout.sibling_name(replica, layout.EMA_MODEL), ema))
+        # 2. decide what this rank writes: the full layout gathers on rank 0 (collective), the sharded one
+        #    takes this rank's own shards
+        marker = layout.marker_name(iteration, "", self.config.is_numbered(iteration))
+        others = {
+            SCHEDULER: scheduler.state_dict() if scheduler is not None else None,
+            GRAD_SCALER: grad_scaler.state_dict() if grad_scaler is not None else None,
+        }
+        if self.config.state_layout == layout.SHARDED:
+            job = self._sharded_job(model, optimizer, others, iteration, marker)
+        else:
+            job = self._full_job(model, optimizer, others, iteration, marker)
         # 3. one exchange: every rank's RNG state and any rank's lack of disk space
         self.checkpoint_dir_local.mkdir(parents=True, exist_ok=True)
         exchanged = collectives.all_gather(
-            {"rng": rng_state(), "disk": self._disk_shortfall(files, iteration, role.primary)}, self._group
+            {"rng": rng_state(), "disk": self._disk_shortfall(job)}, self._group
         )
         shortfalls = [e["disk"] for e in exchanged if e["disk"]]
         if shortfalls:
@@ -401,19 +428,11 @@ class FSDPCheckpointer:
             RNG: [e["rng"] for e in exchanged],
         }
         self.callbacks.on_save_checkpoint(model, state_dict=marker_state)
-        job = _SaveJob(
-            iteration,
-            marker,
-            iteration in self.config.save_at_iters,
-            role.primary,
-            files,
-            marker_state if role.primary else None,
-        )
+        job.marker_state = marker_state if job.primary else None
         # 4. write, in the background when allowed
         if async_saving and self.config.async_saving:
             start = time.perf_counter()
-            job.files = [(name, self._staging.stage(obj, (i,))) for i, (name, obj) in enumerate(files)]
-            job.marker_state = self._staging.stage(job.marker_state, ("marker",))
+            self._stage(job)
             logger.debug(
                 "staged iteration %d for async save in %.3f s", iteration, time.perf_counter() - start
             )
@@ -426,11 +445,63 @@ class FSDPCheckpointer:
             self._finish_inflight(asynchronous=False)
         self.callbacks.on_save_checkpoint_end(model=None, iteration=iteration)
 
-    def _disk_shortfall(self, files: list[tuple[str, Any]], iteration: int, primary: bool) -> str | None:
-        """A message if this rank's share would not fit; estimated from the state and the previous generation."""
-        estimate = sum(tensor_bytes(obj) for _, obj in files)
+    def _full_job(
+        self, model: Any, optimizer: Any, others: dict[str, Any], iteration: int, marker: str
+    ) -> _SaveJob:
+        """The full layout: full state gathered to rank 0 (collective), which writes it; EMA replica ranks
+        write their EMA."""
+        role = save_role(model)
+        reg, ema = gather_model_states(model)
+        optim = gather_optimizer_state(model, optimizer)
+        files: list[tuple[str, Any]] = []
+        if role.primary:
+            if collectives.rank() != 0:
+                raise ValueError(
+                    f"rank {collectives.rank()} claims to be the primary checkpoint writer; only rank 0 may"
+                )
+            if reg is not None:
+                files.append((layout.sibling_name(marker, layout.REG_MODEL), reg))
+            if ema is not None:
+                files.append((layout.sibling_name(marker, layout.EMA_MODEL), ema))
+            files.append((layout.sibling_name(marker, layout.OPTIM), {OPTIMIZER: optim, **others}))
+        elif role.writes_ema and ema is not None:
+            replica = layout.marker_name(iteration, role.postfix, self.config.is_numbered(iteration))
+            files.append((layout.sibling_name(replica, layout.EMA_MODEL), ema))
+        return _SaveJob(iteration, marker, iteration in self.config.save_at_iters, role.primary, layout.FULL, files)
+
+    def _sharded_job(
+        self, model: Any, optimizer: Any, others: dict[str, Any], iteration: int, marker: str
+    ) -> _SaveJob:
+        """The sharded layout: every rank's own shards (nothing gathered); rank 0 also writes `_optim.pt`
+        with what is not a tensor (param groups, scheduler, grad scaler), the marker and the manifest."""
+        if is_seed_protocol(model):
+            raise ValueError(
+                "CheckpointConfig.state_layout='sharded' needs an nn.Module or a ModelWithEMA; the seed's model "
+                "protocol hands over full state dicts, so save it with state_layout='full'"
+            )
+        from checkpointing import sharded  # DCP's import costs seconds; only sharded saves pay it
+
+        parts, optim_rest = sharded.state_parts(model, optimizer)
+        primary = collectives.rank() == 0
+        files = [(layout.sibling_name(marker, layout.OPTIM), {OPTIMIZER: optim_rest, **others})] if primary else []
+        job = _SaveJob(iteration, marker, iteration in self.config.save_at_iters, primary, layout.SHARDED, files)
+        job.parts = parts
+        return job
+
+    def _stage(self, job: _SaveJob) -> None:
+        """Copy what this rank writes into reused buffers, so training may change the live state meanwhile."""
+        job.files = [(name, self._staging.stage(obj, ("file", i))) for i, (name, obj) in enumerate(job.files)]
+        job.parts = [(kind, self._staging.stage(state, ("part", kind))) for kind, state in job.parts]
+        job.marker_state = self._staging.stage(job.marker_state, ("marker",))
+
+    def _disk_shortfall(self, job: _SaveJob) -> str | None:
+        """A message if the generation would not fit; estimated from what this rank writes (times the world
+        size for the sharded layout, whose ranks all write into this folder) and the previous generation."""
+        estimate = tensor_bytes(job.files) + tensor_bytes(job.parts)
+        if job.state_layout == layout.SHARDED:
+            estimate *= collectives.world_size()
         basis = "the state being saved"
-        if primary:
+        if job.primary:
             previous = [g for g in list_generations(self.checkpoint_dir_local) if g.manifest is not None]
             if previous and previous[-1].total_bytes > estimate:
                 estimate, basis = previous[-1].total_bytes, f"the previous generation {previous[-1].marker}"
@@ -439,7 +510,7 @@ class FSDPCheckpointer:
         if free >= needed:
             return None
         return (
-            f"not enough free disk space in {self.checkpoint_dir_local} to save iteration {iteration} on rank "
+            f"not enough free disk space in {self.checkpoint_dir_local} to save iteration {job.iteration} on rank "
             f"{collectives.rank()}: need about {needed / 1e9:.3f} GB ({self.config.disk_headroom}x the size of "
             f"{basis}), {free / 1e9:.3f} GB free; nothing was written. Free disk space or lower keep_last_checkpoints."
         )
@@ -452,7 +523,7 @@ class FSDPCheckpointer:
         never pass for a finished one. Never raises: the outcome (identical on every rank) is kept
         for _finish_inflight.
         """
-        rank, directory = collectives.rank(), self.checkpoint_dir_local
+        rank = collectives.rank()
         start = time.perf_counter()
         failure: BaseException | None = None
         try:
@@ -468,7 +539,7 @@ class FSDPCheckpointer:
             records, error = [], None
             if not errors:
                 try:
-                    records = atomic_torch_save_all([(obj, directory / name) for name, obj in job.files])
+                    records = self._write_own_files(job)
                 except Exception as e:
                     failure, error = e, f"rank {rank}: {e}"
             gathered = collectives.all_gather((records, error), self._group)
@@ -502,6 +573,19 @@ class FSDPCheckpointer:
         if job.files:
             self.callbacks.on_save_checkpoint_success(iteration=job.iteration)
 
+    def _write_own_files(self, job: _SaveJob) -> list[FileRecord]:
+        """This rank's files, durable, with their records. The sharded parts come first: they are collective,
+        and DCP raises a failure of any rank on every rank alike, so no rank leaves while others still wait in
+        them; what may fail on one rank alone (hashing, the whole files) runs after the last collective."""
+        directory = self.checkpoint_dir_local
+        records = []
+        if job.parts:
+            from checkpointing import sharded
+
+            writers = sharded.save_parts(job.parts, directory, job.marker, self._group)
+            records = sharded.part_records(writers, directory, job.marker, collectives.rank())
+        return records + atomic_torch_save_all([(obj, directory / name) for name, obj in job.files])
+
     def _mark_replaced(self, job: _SaveJob) -> None:
         """Before an existing generation's files are overwritten (ckpt_.pt, or a repeated iteration),
         back ckpt_.pt up and mark its manifest incomplete, so a torn overwrite is never loaded."""
@@ -519,7 +603,9 @@ class FSDPCheckpointer:
         directory = self.checkpoint_dir_local
         self._remove_strays(job.marker, {r.name for r in records})
         records = [*records, atomic_torch_save(job.marker_state, directory / job.marker)]
-        manifest = Manifest.from_records(job.iteration, records, collectives.world_size(), job.pinned)
+        manifest = Manifest.from_records(
+            job.iteration, records, collectives.world_size(), job.pinned, job.state_layout
+        )
         manifest.write(directory / layout.sibling_name(job.marker, layout.MANIFEST))
         atomic_write_text(directory / layout.POINTER_NAME, f"{job.marker}\n")
 
@@ -560,9 +646,9 @@ class FSDPCheckpointer:
             target.unlink(missing_ok=True)
             os.link(directory / name, target)
         fsync_dir(directory)
-        Manifest(
-            current.manifest.iteration, True, current.manifest.world_size, files=files, backup=True
-        ).write(directory / layout.sibling_name(backup, layout.MANIFEST))
+        replace(current.manifest, files=files, backup=True, pinned=False).write(
+            directory / layout.sibling_name(backup, layout.MANIFEST)
+        )
 
     def _prune(self) -> None:
         """Retention after the pointer moved (backups of ckpt_.pt go first); a failure never fails the save."""

@@ -5,6 +5,8 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
+from checkpointing.layout import FULL, STATE_LAYOUTS
+
 VERIFY_MODES = ("size", "sha256", "none")
 
 
@@ -26,6 +28,10 @@ class CheckpointConfig:
     trust_legacy_pickle: bool = False  # allow code-running pickles; only for files you wrote yourself
     disk_headroom: float = 1.1  # a save needs this many times its estimated bytes free on the disk
     replica_timeout_s: float = 1800.0  # how long ranks wait for each other while writing a generation
+    # "full": rank 0 gathers and writes whole files (the seed's layout); "sharded": every rank writes its own
+    # shards with torch.distributed.checkpoint, so a save's memory and time stay flat as the job grows.
+    # A resume reads whichever layout a generation has, at any world size.
+    state_layout: str = FULL
 
     def __post_init__(self) -> None:
         if not isinstance(self.load_path, str | os.PathLike):
@@ -49,6 +55,10 @@ class CheckpointConfig:
             raise ValueError(f"CheckpointConfig.save_iter must be an integer > 0, got {self.save_iter!r}")
         if self.verify not in VERIFY_MODES:
             raise ValueError(f"CheckpointConfig.verify must be one of {VERIFY_MODES}, got {self.verify!r}")
+        if self.state_layout not in STATE_LAYOUTS:
+            raise ValueError(
+                f"CheckpointConfig.state_layout must be one of {STATE_LAYOUTS}, got {self.state_layout!r}"
+            )
         if not self.disk_headroom >= 1.0:
             raise ValueError(f"CheckpointConfig.disk_headroom must be >= 1.0, got {self.disk_headroom!r}")
         if not self.replica_timeout_s > 0:

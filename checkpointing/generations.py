@@ -127,6 +127,15 @@ def generation_problems(directory: Path, generation: Generation, verify: str) ->
     return problems
 
 
+def state_layout_of(marker_path: Path) -> str:
+    """The layout of the generation `marker_path` names, as its manifest records it; a marker without a
+    readable manifest (seed-era, a release file named like a marker, a weights file) is read as full."""
+    try:
+        return Manifest.read(layout.sibling_path(marker_path, layout.MANIFEST)).state_layout
+    except (CorruptCheckpointError, ValueError):  # ValueError: not a marker's name, so no manifest beside it
+        return layout.FULL
+
+
 def is_committed_format(marker_path: Path) -> bool:
     """True when the marker carries this package's format key, so only a complete manifest makes it count.
 

@@ -1,7 +1,9 @@
 """FSDPInferenceCheckpointer: the seed's inference-mode checkpointer, which only ever loads weights.
 
 It accepts a weights file (`.safetensors` or a weights-only `.pt`), a checkpoint marker, a
-checkpoints directory or a job directory; the latter two resolve to the newest valid generation.
+checkpoints directory or a job directory; the latter two resolve to the newest valid generation. A sharded
+generation (issue 21) loads in this one process, with no process group: DCP reshards its part's shards
+into the model, and the optimizer's shards are never read.
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ from typing import Any
 
 from torch import nn
 
-from checkpointing.weights import load_weights_into, read_weights, resolve_weights
+from checkpointing.weights import load_weights_file, resolve_weights
 
 logger = logging.getLogger(__name__)
 
@@ -33,8 +35,7 @@ class FSDPInferenceCheckpointer:
                 "%s is a single weights file; it holds no separate EMA weights to load", self.ckpt_path
             )
             return
-        state = read_weights(resolved.path)
-        load_weights_into(model, state, strict=self.strict_resume, source=str(resolved.path))
+        load_weights_file(model, resolved.path, strict=self.strict_resume)
         logger.info("loaded %s weights from %s", resolved.kind, resolved.path)
 
     def load_optim_scheduler_during_init(self, *args: Any, **kwargs: Any) -> None:

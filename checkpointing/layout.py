@@ -9,6 +9,12 @@ In `<job>/checkpoints/`:
     latest_checkpoint.txt           "iter_000000100.pt\n", published last
 Without retention the stem is `ckpt_` (ckpt_.pt, ckpt__reg_model.pt, ...), overwritten by each save.
 
+The sharded layout (issue 21) keeps the marker, `_optim.pt` (everything but the optimizer's tensors) and the
+manifest, and replaces each weights or optimizer-tensor file by a torch.distributed.checkpoint part:
+    iter_000000100_reg_model.metadata          the part's DCP metadata (written by rank 0)
+    iter_000000100_reg_model_rank{r}.distcp    rank r's shards of it (one file per rank)
+and likewise `_ema_model` and `_optim`.
+
 Sibling names are derived from the file name only: the seed's `path.replace(".pt", ...)` also rewrote
 directories whose names contain ".pt".
 """
@@ -26,15 +32,22 @@ REG_MODEL = "reg_model"
 EMA_MODEL = "ema_model"
 OPTIM = "optim"
 MANIFEST = "manifest"
+#: The two state layouts (CheckpointConfig.state_layout; the manifest records which one a generation uses).
+FULL = "full"
+SHARDED = "sharded"
+STATE_LAYOUTS = (FULL, SHARDED)
+#: What the sharded layout writes as DCP parts, in the order they are saved.
+SHARDED_PARTS = (REG_MODEL, EMA_MODEL, OPTIM)
 #: Key present in every marker this package writes and absent from the seed's: a marker carrying it
 #: counts only together with its complete manifest (the commit record).
 FORMAT = "checkpointing_format"
 
 _MARKER_RE = re.compile(r"^(?:iter_(?P<iteration>\d{9,})|ckpt_)\.pt$")
-# Any file that belongs to a generation: its stem, an optional replica postfix and an optional kind.
+# Any file that belongs to a generation: its stem, then a full-layout file (optional replica postfix, optional
+# kind) or a sharded part's metadata or shard.
 _MEMBER_RE = re.compile(
-    r"^(?P<stem>iter_\d{9,}|ckpt_)(?P<replica>_RANK\d+)?(?:_(?P<kind>reg_model|ema_model|optim|manifest))?"
-    r"\.(?P<ext>pt|json)$"
+    r"^(?P<stem>iter_\d{9,}|ckpt_)(?:(?:_RANK\d+)?(?:_(?:reg_model|ema_model|optim|manifest))?\.(?:pt|json)"
+    r"|_(?P<part>reg_model|ema_model|optim)(?:\.metadata|_rank(?P<rank>\d+)\.distcp))$"
 )
 
 
@@ -57,9 +70,37 @@ def sibling_name(marker: str, kind: str) -> str:
     return f"{stem_of(marker)}_{kind}.pt"
 
 
-def required_files(marker: str) -> list[str]:
-    """Files every committed generation of `marker` has: without one of them it cannot be resumed."""
-    return [marker, sibling_name(marker, REG_MODEL), sibling_name(marker, OPTIM)]
+def part_metadata_name(marker: str, kind: str) -> str:
+    """`iter_000000100.pt` + `reg_model` -> `iter_000000100_reg_model.metadata` (a sharded part's DCP metadata)."""
+    return f"{stem_of(marker)}_{kind}.metadata"
+
+
+def shard_name(marker: str, kind: str, rank: int) -> str:
+    """`iter_000000100.pt` + `reg_model` + 3 -> `iter_000000100_reg_model_rank3.distcp`."""
+    return f"{stem_of(marker)}_{kind}_rank{rank}.distcp"
+
+
+def part_file(name: str) -> tuple[str, str, int | None] | None:
+    """(marker, kind, rank) of a sharded part's file name (rank None for its metadata); None for other names."""
+    match = _MEMBER_RE.match(name)
+    if match is None or match["part"] is None:
+        return None
+    return f"{match['stem']}.pt", match["part"], None if match["rank"] is None else int(match["rank"])
+
+
+def required_files(marker: str, state_layout: str, world_size: int, listed: set[str] | dict) -> list[str]:
+    """Files a committed generation of `marker` must have: without one of them it cannot be resumed.
+
+    Full layout: the marker, the weights and the optimizer file. Sharded: the marker, `_optim.pt`, the
+    regular weights' metadata and, for every part whose metadata is `listed`, one shard per rank.
+    """
+    if state_layout == FULL:
+        return [marker, sibling_name(marker, REG_MODEL), sibling_name(marker, OPTIM)]
+    required = [marker, sibling_name(marker, OPTIM), part_metadata_name(marker, REG_MODEL)]
+    for kind in SHARDED_PARTS:
+        if part_metadata_name(marker, kind) in listed:
+            required += [shard_name(marker, kind, rank) for rank in range(world_size)]
+    return required
 
 
 def replica_marker(marker: str, replica: int) -> str:

@@ -42,6 +42,8 @@ def _schema_problem(data: object) -> str | None:
     for name, minimum in (("iteration", 0), ("world_size", 1), ("format", 1)):
         if name in data and not _is_int(data[name], minimum):
             return f"{name!r} must be an integer >= {minimum}, found {data[name]!r}"[:200]
+    if data.get("state_layout", layout.FULL) not in layout.STATE_LAYOUTS:
+        return f"'state_layout' must be one of {layout.STATE_LAYOUTS}"
     for name in ("complete", "pinned", "backup"):
         if name in data and not isinstance(data[name], bool):
             return f"{name!r} must be true or false"
@@ -71,13 +73,14 @@ class Manifest:
     backup: bool = False  # hard-linked copy of ckpt_.pt kept only while ckpt_.pt is being overwritten
     files: dict[str, dict[str, int | str]] = field(default_factory=dict)  # name -> {"size", "sha256"}
     format: int = FORMAT_VERSION
+    state_layout: str = layout.FULL  # manifests written before issue 21 lack it: they are all full
 
     @classmethod
     def from_records(
-        cls, iteration: int, records: list[FileRecord], world_size: int, pinned: bool
+        cls, iteration: int, records: list[FileRecord], world_size: int, pinned: bool, state_layout: str
     ) -> Manifest:
         files = {r.name: {"size": r.size, "sha256": r.sha256} for r in records}
-        return cls(iteration=iteration, complete=True, world_size=world_size, pinned=pinned, files=files)
+        return cls(iteration, True, world_size, pinned, files=files, state_layout=state_layout)
 
     @property
     def total_bytes(self) -> int:
@@ -122,7 +125,7 @@ class Manifest:
             return outside
         found = [
             f"{name} is required but the manifest does not list it"
-            for name in layout.required_files(marker)
+            for name in layout.required_files(marker, self.state_layout, self.world_size, self.files)
             if name not in self.files
         ]
         found += [

@@ -19,7 +19,13 @@ from torch import nn
 
 from checkpointing import layout
 from checkpointing.errors import CheckpointError, CorruptCheckpointError, StateDictMismatchError
-from checkpointing.generations import Resolution, generation_problems, list_generations, resolve_latest
+from checkpointing.generations import (
+    Generation,
+    Resolution,
+    generation_problems,
+    list_generations,
+    resolve_latest,
+)
 from checkpointing.safe_load import safe_torch_load
 
 logger = logging.getLogger(__name__)
@@ -120,44 +126,77 @@ def resolve_generation(directory: str | os.PathLike, verify: str = "size") -> Re
     raise CheckpointError(f"{ckpt_dir} has no {layout.POINTER_NAME} and no valid checkpoint generation")
 
 
+def _named_generation(marker_path: Path, verify: str) -> Generation | None:
+    """The generation a marker file names, checked like a resume checks it; None when the file is no
+    generation's marker (a weights file, or a release file that happens to be named like a marker)."""
+    try:
+        layout.parse_marker(marker_path.name)
+    except ValueError:
+        return None
+    directory = marker_path.parent
+    generation = next((g for g in list_generations(directory) if g.marker == marker_path.name), None)
+    if generation is None or (
+        generation.manifest is None
+        and generation.manifest_error is None
+        and layout.sibling_name(generation.marker, layout.REG_MODEL) not in generation.files
+    ):
+        return None
+    problems = generation_problems(directory, generation, verify)
+    if problems:
+        raise CorruptCheckpointError(f"{marker_path} is not a loadable generation: {'; '.join(problems)}")
+    return generation
+
+
 def resolve_weights(
     source: str | os.PathLike, prefer_ema: bool = True, verify: str = "size"
 ) -> ResolvedWeights:
-    """A weights file, a marker `.pt`, a checkpoints dir or a job dir -> the weights file to load.
+    """A weights file, a marker `.pt`, a checkpoints dir or a job dir -> the weights to load.
 
     For a generation the EMA weights are preferred (when asked) and the regular ones used otherwise,
-    with a notice saying so.
+    with a notice saying so. A marker's generation is checked as a resume would check it. For a sharded
+    generation the path is the part's DCP metadata (`iter_…_ema_model.metadata`), which
+    `load_weights_file` reads with its shards.
     """
     source = Path(source)
     if source.is_dir():
         resolution = resolve_generation(source, verify)
-        directory, marker, notices = (
-            resolution.directory,
-            resolution.generation.marker,
-            list(resolution.notices),
-        )
-        iteration = resolution.generation.iteration
+        directory, generation, notices = resolution.directory, resolution.generation, list(resolution.notices)
     elif source.is_file():
-        try:
-            iteration = layout.parse_marker(source.name)
-        except ValueError:
+        generation = _named_generation(source, verify)
+        if generation is None:
             return ResolvedWeights(source, "file")
-        if not layout.sibling_path(source, layout.REG_MODEL).is_file():
-            return ResolvedWeights(source, "file")  # a release file that happens to be named like a marker
-        directory, marker, notices = source.parent, source.name, []
+        directory, notices = source.parent, []
     else:
         raise FileNotFoundError(f"checkpoint source {source} does not exist")
-    ema = directory / layout.sibling_name(marker, layout.EMA_MODEL)
-    reg = directory / layout.sibling_name(marker, layout.REG_MODEL)
-    if prefer_ema and ema.is_file():
-        return ResolvedWeights(ema, "ema", iteration, notices)
+    marker = generation.marker
+    sharded = generation.manifest is not None and generation.manifest.state_layout == layout.SHARDED
+    name_of = layout.part_metadata_name if sharded else layout.sibling_name
+    ema, reg = directory / name_of(marker, layout.EMA_MODEL), directory / name_of(marker, layout.REG_MODEL)
+    if prefer_ema and ema.name in generation.files:
+        return ResolvedWeights(ema, "ema", generation.iteration, notices)
     if prefer_ema:
         notices.append(f"{marker} has no EMA weights; using the regular weights {reg.name}")
         logger.warning("%s", notices[-1])
-    return ResolvedWeights(reg, "reg", iteration, notices)
+    return ResolvedWeights(reg, "reg", generation.iteration, notices)
 
 
-def _is_plain(module: nn.Module) -> bool:
+def load_weights_file(module: nn.Module, path: Path, strict: bool = True, trusted: bool = False) -> None:
+    """Load one weights source `resolve_weights` named into `module`: a `.safetensors` or torch file, or a
+    sharded generation's part (its `.metadata`), read in this process alone with no process group and
+    without touching the generation's other parts (the optimizer's shards stay unread)."""
+    part = layout.part_file(path.name)
+    if part is None or part[2] is not None:
+        load_weights_into(module, read_weights(path, trusted=trusted), strict=strict, source=str(path))
+        return
+    marker, kind, _ = part
+    if _named_generation(path.parent / marker, "size") is None:
+        raise CorruptCheckpointError(f"{path} belongs to no checkpoint generation beside it ({marker} is missing)")
+    from checkpointing import sharded  # DCP's import costs seconds; plain weights files never pay it
+
+    sharded.load_module(module, path.parent, marker, kind, group=None, strict=strict)
+
+
+def is_plain(module: nn.Module) -> bool:
     """True for a module no data-parallel wrapper touched.
 
     Such modules (every inference load) skip torch.distributed.checkpoint, whose first call imports
@@ -172,7 +211,7 @@ def _is_plain(module: nn.Module) -> bool:
 
 def _expected_shapes(module: nn.Module) -> dict[str, tuple[int, ...]]:
     """Global shapes by clean FQN, without all-gathering (DTensor/ShardedTensor report global shapes)."""
-    if _is_plain(module):
+    if is_plain(module):
         return {k: tuple(v.shape) for k, v in module.state_dict().items()}
     from torch.distributed.checkpoint.state_dict import get_model_state_dict
 
@@ -180,37 +219,32 @@ def _expected_shapes(module: nn.Module) -> dict[str, tuple[int, ...]]:
 
 
 def mismatch_report(
-    module: nn.Module, state_dict: dict[str, torch.Tensor]
+    module: nn.Module, shapes: dict[str, tuple[int, ...]]
 ) -> tuple[list[str], list[str], list[str]]:
-    """(missing keys, unexpected keys, 'name: file (..) vs model (..)' shape mismatches)."""
+    """(missing keys, unexpected keys, 'name: file (..) vs model (..)' shape mismatches) of weights whose
+    global shapes are `shapes`, against the module."""
     expected = _expected_shapes(module)
-    missing = sorted(k for k in expected if k not in state_dict)
-    unexpected = sorted(k for k in state_dict if k not in expected)
-    shapes = sorted(
-        f"{k}: file {tuple(state_dict[k].shape)} vs model {expected[k]}"
+    missing = sorted(k for k in expected if k not in shapes)
+    unexpected = sorted(k for k in shapes if k not in expected)
+    mismatched = sorted(
+        f"{k}: file {tuple(shapes[k])} vs model {expected[k]}"
         for k in expected
-        if k in state_dict and tuple(state_dict[k].shape) != expected[k]
+        if k in shapes and tuple(shapes[k]) != expected[k]
     )
-    return missing, unexpected, shapes
+    return missing, unexpected, mismatched
 
 
-def load_weights_into(
-    module: nn.Module, state_dict: dict[str, torch.Tensor], strict: bool = True, source: str = "weights"
-) -> tuple[list[str], list[str], list[str]]:
-    """Copy a full (unsharded) state dict into a plain, DDP, FSDP1 or FSDP2 module.
-
-    strict: raise StateDictMismatchError listing every missing key, unexpected key and shape mismatch.
-    Not strict: load what fits, log the rest. Returns (missing, unexpected, shape mismatches).
-    """
-    state_dict = strip_wrapper_prefixes(state_dict)
-    missing, unexpected, shapes = mismatch_report(module, state_dict)
-    if strict and (missing or unexpected or shapes):
+def check_fit(module: nn.Module, shapes: dict[str, tuple[int, ...]], strict: bool, source: str) -> set[str]:
+    """The keys of `shapes` to load into `module`: all of them, or (strict) StateDictMismatchError listing every
+    missing key, unexpected key and shape mismatch; not strict, the ones that fit, the rest logged."""
+    missing, unexpected, mismatched = mismatch_report(module, shapes)
+    if strict and (missing or unexpected or mismatched):
         parts = [
             f"{label} ({len(items)}): {', '.join(items[:20])}{' ...' if len(items) > 20 else ''}"
             for label, items in (
                 ("missing keys", missing),
                 ("unexpected keys", unexpected),
-                ("shape mismatches", shapes),
+                ("shape mismatches", mismatched),
             )
             if items
         ]
@@ -219,21 +253,33 @@ def load_weights_into(
             + "; ".join(parts)
             + ". Pass strict_resume=False to load only what matches."
         )
-    bad = set(unexpected) | {s.split(":")[0] for s in shapes}
-    fitting = {k: v for k, v in state_dict.items() if k not in bad}
+    bad = set(unexpected) | {s.split(":")[0] for s in mismatched}
     if missing or bad:
         logger.warning(
             "%s: loading non-strictly; %d missing, %d unexpected, %d shape-mismatched keys left out",
             source,
             len(missing),
             len(unexpected),
-            len(shapes),
+            len(mismatched),
         )
-    if _is_plain(module):
-        module.load_state_dict(fitting, strict=False)
-        return missing, unexpected, shapes
+    return set(shapes) - bad
+
+
+def load_weights_into(
+    module: nn.Module, state_dict: dict[str, torch.Tensor], strict: bool = True, source: str = "weights"
+) -> None:
+    """Copy a full (unsharded) state dict into a plain, DDP, FSDP1 or FSDP2 module.
+
+    strict: raise StateDictMismatchError listing every missing key, unexpected key and shape mismatch.
+    Not strict: load what fits, log the rest.
+    """
+    state_dict = strip_wrapper_prefixes(state_dict)
+    fitting = check_fit(module, {k: tuple(v.shape) for k, v in state_dict.items()}, strict, source)
+    state_dict = {k: v for k, v in state_dict.items() if k in fitting}
+    if is_plain(module):
+        module.load_state_dict(state_dict, strict=False)
+        return
     from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
 
     full = torch.distributed.is_available() and torch.distributed.is_initialized()
-    set_model_state_dict(module, fitting, options=StateDictOptions(full_state_dict=full, strict=False))
-    return missing, unexpected, shapes
+    set_model_state_dict(module, state_dict, options=StateDictOptions(full_state_dict=full, strict=False))

@@ -1,14 +1,15 @@
 """One rank of a real multi-process checkpointing run (gloo on CPU), launched by tests/test_checkpointing_dist.py.
 
 Scenarios:
-  train    FSDP2 model: train, save asynchronously at --save-at, keep training (the uninterrupted
-           reference), finalize, then SIGKILL itself.
-  resume   FSDP2 model on any world size: load, report the restored state, keep training.
+  train    FSDP2 model and EMA: train, save asynchronously (--layout) at each --save-at step, keep training
+           (the uninterrupted reference), finalize, then SIGKILL itself.
+  resume   FSDP2 model and EMA on any world size: load either layout, report the restored state, keep training.
   replica  seed-protocol model with an EMA replica on rank 1: replica success callbacks, replica files
            gating the pointer, and an injected write failure surfacing on every rank.
   peerdies rank 1 is SIGKILLed after writing its files, before rank 0 commits the generation.
-  ddp      DDP-wrapped model: save on 2 ranks, resume into a fresh DDP model.
-  crash    one process resuming and saving in a loop until it is SIGKILLed at a random moment.
+  ddp      DDP-wrapped model: save on 2 ranks (--layout), resume into a fresh DDP model.
+  shardfails  sharded layout: rank 1's shard cannot be put in place; the failure reaches every rank.
+  crash    a job (one process, or FSDP2 ranks) resuming and saving in a loop until SIGKILLed at a random moment.
 Each rank writes what it observed to <out>/rank<k>.pt. Run as a server (see serve()).
 """
 
@@ -48,6 +49,7 @@ from checkpointing import (
     CheckpointConfig,
     FSDPCheckpointer,
     JobConfig,
+    ModelWithEMA,
 )
 from checkpointing.state import rng_state
 
@@ -63,10 +65,13 @@ def build_fsdp_model() -> nn.Module:
     return model
 
 
-def build_optim(model: nn.Module) -> tuple[torch.optim.Optimizer, torch.optim.lr_scheduler.LRScheduler]:
+def build_training() -> tuple[ModelWithEMA, torch.optim.Optimizer, torch.optim.lr_scheduler.LRScheduler]:
+    """An FSDP2 model, its EMA twin (sharded alike), AdamW and a OneCycle schedule."""
+    model, ema = build_fsdp_model(), build_fsdp_model()
+    ema.requires_grad_(False)
     optimizer = torch.optim.AdamW(model.parameters(), lr=0.02, weight_decay=0.01)
     scheduler = torch.optim.lr_scheduler.OneCycleLR(optimizer, max_lr=0.05, total_steps=40)
-    return optimizer, scheduler
+    return ModelWithEMA(model, ema), optimizer, scheduler
 
 
 def seed_rank_streams(rank: int) -> None:
@@ -75,60 +80,62 @@ def seed_rank_streams(rank: int) -> None:
     torch.manual_seed(3000 + rank)
 
 
-def train_step(model: nn.Module, optimizer: torch.optim.Optimizer, scheduler) -> float:
+def train_step(state: ModelWithEMA, optimizer: torch.optim.Optimizer, scheduler) -> float:
     """Data and noise come from the global python/numpy/torch RNGs, so a resume is exact only if they are restored."""
     x = torch.randn(6, 8)
     target = torch.randn(6, 3) * (0.5 + random.random()) + float(np.random.rand())
-    loss = nn.functional.mse_loss(model(x), target)
+    loss = nn.functional.mse_loss(state.model(x), target)
     loss.backward()
     optimizer.step()
     optimizer.zero_grad()
     scheduler.step()
+    with torch.no_grad():
+        torch._foreach_lerp_(list(state.ema.parameters()), list(state.model.parameters()), 0.3)
     return loss.item()
 
 
-def full_state(model: nn.Module, optimizer: torch.optim.Optimizer) -> dict:
+def full_state(model: nn.Module, optimizer: torch.optim.Optimizer, ema: nn.Module | None = None) -> dict:
     """A private copy: on one rank the gathered tensors alias the live parameters."""
-    state = {
+    gathered = {
         "model": get_model_state_dict(model, options=FULL),
         "optim": get_optimizer_state_dict(model, optimizer, options=FULL),
     }
-    return copy.deepcopy(state)
+    if ema is not None:
+        gathered["ema"] = get_model_state_dict(ema, options=FULL)
+    return copy.deepcopy(gathered)
 
 
 def run_train(args: argparse.Namespace, rank: int, out: dict) -> None:
-    model = build_fsdp_model()
-    optimizer, scheduler = build_optim(model)
+    state, optimizer, scheduler = build_training()
     seed_rank_streams(rank)
-    ckpt = FSDPCheckpointer(CheckpointConfig(keep_last_checkpoints=2), JobConfig(path_local=args.job))
-    assert ckpt.load(model, optimizer, scheduler) == 0
-    out["losses"] = {}
+    config = CheckpointConfig(keep_last_checkpoints=2, state_layout=args.layout)
+    ckpt = FSDPCheckpointer(config, JobConfig(path_local=args.job))
+    assert ckpt.load(state, optimizer, scheduler) == 0
+    out["losses"], out["at_save"] = {}, {}
+    saves = [int(step) for step in args.save_at.split(",")]
     for step in range(1, args.steps + 1):
-        out["losses"][step] = train_step(model, optimizer, scheduler)
-        if step == args.save_at:
-            ckpt.save(model, optimizer, scheduler, None, step, async_saving=True)
+        out["losses"][step] = train_step(state, optimizer, scheduler)
+        if step in saves:
+            ckpt.save(state, optimizer, scheduler, None, step, async_saving=True)
             # what a resume must restore, captured before training mutates anything again
-            out["at_save"] = {
-                **full_state(model, optimizer),
+            out["at_save"][step] = {
+                **full_state(state.model, optimizer, state.ema),
                 "scheduler": scheduler.state_dict(),
                 "rng": rng_state(),
             }
-    out["final"] = full_state(model, optimizer)
+    out["final"] = full_state(state.model, optimizer, state.ema)
     ckpt.finalize()
 
 
 def run_resume(args: argparse.Namespace, rank: int, out: dict) -> None:
-    model = build_fsdp_model()
-    optimizer, scheduler = build_optim(model)
+    state, optimizer, scheduler = build_training()
     seed_rank_streams(rank + 77)  # deliberately different: the checkpoint must override them
     ckpt = FSDPCheckpointer(CheckpointConfig(keep_last_checkpoints=2), JobConfig(path_local=args.job))
-    start = ckpt.load(model, optimizer, scheduler)
+    start = ckpt.load(state, optimizer, scheduler)
     out["start"] = start
-    out["at_load"] = {**full_state(model, optimizer), "scheduler": scheduler.state_dict(), "rng": rng_state()}
-    out["losses"] = {
-        step: train_step(model, optimizer, scheduler) for step in range(start + 1, args.steps + 1)
-    }
-    out["final"] = full_state(model, optimizer)
+    out["at_load"] = {**full_state(state.model, optimizer, state.ema), "scheduler": scheduler.state_dict(), "rng": rng_state()}
+    out["losses"] = {step: train_step(state, optimizer, scheduler) for step in range(start + 1, args.steps + 1)}
+    out["final"] = full_state(state.model, optimizer, state.ema)
     ckpt.finalize()
 
 
@@ -246,7 +253,7 @@ def run_ddp(args: argparse.Namespace, rank: int, out: dict) -> None:
         optimizer.step()
         optimizer.zero_grad()
     job = JobConfig(path_local=args.job)
-    FSDPCheckpointer(CheckpointConfig(keep_last_checkpoints=1), job).save(
+    FSDPCheckpointer(CheckpointConfig(keep_last_checkpoints=1, state_layout=args.layout), job).save(
         model, optimizer, None, None, 3, False
     )
     fresh, fresh_optimizer = build()
@@ -255,26 +262,72 @@ def run_ddp(args: argparse.Namespace, rank: int, out: dict) -> None:
     out["loaded"] = full_state(fresh, fresh_optimizer)
 
 
+def run_shard_fails(args: argparse.Namespace, rank: int, out: dict) -> None:
+    """Sharded layout: rank 1 cannot put its optimizer shard of iteration 2 in place (a directory holds the
+    name); every rank must hear of it at the next save, the pointer must stay, and saving must go on."""
+    state, optimizer, _ = build_training()
+    train_step(state, optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, lambda _: 1.0))
+    config = CheckpointConfig(keep_last_checkpoints=5, state_layout="sharded", replica_timeout_s=120)
+    ckpt = FSDPCheckpointer(config, JobConfig(path_local=args.job))
+    checkpoints = Path(args.job) / "checkpoints"
+    ckpt.save(state, optimizer, None, None, 1, async_saving=True)
+    ckpt.finalize()
+    if rank == 1:
+        (checkpoints / "iter_000000002_optim_rank1.distcp").mkdir()
+    dist.barrier()
+    ckpt.save(state, optimizer, None, None, 2, async_saving=True)
+    try:
+        ckpt.save(state, optimizer, None, None, 3, async_saving=True)
+        out["next_save_error"] = None
+    except AsyncSaveError as e:
+        out["next_save_error"] = str(e)
+    out["pointer_after_failure"] = (checkpoints / "latest_checkpoint.txt").read_text()
+    ckpt.save(state, optimizer, None, None, 4, async_saving=True)
+    ckpt.finalize()
+    out["pointer_after_next_save"] = (checkpoints / "latest_checkpoint.txt").read_text()
+
+
+def _crash_model(world_size: int) -> nn.Module:
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(256, 512), nn.Linear(512, 512))
+    if world_size > 1:
+        for layer in model:
+            fully_shard(layer)
+        fully_shard(model)
+    return model
+
+
+def _holds_only(model: nn.Module, value: float) -> bool:
+    """Whether every parameter on every rank equals `value` (each rank checks its own shards)."""
+    local = [p.to_local() if hasattr(p, "to_local") else p for p in model.parameters()]
+    whole = torch.tensor([float(all(bool((t == value).all()) for t in local))])
+    if dist.is_initialized():
+        dist.all_reduce(whole, op=dist.ReduceOp.MIN)
+    return bool(whole.item())
+
+
 def run_crash(args: argparse.Namespace, rank: int, out: dict) -> None:
     """Resume, check the generation is whole, then save in a loop until SIGKILLed by the server.
 
     Weights are filled with the iteration number before each save, so a torn generation (marker of
-    one save, weights of another) shows up as a mismatch. Progress goes to a line log (O_APPEND).
+    one save, weights of another, or shards of two saves) shows up as a mismatch. Rank 0 logs progress
+    to a line log (O_APPEND).
     """
-    torch.manual_seed(0)
-    model = nn.Sequential(nn.Linear(256, 512), nn.Linear(512, 512))
+    model = _crash_model(dist.get_world_size() if dist.is_initialized() else 1)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
-    config = CheckpointConfig(keep_last_checkpoints=args.keep, save_at_iters=(5,))
+    config = CheckpointConfig(keep_last_checkpoints=args.keep, save_at_iters=(5,), state_layout=args.layout)
     log = open(Path(args.out) / "progress.log", "a", buffering=1)  # noqa: SIM115 (lives until the kill)
 
     class Published(CallBackGroup):
         def on_save_checkpoint_success(self, iteration: int) -> None:
-            log.write(f"published {iteration}\n")
+            if rank == 0:
+                log.write(f"published {iteration}\n")
 
     ckpt = FSDPCheckpointer(config, JobConfig(path_local=args.job), Published())
     start = ckpt.load(model, optimizer)
-    whole = all(bool((p == float(start)).all()) for p in model.parameters()) if start else True
-    log.write(f"resumed {start} {'whole' if whole else 'TORN'}\n")
+    whole = _holds_only(model, float(start)) if start else True
+    if rank == 0:
+        log.write(f"resumed {start} {'whole' if whole else 'TORN'}\n")
     os.write(args.ready_fd, b"r")
     iteration = start
     while True:
@@ -291,6 +344,7 @@ SCENARIOS = {
     "replica": run_replica,
     "peerdies": run_peer_dies,
     "ddp": run_ddp,
+    "shardfails": run_shard_fails,
     "crash": run_crash,
 }
 
@@ -301,14 +355,16 @@ def run_rank(argv: list[str], rank: int, world_size: int, ready_fd: int) -> None
     parser.add_argument("--job", required=True)
     parser.add_argument("--out", required=True)
     parser.add_argument("--steps", type=int, default=8)
-    parser.add_argument("--save-at", type=int, default=4)
+    parser.add_argument("--save-at", default="4", help="comma-separated steps at which `train` saves")
     parser.add_argument("--keep", type=int, default=2)
+    parser.add_argument("--layout", choices=("full", "sharded"), default="full")
+    parser.add_argument("--store", default="store", help="file name of the process group's store in --out")
     args = parser.parse_args(argv)
     args.ready_fd = ready_fd
     torch.set_num_threads(1)
     os.environ.update(RANK=str(rank), WORLD_SIZE=str(world_size))
     if world_size > 1 or args.scenario != "crash":
-        store = Path(args.out) / "store"
+        store = Path(args.out) / args.store
         dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world_size)
     out: dict = {"world_size": world_size}
     SCENARIOS[args.scenario](args, rank, out)
@@ -340,7 +396,7 @@ def serve() -> None:
 
     Requests are JSON lines on stdin: {"argv": [...], "world_size": N, "kill_after": seconds | null}.
     The reply is a JSON line with each rank's exit status (negative: killed by that signal). With
-    kill_after, the single rank is SIGKILLed that long after it signals it has resumed.
+    kill_after, every rank is SIGKILLed that long after all of them signal they have resumed.
     """
     warm_up()
     for line in sys.stdin:
@@ -364,9 +420,10 @@ def serve() -> None:
             pids.append(pid)
         os.close(ready_w)
         if request.get("kill_after") is not None:
-            ready = os.read(ready_r, 1) == b"r"
+            ready = all(os.read(ready_r, 1) == b"r" for _ in pids)
             time.sleep(request["kill_after"])
-            os.kill(pids[0], signal.SIGKILL)
+            for pid in pids:  # the whole job dies at once, like a preempted one
+                os.kill(pid, signal.SIGKILL)
         os.close(ready_r)
         codes = []
         for pid in pids:
@@ -409,10 +466,20 @@ class RankServer:
         self.proc.wait(timeout=60)
 
 
-def crash_trials(server: RankServer, root: Path, trials: int, seed: int) -> dict:
-    """SIGKILL a saving process `trials` times at random moments; summarise what each resume found.
+def crash_trials(
+    server: RankServer,
+    root: Path,
+    trials: int,
+    seed: int,
+    layout: str = "full",
+    world_size: int = 1,
+    window_s: float = 0.4,
+) -> dict:
+    """SIGKILL a saving job (every rank at once) `trials` times at a random moment within `window_s` of its
+    resume; summarise what each resume found.
 
-    Every third run overwrites ckpt_.pt in place (no retention), the others keep numbered generations.
+    Every third run overwrites ckpt_.pt in place (no retention), the others keep numbered generations. Each
+    run gets a fresh process-group store: a killed job leaves its store behind.
     """
     rng = random.Random(seed)
     job, out = root / "job", root / "out"
@@ -420,12 +487,9 @@ def crash_trials(server: RankServer, root: Path, trials: int, seed: int) -> dict
     died_early = 0
     for trial in range(trials):
         keep = 2 if trial % 3 else 0
-        reply = server.run(
-            ["crash", "--job", str(job), "--out", str(out), "--keep", str(keep)],
-            world_size=1,
-            kill_after=rng.uniform(0.0, 0.4),
-        )
-        died_early += not reply["ready"] or reply["codes"] != [-9]
+        argv = ["crash", "--job", str(job), "--out", str(out), "--keep", str(keep), "--layout", layout]
+        reply = server.run([*argv, "--store", f"store{trial}"], world_size, kill_after=rng.uniform(0.0, window_s))
+        died_early += not reply["ready"] or reply["codes"] != [-9] * world_size
     published, resumes, torn, went_back = 0, 0, [], []
     for line in (out / "progress.log").read_text().splitlines():
         event, iteration, *rest = line.split()

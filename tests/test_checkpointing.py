@@ -13,6 +13,7 @@ import random
 import stat
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -25,6 +26,7 @@ import checkpointing.atomic
 from checkpointing import (
     AsyncSaveError,
     CheckpointConfig,
+    CheckpointError,
     CheckpointPointerError,
     CheckpointWriteError,
     FSDPCheckpointer,
@@ -80,13 +82,14 @@ def make_ckpt(job: Path, **config) -> FSDPCheckpointer:
 def save_generations(job: Path, iterations, **config) -> dict[int, dict[str, torch.Tensor]]:
     """Save a model whose weights are filled with the iteration number; return each saved state."""
     model = make_model()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
     ckpt = make_ckpt(job, keep_last_checkpoints=config.pop("keep_last_checkpoints", 5), **config)
     saved = {}
     for it in iterations:
         with torch.no_grad():
             for p in model.parameters():
                 p.fill_(float(it))
-        ckpt.save(model, None, None, None, it, async_saving=False)
+        ckpt.save(model, optimizer, None, None, it, async_saving=False)
         saved[it] = {k: v.clone() for k, v in model.state_dict().items()}
     return saved
 
@@ -112,6 +115,7 @@ def ckdir(job: Path) -> Path:
         ({"save_iter": 0}, "save_iter"),
         ({"disk_headroom": 0.5}, "disk_headroom"),
         ({"async_saving": "yes"}, "async_saving"),
+        ({"state_layout": "zero3"}, "state_layout"),
     ],
 )
 def test_bad_config_fields_fail_at_construction_naming_field_and_value(kwargs, named):
@@ -197,11 +201,12 @@ def test_load_path_problems_name_the_config_field(tmp_path):
 # ---------------------------------------------------------------- defect 1: complete resume
 
 
-def test_defect1_resume_restores_scheduler_grad_scaler_and_rng_streams(tmp_path):
+@pytest.mark.parametrize("layout", ["full", "sharded"])
+def test_defect1_resume_restores_scheduler_grad_scaler_and_rng_streams(tmp_path, layout):
     job = tmp_path / "job"
     random.seed(1), np.random.seed(2), torch.manual_seed(3)
     model, optimizer, scheduler, scaler = make_training()
-    ckpt = make_ckpt(job, keep_last_checkpoints=3)
+    ckpt = make_ckpt(job, keep_last_checkpoints=3, state_layout=layout)
     train(model, optimizer, scheduler, scaler, 3)
     ckpt.save(model, optimizer, scheduler, scaler, 3, async_saving=True)
     expected_scheduler, expected_scale = scheduler.state_dict(), scaler.get_scale()
@@ -268,11 +273,12 @@ def _fail_fsync_on_files(monkeypatch):
     monkeypatch.setattr(checkpointing.atomic.os, "fsync", fsync)
 
 
-def test_disk_full_during_write_fails_clearly_and_keeps_the_previous_generation(tmp_path, monkeypatch):
+@pytest.mark.parametrize("layout", ["full", "sharded"])
+def test_disk_full_during_write_fails_clearly_and_keeps_the_previous_generation(tmp_path, monkeypatch, layout):
     job = tmp_path / "job"
-    saved = save_generations(job, [1])
+    saved = save_generations(job, [1], state_layout=layout)
     model = make_model()
-    ckpt = make_ckpt(job, keep_last_checkpoints=5)
+    ckpt = make_ckpt(job, keep_last_checkpoints=5, state_layout=layout)
     _fail_fsync_on_files(monkeypatch)
     with pytest.raises(CheckpointWriteError) as info:
         ckpt.save(model, None, None, None, 2, async_saving=False)
@@ -443,6 +449,15 @@ def _flip_bit(path: Path) -> None:
 
 
 @pytest.mark.parametrize(
+    ("layout", "damaged"),
+    [
+        ("full", "iter_000000003_reg_model.pt"),
+        ("sharded", "iter_000000003_reg_model_rank0.distcp"),
+        ("sharded", "iter_000000003_reg_model.metadata"),
+        ("sharded", "iter_000000003_optim_rank0.distcp"),
+    ],
+)
+@pytest.mark.parametrize(
     ("damage", "verify"),
     [
         (_truncate, "size"),
@@ -452,11 +467,11 @@ def _flip_bit(path: Path) -> None:
     ids=["truncated", "missing-sibling", "bit-flip"],
 )
 def test_defect7_broken_latest_generation_falls_back_to_the_newest_valid_one(
-    tmp_path, caplog, damage, verify
+    tmp_path, caplog, damage, verify, layout, damaged
 ):
     job = tmp_path / "job"
-    saved = save_generations(job, [1, 2, 3])
-    damage(ckdir(job) / "iter_000000003_reg_model.pt")
+    saved = save_generations(job, [1, 2, 3], state_layout=layout)
+    damage(ckdir(job) / damaged)
     iteration, model = load_fresh(job, verify=verify)
     assert iteration == 2
     assert torch.equal(model.state_dict()["0.weight"], saved[2]["0.weight"])
@@ -490,30 +505,34 @@ def test_a_generation_whose_save_never_committed_is_not_taken_for_a_seed_folder(
         assert "never committed" in " ".join(generation_problems(ckdir(job), uncommitted, verify))
 
 
-def test_interrupted_overwrite_of_ckpt_falls_back_to_its_hard_linked_backup(tmp_path, monkeypatch):
+@pytest.mark.parametrize("layout", ["full", "sharded"])
+def test_interrupted_overwrite_of_ckpt_falls_back_to_its_hard_linked_backup(tmp_path, monkeypatch, layout):
+    """The sharded backup reads its own (linked) shards although its metadata names ckpt_'s files."""
     job = tmp_path / "job"
-    saved = save_generations(job, [1], keep_last_checkpoints=0)
+    saved = save_generations(job, [1], keep_last_checkpoints=0, state_layout=layout)
     real_replace, calls = os.replace, []
 
-    def crash_on_second_rename(a, b):
-        calls.append(b)
-        if len(calls) == 2:
+    def crash_at_the_optimizer(a, b):
+        """The new weights are in place by now (ckpt__reg_model.pt, or every reg_model shard): ckpt_ is torn."""
+        calls.append(Path(b).name)
+        if Path(b).name.startswith("ckpt__optim"):
             raise KeyboardInterrupt("simulated crash between two renames")
         real_replace(a, b)
 
-    monkeypatch.setattr(checkpointing.atomic.os, "replace", crash_on_second_rename)
+    monkeypatch.setattr(checkpointing.atomic.os, "replace", crash_at_the_optimizer)
     model = make_model()
     with torch.no_grad():
         model[0].weight.fill_(2.0)
-    ckpt = make_ckpt(job, keep_last_checkpoints=0)
-    with pytest.raises(KeyboardInterrupt):
+    ckpt = make_ckpt(job, keep_last_checkpoints=0, state_layout=layout)
+    with pytest.raises((KeyboardInterrupt, CheckpointError)):  # DCP reports the interrupt as its failure
         ckpt.save(model, None, None, None, 2, async_saving=False)
     monkeypatch.undo()
+    assert any(name.startswith("ckpt__reg_model") for name in calls), calls
     # ckpt_.pt is now half old, half new; its manifest says so, and the backup is whole
     iteration, loaded = load_fresh(job)
     assert iteration == 1 and torch.equal(loaded.state_dict()["0.weight"], saved[1]["0.weight"])
     # the next successful save commits ckpt_.pt again and drops the backup
-    make_ckpt(job, keep_last_checkpoints=0).save(model, None, None, None, 3, async_saving=False)
+    make_ckpt(job, keep_last_checkpoints=0, state_layout=layout).save(model, None, None, None, 3, async_saving=False)
     assert [g.marker for g in list_generations(ckdir(job))] == ["ckpt_.pt"]
     assert load_fresh(job)[0] == 3
 
@@ -839,3 +858,89 @@ def test_saving_an_iteration_again_leaves_exactly_the_new_files(tmp_path):
         assert not [n for n in os.listdir(ckdir(job / str(keep))) if "ema_model" in n]
         assert _problems(job / str(keep), again) == ""
         assert load_fresh(job / str(keep))[0] == again
+
+
+# ---------------------------------------------------------------- issue 21: the sharded layout in one process
+# (multi-rank saves, resharding, crash loops: test_checkpointing_sharded.py)
+
+
+def _replace_metadata(job: Path, data: bytes) -> None:
+    """Swap in other metadata and record it in the manifest, as an attacker who controls the folder would."""
+    path = ckdir(job) / "iter_000000001_reg_model.metadata"
+    path.write_bytes(data)
+    record = {"size": len(data), "sha256": checkpointing.atomic.sha256_file(path)}
+    _rewrite_manifest(job, "iter_000000001", lambda m: m["files"].update({path.name: record}))
+
+
+@pytest.mark.parametrize("attack", ["code", "non-tensor-entry", "shard-outside"])
+def test_sharded_metadata_is_unpickled_through_an_allow_list_and_checked(tmp_path, attack):
+    """DCP reads `.metadata` with pickle.load and non-tensor entries with a code-running torch.load."""
+    import dataclasses
+    import pickle
+
+    from torch.distributed.checkpoint.metadata import BytesStorageMetadata
+
+    job, sentinel = tmp_path / "job", tmp_path / "pwned"
+    save_generations(job, [1], state_layout="sharded")
+    metadata = pickle.loads((ckdir(job) / "iter_000000001_reg_model.metadata").read_bytes())
+    if attack == "code":
+        data = pickle.dumps({"metadata": metadata, "x": Payload(sentinel)})
+    elif attack == "non-tensor-entry":
+        metadata.state_dict_metadata["0.weight"] = BytesStorageMetadata()
+        data = pickle.dumps(metadata)
+    else:
+        metadata.storage_data = {
+            k: dataclasses.replace(v, relative_path="../secret") for k, v in metadata.storage_data.items()
+        }
+        data = pickle.dumps(metadata)
+    _replace_metadata(job, data)
+    assert _problems(job, 1) == ""  # the manifest vouches for the bytes; their content is what is refused
+    expected = {"code": "could run code", "non-tensor-entry": "BytesStorageMetadata", "shard-outside": "not a shard"}
+    with pytest.raises(CheckpointError, match=expected[attack]):
+        FSDPInferenceCheckpointer(ckdir(job) / "iter_000000001.pt").load_model_during_init(make_model())
+    with pytest.raises(CheckpointError, match=expected[attack]):
+        make_ckpt(job).load(make_model())
+    assert not sentinel.exists()
+
+
+def test_a_sharded_async_save_returns_before_writing_and_writes_what_it_staged(tmp_path, monkeypatch):
+    """save() blocks only while this rank's shards are copied: the write waits until save() has returned
+    and the live weights have moved on, and the generation holds the weights of the save."""
+    from checkpointing import sharded
+
+    returned = threading.Event()
+    write = sharded.save_parts
+
+    def write_after_save_returned(*args, **kwargs):
+        assert returned.wait(timeout=20), "save() waited for the shards to be written"
+        return write(*args, **kwargs)
+
+    monkeypatch.setattr(sharded, "save_parts", write_after_save_returned)
+    job = tmp_path / "job"
+    model, optimizer, scheduler, scaler = make_training()
+    train(model, optimizer, scheduler, scaler, 2)
+    expected = {k: v.clone() for k, v in model.state_dict().items()}
+    ckpt = make_ckpt(job, keep_last_checkpoints=2, state_layout="sharded")
+    ckpt.save(model, optimizer, scheduler, scaler, 2, async_saving=True)
+    assert not (ckdir(job) / "iter_000000002.pt").exists()
+    train(model, optimizer, scheduler, scaler, 3)  # training goes on and changes every weight
+    returned.set()
+    ckpt.finalize()
+    iteration, loaded = load_fresh(job)
+    assert iteration == 2
+    assert all(torch.equal(loaded.state_dict()[k], v) for k, v in expected.items())
+
+
+def test_the_seed_model_protocol_is_refused_by_the_sharded_layout(tmp_path):
+    class SeedModel:
+        def __init__(self):
+            self.model = make_model()
+
+        def state_dict_model(self):
+            return {"model": self.model.state_dict(), "ema": None}
+
+        def get_ckpt_postfix(self):
+            return "", 0, 0, 1
+
+    with pytest.raises(ValueError, match="state_layout='full'"):
+        make_ckpt(tmp_path / "job", state_layout="sharded").save(SeedModel(), None, None, None, 1, False)

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from checkpointing import resolve_generation
+from checkpointing import FSDPInferenceCheckpointer, resolve_generation, resolve_weights
 from checkpointing.generations import generation_problems, list_generations
 from tests.ckpt_worker import RankServer, crash_trials
 
@@ -73,13 +73,13 @@ def test_fsdp2_resume_on_two_ranks_is_bit_exact(ranks, killed_fsdp2_job):
         assert resumed[rank]["start"] == 4
         # restored state: parameters, optimizer moments, scheduler (LR included) and this rank's RNG streams
         _assert_same_tree(
-            resumed[rank]["at_load"]["scheduler"], trained[rank]["at_save"]["scheduler"], "scheduler"
+            resumed[rank]["at_load"]["scheduler"], trained[rank]["at_save"][4]["scheduler"], "scheduler"
         )
-        _assert_same_tree(resumed[rank]["at_load"]["rng"], trained[rank]["at_save"]["rng"], "rng")
+        _assert_same_tree(resumed[rank]["at_load"]["rng"], trained[rank]["at_save"][4]["rng"], "rng")
         # next-step loss and every later loss equal the uninterrupted run's
         assert resumed[rank]["losses"] == {s: trained[rank]["losses"][s] for s in range(5, 9)}
-    _assert_same_tree(resumed[0]["at_load"]["model"], trained[0]["at_save"]["model"], "model")
-    _assert_same_tree(resumed[0]["at_load"]["optim"], trained[0]["at_save"]["optim"], "optim")
+    for part in ("model", "ema", "optim"):
+        _assert_same_tree(resumed[0]["at_load"][part], trained[0]["at_save"][4][part], part)
     _assert_same_tree(resumed[0]["final"], trained[0]["final"], "final")
     assert resumed[0]["final"]["model"]["0.weight"].abs().sum() > 0
 
@@ -89,15 +89,15 @@ def test_fsdp2_resume_on_other_world_sizes_restores_full_state(ranks, killed_fsd
     root, trained = killed_fsdp2_job
     resumed = _resume(ranks, root, world_size)
     assert all(r["start"] == 4 for r in resumed)
-    _assert_same_tree(resumed[0]["at_load"]["model"], trained[0]["at_save"]["model"], "model")
-    _assert_same_tree(resumed[0]["at_load"]["optim"], trained[0]["at_save"]["optim"], "optim")
+    for part in ("model", "ema", "optim"):
+        _assert_same_tree(resumed[0]["at_load"][part], trained[0]["at_save"][4][part], part)
     for rank in range(world_size):
         _assert_same_tree(
-            resumed[rank]["at_load"]["scheduler"], trained[0]["at_save"]["scheduler"], "scheduler"
+            resumed[rank]["at_load"]["scheduler"], trained[0]["at_save"][4]["scheduler"], "scheduler"
         )
     # ranks that existed at save time get their own RNG streams back
     for rank in range(min(world_size, 2)):
-        _assert_same_tree(resumed[rank]["at_load"]["rng"], trained[rank]["at_save"]["rng"], "rng")
+        _assert_same_tree(resumed[rank]["at_load"]["rng"], trained[rank]["at_save"][4]["rng"], "rng")
     # training goes on from the restored state
     assert set(resumed[0]["losses"]) == {5, 6, 7, 8}
     assert all(torch.isfinite(torch.tensor(list(resumed[0]["losses"].values()))))
@@ -142,22 +142,23 @@ def test_a_peer_killed_before_the_commit_leaves_no_marker_and_no_valid_generatio
     assert resolve_generation(tmp_path / "job").generation.iteration == 1
 
 
-def test_ddp_goes_through_the_same_api(ranks, tmp_path):
+@pytest.mark.parametrize("layout", ["full", "sharded"])
+def test_ddp_goes_through_the_same_api(ranks, tmp_path, layout):
     out = tmp_path / "out"
     out.mkdir()
-    assert ranks.run(["ddp", "--job", str(tmp_path / "job"), "--out", str(out)], world_size=2)["codes"] == [
-        0,
-        0,
-    ]
+    argv = ["ddp", "--job", str(tmp_path / "job"), "--out", str(out), "--layout", layout]
+    assert ranks.run(argv, world_size=2)["codes"] == [0, 0]
     for result in _outputs(out, 2):
         assert result["start"] == 3
         _assert_same_tree(result["loaded"], result["saved"], "ddp")
-    weights = torch.load(tmp_path / "job" / "checkpoints" / "iter_000000003_reg_model.pt", weights_only=True)
-    assert sorted(weights) == ["0.bias", "0.weight", "2.bias", "2.weight"]
+    resolved = resolve_weights(tmp_path / "job", prefer_ema=False)
+    weights = FSDPInferenceCheckpointer(resolved.path)  # one plain process, either layout
+    plain = torch.nn.Sequential(torch.nn.Linear(6, 10), torch.nn.Tanh(), torch.nn.Linear(10, 2))
+    weights.load_model_during_init(plain)  # strict: the names are bare (no `module.`)
+    _assert_same_tree(plain.state_dict(), _outputs(out, 2)[0]["saved"]["model"], "plain")
 
 
-def _assert_crash_trials(ranks, tmp_path: Path, trials: int, seed: int) -> None:
-    summary = crash_trials(ranks, tmp_path, trials, seed)
+def _assert_crash_trials(summary: dict, trials: int) -> None:
     assert summary["died_before_resuming"] == 0, "a run died before resuming; see stderr"
     assert summary["resumes"] == trials
     assert summary["torn"] == []
@@ -167,9 +168,9 @@ def _assert_crash_trials(ranks, tmp_path: Path, trials: int, seed: int) -> None:
 
 
 def test_sigkill_at_random_moments_always_resumes_a_whole_generation(ranks, tmp_path):
-    _assert_crash_trials(ranks, tmp_path, trials=20, seed=0)
+    _assert_crash_trials(crash_trials(ranks, tmp_path, trials=20, seed=0), trials=20)
 
 
 @pytest.mark.slow
 def test_sigkill_crash_loop_many_trials(ranks, tmp_path):
-    _assert_crash_trials(ranks, tmp_path, trials=200, seed=1)
+    _assert_crash_trials(crash_trials(ranks, tmp_path, trials=200, seed=1), trials=200)
