@@ -14,6 +14,7 @@ import math
 import os
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +23,7 @@ import torch
 
 from inference.cache import SpatialCache
 from inference.loader import Provenance, load_model
+from inference.measured import measured_points
 from inference.network import WorldModel, WorldModelConfig
 from inference.rollout import MapSource, Progress, RolloutResult, cache_from_scans, frame_times, rollout
 from lidar.errors import InputError
@@ -160,6 +162,10 @@ class LidarVersePipeline:
     ) -> RolloutResult:
         """Continue from observed sweeps (real ones included) for `frames` more, following `action` or `poses`.
 
+        Without `poses` the ego continues at the motion its posed prefix measured (`measured_motion`, 10 Hz
+        sweeps), bent by `action`; a single sweep, or scans without `prefix_poses`, drive on at
+        `FORECAST_SPEED`.
+
         Scans from any sensor go into the cache as they are (every point, in its voxel); the model sees them
         z-buffered onto its own beams from each new pose. Without `prefix_poses` the
         scans are taken to be from one place (identity poses); future `poses` share their world frame.
@@ -171,6 +177,7 @@ class LidarVersePipeline:
         start = time.perf_counter()
         steps, guidance = self._check_sampling(steps, guidance, seed, callback)
         points = self._observed_points(prefix_scans, "prefix_scans")
+        measured = prefix_poses is not None
         prefix_poses = self._scan_poses(prefix_poses, len(points), "prefix_poses")
         if poses is not None:
             poses = _check_poses(poses, "poses")
@@ -178,7 +185,8 @@ class LidarVersePipeline:
         else:
             _check_frames(frames)
             _check_action(action)
-            poses = action_poses(prefix_poses[-1], action, frames)
+            motion = measured_motion(prefix_poses) if measured and len(prefix_poses) > 1 else None
+            poses = action_poses(prefix_poses[-1], action, frames, motion=motion)
         if not isinstance(feedback, bool):
             raise InputError(f"feedback must be True or False, got {feedback!r}")
         cache = cache_from_scans(points, prefix_poses)
@@ -187,6 +195,7 @@ class LidarVersePipeline:
             start,
             **_scene(map, len(poses), times),
             cache=cache,
+            measured=measured_points(points, prefix_poses),
             steps=steps,
             seed=seed,
             guidance=guidance,
@@ -219,6 +228,7 @@ class LidarVersePipeline:
             start,
             **_scene(map, len(target_poses), None),
             cache=cache,
+            measured=measured_points(points, poses),
             steps=steps,
             seed=seed,
             guidance=guidance,
@@ -459,30 +469,73 @@ def _remove_rollout(folder: Path) -> None:
             (folder / name).unlink(missing_ok=True)
 
 
+@dataclass(frozen=True)
+class EgoMotion:
+    """A planar constant-velocity, constant-yaw-rate motion in the sensor's own frame (x forward, y left)."""
+
+    #: Velocity (m/s) along the sensor's x and y axes.
+    velocity: tuple[float, float] = (FORECAST_SPEED, 0.0)
+    #: Yaw rate (rad/s), positive to the left.
+    yaw_rate: float = 0.0
+
+    @property
+    def speed(self) -> float:
+        return math.hypot(*self.velocity)
+
+
+def measured_motion(poses: np.ndarray, dt: float = 1.0 / FRAME_RATE_HZ) -> EgoMotion:
+    """The motion of a posed prefix (K >= 2 world_from_sensor, `dt` s apart), over its whole span, in the
+    frame of its last pose: what a forecast from it continues with.
+
+    The span rather than the last step: one registered step is noisy by a few centimetres, a tenth of a
+    step at 10 Hz.
+    """
+    poses = np.asarray(poses, dtype=np.float64)
+    if len(poses) < 2:
+        raise InputError(f"a measured motion needs at least 2 posed sweeps, got {len(poses)}")
+    span = dt * (len(poses) - 1)
+    moved = np.linalg.inv(poses[0]) @ poses[-1]  # the last pose in the first one's frame
+    yaw = math.atan2(moved[1, 0], moved[0, 0])
+    yaw_rate = yaw / span
+    arc = _arc(yaw_rate, span)  # position = arc @ velocity, the velocity turning with the heading
+    velocity = np.linalg.solve(arc, moved[:2, 3])
+    return EgoMotion((float(velocity[0]), float(velocity[1])), yaw_rate)
+
+
+def _arc(yaw_rate: float, t: float) -> np.ndarray:
+    """(2, 2) map from a body-frame velocity to the displacement after `t` s turning at `yaw_rate`."""
+    if abs(yaw_rate) < 1e-12:
+        return np.eye(2) * t
+    s, c = math.sin(yaw_rate * t) / yaw_rate, (1.0 - math.cos(yaw_rate * t)) / yaw_rate
+    return np.array([[s, -c], [c, s]])
+
+
+
 def action_poses(
     start: np.ndarray,
     action: str,
     frames: int,
     speed: float = FORECAST_SPEED,
     turn_radius: float = FORECAST_TURN_RADIUS,
+    motion: EgoMotion | None = None,
 ) -> np.ndarray:
-    """(frames, 4, 4) poses continuing from `start` at 10 Hz on a flat arc: straight or a constant-radius turn.
+    """(frames, 4, 4) poses continuing from `start` at 10 Hz on a flat arc.
 
-    `plan_drive` follows a map's lanes; a forecast from real scans has no map, so the ego is dead-reckoned.
+    `plan_drive` follows a map's lanes; a forecast from real scans has no map, so the ego is dead-reckoned:
+    at `motion` (a registered prefix's `measured_motion`) when given, else straight ahead at `speed`; the
+    action bends that by a turn of `turn_radius` at the motion's speed.
     """
     _check_action(action)
-    yaw_rate = {"straight": 0.0, "turn_left": speed / turn_radius, "turn_right": -speed / turn_radius}[action]
-    dt = 1.0 / FRAME_RATE_HZ
+    motion = motion or EgoMotion((speed, 0.0))
+    turn = {"straight": 0.0, "turn_left": 1.0, "turn_right": -1.0}[action] * motion.speed / turn_radius
+    yaw_rate = motion.yaw_rate + turn
     out = np.empty((frames, 4, 4))
     local = np.eye(4)
     for i in range(frames):
-        yaw = yaw_rate * (i + 1) * dt
-        if yaw_rate == 0.0:
-            x, y = speed * (i + 1) * dt, 0.0
-        else:
-            x, y = math.sin(yaw) * speed / yaw_rate, (1.0 - math.cos(yaw)) * speed / yaw_rate
+        t = (i + 1) / FRAME_RATE_HZ
+        yaw = yaw_rate * t
         local[:2, :2] = [[math.cos(yaw), -math.sin(yaw)], [math.sin(yaw), math.cos(yaw)]]
-        local[:2, 3] = (x, y)
+        local[:2, 3] = _arc(yaw_rate, t) @ np.asarray(motion.velocity)
         out[i] = start @ local
     return out
 

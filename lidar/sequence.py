@@ -28,7 +28,6 @@ folder by their base name only (zip slip safe).
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
 import re
@@ -166,9 +165,9 @@ def open_recording(folder: str | Path, *, sensor: Sensor | None = None) -> Recor
     folder = Path(folder)
     files = sweep_files(folder)
     own = folder / "poses.json"
-    if own.is_file():  # a folder `write_rollout` wrote lists its frames in order; other JSON poses do not
-        with contextlib.suppress(PointCloudError):
-            files = [folder / n for n in _rollout_frame_files(own)]
+    listed = _rollout_frame_files(own) if own.is_file() else None  # a rollout's poses.json orders its frames
+    if listed:
+        files = [folder / n for n in listed]
     if not files:
         raise PointCloudError(f"{folder}: no sweep files ({', '.join(READ_SUFFIXES)}) here or in {KITTI_SWEEP_FOLDER}/")
     names = [f.name for f in files]

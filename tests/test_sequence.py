@@ -281,3 +281,58 @@ def test_a_json_list_of_poses_in_a_folder_or_zip_poses_its_sweeps(tmp_path: Path
         for path in sorted(kitti_folder.iterdir()):
             zf.write(path, path.name)
     np.testing.assert_allclose(read_sequence(archive).poses, poses)
+
+
+def _kitti_odometry(folder: Path, frames: int = 4) -> np.ndarray:
+    """A sequence in the KITTI odometry layout (velodyne/, poses.txt, calib.txt, times.txt); its Velodyne poses."""
+    (folder / "velodyne").mkdir(parents=True)
+    for frame in range(frames):
+        write_points(folder / "velodyne" / f"{frame:06d}.bin", _sweep(frame))
+    tr = NOMINAL_KITTI_TR.copy()
+    tr[:3, 3] = (-0.01, -0.05, -0.29)
+    velo = np.stack([_yaw_pose(0.9 * i, 1.5 * i) for i in range(frames)])
+    cam = tr @ velo @ np.linalg.inv(tr)
+    (folder / "poses.txt").write_text("\n".join(" ".join(f"{v:.12e}" for v in p[:3].ravel()) for p in cam) + "\n")
+    (folder / "calib.txt").write_text("P0: " + " ".join(["0"] * 12) + "\nTr: " + " ".join(f"{v:.12e}" for v in tr[:3].ravel()) + "\n")
+    (folder / "times.txt").write_text("".join(f"{0.1037 * i:.6e}\n" for i in range(frames)))
+    return velo
+
+
+def test_a_recording_in_the_kitti_odometry_layout_opens_with_calibrated_poses_and_times(tmp_path: Path) -> None:
+    velo = _kitti_odometry(tmp_path / "00")
+    rec = sequence.open_recording(tmp_path / "00")
+    assert rec.names == [f"{i:06d}.bin" for i in range(4)] and len(rec) == 4
+    np.testing.assert_allclose(rec.poses, velo, atol=1e-9)  # Tr's lever arm undone exactly
+    np.testing.assert_allclose(rec.times, 0.1037 * np.arange(4), atol=1e-9)
+    np.testing.assert_allclose(rec.sweep(2).points, _sweep(2).astype(np.float32))
+    # read_sequence (the app's bounded reader) takes the same layout
+    np.testing.assert_allclose(read_sequence(tmp_path / "00").poses, velo, atol=1e-9)
+
+
+def test_a_recording_with_a_json_list_of_poses_or_none_opens(tmp_path: Path) -> None:
+    for frame in range(3):
+        write_points(tmp_path / f"frame_{frame:03d}.bin", _sweep(frame))
+    assert sequence.open_recording(tmp_path).poses is None  # bare sweeps: the caller registers them
+    poses = np.stack([_yaw_pose(i, 3.0 * i) for i in range(3)])
+    (tmp_path / "poses.json").write_text(json.dumps(poses.tolist()))
+    rec = sequence.open_recording(tmp_path)
+    np.testing.assert_allclose(rec.poses, poses)
+    assert rec.times is None
+    (tmp_path / "times.txt").write_text("0.0\nabc\n")
+    with pytest.raises(InputError, match=r"times\.txt"):
+        sequence.open_recording(tmp_path)
+
+
+def test_an_empty_recording_folder_is_refused_by_name(tmp_path: Path) -> None:
+    with pytest.raises(InputError, match="no sweep files"):
+        sequence.open_recording(tmp_path)
+
+
+@pytest.mark.skipif(not (Path(__file__).resolve().parents[2] / "shared/data/real_seq/kitti00").is_dir(),
+                    reason="the shared KITTI 00 frames are not beside the checkout")
+def test_the_shared_kitti00_frames_open_with_the_ground_truth_poses() -> None:
+    rec = sequence.open_recording(Path(__file__).resolve().parents[2] / "shared/data/real_seq/kitti00")
+    assert len(rec) == 16 and rec.poses is not None and rec.times is not None
+    steps = np.linalg.norm(np.diff(rec.poses[:, :3, 3], axis=0), axis=1)
+    np.testing.assert_allclose(steps, 0.86, atol=0.03)  # the README: a steady 0.86 m per frame by the file
+    assert np.abs(rec.poses[:, 2, 3]).max() < 0.5  # Velodyne frame: z up, the road stays level

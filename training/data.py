@@ -46,6 +46,8 @@ logger = logging.getLogger(__name__)
 #: from a KITTI HDL-64E's +2 / -24.9 and a VLP-16's +-15 to the model sensor's own.
 FOV_TOP_DEG = (0.0, 11.0)
 FOV_BOTTOM_DEG = (-31.0, -15.0)
+#: Longest forecast horizon a training cache is aged by (`AugmentConfig.forecast_gap`): 1.0 s at 10 Hz.
+FORECAST_FRAMES = 10
 
 
 @dataclass
@@ -127,7 +129,8 @@ class WorldModelSamples(Dataset):
         return layout_view(boxes, classes, drive.poses[t], self.sensor)
 
     def cache_before(self, drive: Drive, t: int, rng: np.random.Generator) -> np.ndarray | None:
-        """World points of 1..cache_frames previous frames, each with its own simulated rollout error.
+        """World points of 1..cache_frames frames before t, each with its own simulated rollout error; they end
+        at frame t - 1, or with `forecast_gap` at a forecast's horizon before t.
 
         Frames go into the `SpatialCache` newest first in one `add`, which keeps the same point per voxel
         as adding them one by one in time order (the newest wins) at a fraction of the cost.
@@ -135,13 +138,16 @@ class WorldModelSamples(Dataset):
         if t == 0:
             return None
         aug = self.cfg.augment
-        first = t - int(rng.integers(1, min(t, self.cfg.cache_frames) + 1))
+        newest = t - 1
+        if aug.forecast_gap > 0 and rng.random() < aug.forecast_gap:  # a forecast's horizon behind the target
+            newest = t - int(rng.integers(1, min(t, FORECAST_FRAMES) + 1))
+        first = newest + 1 - int(rng.integers(1, min(newest + 1, self.cfg.cache_frames) + 1))
         beams = np.ones(self.sensor.height, dtype=bool)
         if aug.fov_crop > 0 and rng.random() < aug.fov_crop:  # one narrower sensor saw every cached frame
             elevations = np.degrees(self.sensor.elevations)
             beams = (elevations <= rng.uniform(*FOV_TOP_DEG)) & (elevations >= rng.uniform(*FOV_BOTTOM_DEG))
         frames = []
-        for j in range(t - 1, first - 1, -1):
+        for j in range(newest, first - 1, -1):
             image = drive.image(j)
             seen = RangeImage(np.where(beams[:, None], image.range, 0.0).astype(np.float32), image.intensity)
             world = transform_points(unproject(seen, self.sensor), drive.poses[j])
@@ -150,7 +156,7 @@ class WorldModelSamples(Dataset):
                 jitter_translation=aug.jitter_translation, jitter_rotation_deg=aug.jitter_rotation_deg,
             ))
         cache = SpatialCache()
-        cache.add(np.concatenate(frames), drive.poses[t - 1], observed=True)
+        cache.add(np.concatenate(frames), drive.poses[newest], observed=True)
         return cache.points()
 
 
