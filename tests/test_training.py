@@ -24,13 +24,14 @@ import pytest
 import torch
 
 from checkpointing import CheckpointConfig, FSDPCheckpointer, JobConfig
+from checkpointing.generations import list_generations
 from inference.network import WorldModelConfig
 from lidar.sensors import HDL32
 from lidar.sim.dataset import write_dataset
 from training.config import TrainConfig
 from training.config_record import MARKER_KEY, ConfigChangeError, check_resume_config
 from training.data import StepBatches, WorldModelSamples, load_drives
-from training.train import lr_lambda
+from training.train import checkpoint_layout, lr_lambda
 
 REPO = Path(__file__).resolve().parents[1]
 TINY_SENSOR = HDL32.with_width(64)
@@ -116,13 +117,44 @@ def test_training_resumes_from_the_saved_iteration_after_sigkill(killed_and_resu
 
 @pytest.mark.multiprocess
 def test_ema_differs_from_the_trained_weights_and_both_are_saved(killed_and_resumed: dict) -> None:
-    from checkpointing import read_weights
+    """Two ranks save the sharded layout by default; one plain process reads either part."""
+    from checkpointing import FSDPInferenceCheckpointer, resolve_generation
+    from inference.network import WorldModel
 
-    ckpt = killed_and_resumed["job"] / "checkpoints"
-    reg = read_weights(ckpt / f"iter_{MAX_ITERS:09d}_reg_model.pt")
-    ema = read_weights(ckpt / f"iter_{MAX_ITERS:09d}_ema_model.pt")
-    assert reg.keys() == ema.keys()
-    assert any(not torch.equal(reg[k], ema[k]) for k in reg)
+    generation = resolve_generation(killed_and_resumed["job"]).generation
+    assert generation.manifest.state_layout == "sharded" and generation.manifest.world_size == 2
+    marker = killed_and_resumed["job"] / "checkpoints" / f"iter_{MAX_ITERS:09d}.pt"
+    config = WorldModelConfig.from_dict(TrainConfig.from_json(killed_and_resumed["config"]).model)
+    reg, ema = WorldModel(config), WorldModel(config)
+    FSDPInferenceCheckpointer(marker).load_model_during_init(reg)
+    FSDPInferenceCheckpointer(marker).load_model_during_init(ema, is_ema=True)
+    reg_state, ema_state = reg.state_dict(), ema.state_dict()
+    assert reg_state.keys() == ema_state.keys()
+    assert any(not torch.equal(reg_state[k], ema_state[k]) for k in reg_state)
+
+
+def test_the_checkpoint_layout_is_sharded_above_one_rank_unless_the_config_names_one(tiny_data: Path) -> None:
+    auto = TrainConfig.from_dict(tiny_config(tiny_data))
+    assert (checkpoint_layout(auto, 1), checkpoint_layout(auto, 2)) == ("full", "sharded")
+    full = TrainConfig.from_dict(tiny_config(tiny_data, checkpoint_layout="full"))
+    assert checkpoint_layout(full, 4) == "full"
+    with pytest.raises(ValueError, match="checkpoint_layout must be one of"):
+        TrainConfig.from_dict(tiny_config(tiny_data, checkpoint_layout="zero3"))
+
+
+@pytest.mark.multiprocess
+def test_a_sharded_training_job_exports_a_release_of_its_ema(killed_and_resumed: dict, tmp_path) -> None:
+    """training.export reads the 2-rank job's sharded generation and verifies the release against its EMA."""
+    from inference.loader import load_model
+    from training.export import export
+
+    weights = export(killed_and_resumed["job"], tmp_path / "release")
+    release, provenance = load_model(str(weights.parent))
+    job_model, job_provenance = load_model(str(killed_and_resumed["job"]))
+    assert (provenance.iteration, provenance.weights) == (MAX_ITERS, "ema")
+    assert job_provenance.resolved_path.endswith(f"iter_{MAX_ITERS:09d}_ema_model.metadata")
+    for (name, a), b in zip(release.state_dict().items(), job_model.state_dict().values(), strict=True):
+        assert torch.equal(a, b), name
 
 
 def test_schedule_warms_up_linearly_then_decays_to_the_floor(tiny_data: Path) -> None:
@@ -284,6 +316,9 @@ def test_allow_config_change_extends_the_schedule_and_keeps_the_original_config(
     assert TrainConfig.from_dict(entry["config"]) == TrainConfig.from_dict(original)
     marker = torch.load(job / "checkpoints" / f"iter_{longer:09d}.pt", weights_only=True)
     assert json.loads(marker[MARKER_KEY])["max_iters"] == longer  # each checkpoint says how it was made
+    # one rank resumed the two ranks' sharded generation and saves the full layout from there on
+    layouts = {g.iteration: g.manifest.state_layout for g in list_generations(job / "checkpoints")}
+    assert (layouts[MAX_ITERS], layouts[longer]) == ("sharded", "full")
 
 
 def test_checkpoints_with_no_record_of_their_config_need_the_explicit_flag(tiny_data: Path, tmp_path) -> None:

@@ -21,11 +21,11 @@ import torch
 import torch.distributed as dist
 from torch.distributed.fsdp import fully_shard
 
-from checkpointing import CallBackGroup, CheckpointConfig, FSDPCheckpointer, JobConfig, ModelWithEMA
+from checkpointing import CallBackGroup, CheckpointConfig, FSDPCheckpointer, JobConfig, ModelWithEMA, layout
 from inference.flow import flow_matching_loss
 from inference.loader import load_model
 from inference.network import ARCHITECTURE_FIELDS, WorldModel, WorldModelConfig
-from training.config import TrainConfig
+from training.config import AUTO_LAYOUT, TrainConfig
 from training.config_record import ConfigChangeError, ConfigRecorder, check_resume_config, record_config
 from training.data import make_loader
 from training.progress import Progress, hardware_description
@@ -87,6 +87,14 @@ def load_init_weights(model: WorldModel, source: str) -> None:
     logger.info("initialised from %s (%s weights, iteration %s)%s%s%s", provenance.source, provenance.weights,
                 provenance.iteration, f"; not used: {dropped}" if dropped else "",
                 f"; new: {fresh}" if fresh else "", f"; first outputs only: {resized}" if resized else "")
+
+
+def checkpoint_layout(cfg: TrainConfig, world_size: int) -> str:
+    """The layout saves use: the config's, or for "auto" the sharded one above one rank (every rank writes its
+    own shards instead of rank 0 gathering and writing the whole state) and the full one on a single rank."""
+    if cfg.checkpoint_layout != AUTO_LAYOUT:
+        return cfg.checkpoint_layout
+    return layout.SHARDED if world_size > 1 else layout.FULL
 
 
 def setup_logging(job_dir: Path, rank: int) -> None:
@@ -157,10 +165,12 @@ def train(cfg: TrainConfig, job_dir: Path, max_minutes: float | None = None, com
     optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=cfg.betas, weight_decay=cfg.weight_decay)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(cfg))
     ckpt_cfg = CheckpointConfig(
-        save_iter=cfg.save_iter, keep_last_checkpoints=cfg.keep_last_checkpoints, save_at_iters=cfg.save_at_iters
+        save_iter=cfg.save_iter, keep_last_checkpoints=cfg.keep_last_checkpoints, save_at_iters=cfg.save_at_iters,
+        state_layout=checkpoint_layout(cfg, world_size),
     )
+    logger.info("checkpoints: %s layout (a resume reads either)", ckpt_cfg.state_layout)
     checkpointer = FSDPCheckpointer(ckpt_cfg, JobConfig(path_local=str(job_dir)), CallBackGroup([ConfigRecorder(cfg)]))
-    state = ModelWithEMA(model, ema)  # the EMA is saved as `_ema_model.pt` and is what a release ships
+    state = ModelWithEMA(model, ema)  # the EMA is saved beside the model and is what a release ships
     iteration = checkpointer.load(state, optimizer, scheduler, None)
     logger.info("starting at iteration %d of %d", iteration, cfg.max_iters)
     progress = Progress(job_dir, command, hardware_description(device, world_size), iteration) if rank == 0 else None
@@ -175,7 +185,7 @@ def train(cfg: TrainConfig, job_dir: Path, max_minutes: float | None = None, com
         noise_gen.manual_seed(cfg.seed * 1_000_003 + iteration * 1009 + rank)
         x0, cond = batch["x"].to(device, non_blocking=True), batch["cond"].to(device, non_blocking=True)
         with autocast:
-            loss = flow_matching_loss(model, x0, cond, generator=noise_gen)
+            loss = flow_matching_loss(model, x0, cond, generator=noise_gen, seen=batch["seen"].to(device))
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         if cfg.grad_clip > 0:
