@@ -71,7 +71,7 @@ from inference.observed import ObservedScene, check_inside, observe, record_pref
 from lidar import render
 from lidar.cancel import Cancelled, checkpoint, stop_when
 from lidar.errors import InputError
-from lidar.formats import READ_SUFFIXES, check_sensor, detect_sensor, read_points, write_points
+from lidar.formats import READ_SUFFIXES, check_sensor, detect_sensor, point_limit, read_points, write_points
 from lidar.real_scans import real_scans_dir
 from lidar.sensors import PRESETS, get_sensor
 from lidar.sequence import MAX_SWEEPS
@@ -84,6 +84,10 @@ logger = logging.getLogger(__name__)
 MAX_FRAMES = min(32, PIPELINE_MAX_FRAMES)
 MAX_STEPS = min(50, PIPELINE_MAX_STEPS)
 MAX_UPLOAD_MB = 50
+#: Most points one uploaded sweep may hold (refused from its header). The densest real sweeps hold ~0.5 M
+#: (an Ouster 128x2048 with two returns); every point costs worker time, ~1 s a million here, and an LZF
+#: stream of back-references declares the readers' own 5 M limit in 1 MB.
+MAX_UPLOAD_POINTS = 1_000_000
 MAX_SEED = 2**31 - 1
 MAX_GUIDANCE = 10.0
 # Generation holds the model: one at a time per replica, and a bounded wait list so memory stays bounded.
@@ -644,7 +648,7 @@ def forecast_from_scan(
     frames, steps, seed = _rollout_numbers(frames, steps, seed)
 
     sensor = None if sensor_name == AUTO_SENSOR else get_sensor(sensor_name)
-    with _user_errors("Cannot read the scan", path):  # messages name the file by its name, not its server path
+    with _user_errors("Cannot read the scan", path), point_limit(MAX_UPLOAD_POINTS):  # errors name the file, not its path
         scan = read_points(path, sensor)
         if sensor is not None:
             check_sensor(scan, sensor)
@@ -688,7 +692,7 @@ def _sweep_uploads(uploads: Any) -> list[Path]:
 def _observed_scene(paths: list[Path], progress: gr.Progress) -> ObservedScene:
     """Read the uploads and register them (several sweeps without poses) or take their poses file."""
     progress(0.0, desc=f"Registering {len(paths)} upload(s)")
-    with _user_errors("Cannot register these sweeps"):
+    with _user_errors("Cannot register these sweeps"), point_limit(MAX_UPLOAD_POINTS):
         return observe(paths if len(paths) > 1 else paths[0])
 
 

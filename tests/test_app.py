@@ -310,6 +310,13 @@ def test_an_upload_over_the_size_limit_is_refused_before_reading(tmp_path):
         _forecast(path)
 
 
+def test_an_upload_over_the_app_point_limit_is_refused_from_its_header(tmp_path):
+    path = tmp_path / "dense.npy"
+    np.save(path, np.zeros((app.MAX_UPLOAD_POINTS + 1, 4), np.float32))
+    with pytest.raises(gr.Error, match=r"dense\.npy: 1,000,001 points is over the 1,000,000-point limit"):
+        _forecast(path)
+
+
 def test_an_unknown_sensor_name_is_refused(tmp_path):
     path = tmp_path / "scan.bin"
     write_points(path, np.zeros((10, 4), np.float32) + 5)

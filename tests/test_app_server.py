@@ -202,8 +202,9 @@ def test_a_fresh_clone_offers_the_shipped_example_scans_and_one_forecasts(client
 @pytest.mark.parametrize(("kind", "message"), [
     ("npz", r"bomb\.npz: the \.npz archive would decode to 268 MB, over the 200 MB limit"),
     ("pcd", r"bomb\.pcd: corrupt PCD binary_compressed data: LZF stream decodes past the 16000 bytes"),
-    ("laz", r"bomb\.laz: the LAS point records .* would decode to 268 MB, over the 200 MB limit"),
-    ("ply", r"bomb\.ply: PLY ASCII vertex element is not 4,000,000 rows of 3 numbers"),
+    # the app's 1 M-point bound refuses these two from their headers, before the readers' own checks
+    ("laz", r"bomb\.laz: 4,000,000 points is over the 1,000,000-point limit"),
+    ("ply", r"bomb\.ply: 4,000,000 points is over the 1,000,000-point limit"),
 ])
 def test_an_upload_bomb_is_refused_with_a_clear_message_and_the_server_keeps_serving(client, server, tmp_path,
                                                                                       kind, message):
@@ -474,7 +475,7 @@ def hostile_files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 
 #: What each hostile upload must be refused with (a part of the message the visitor reads).
 HOSTILE_REFUSALS = {
-    "lzf": "has only 0 returns",  # decoded (in C, in well under a second), then refused as no sweep
+    "lzf": "5,000,000 points is over the 1,000,000-point limit",  # the app's bound, from the PCD header
     "million": "65,535 or more entries; a sequence zip may hold at most 200",
     "poses_txt": "poses.txt inflates past the limit (a poses or calibration file <= 1,048,576 bytes)",
     "poses_json": "poses.json inflates past the limit",
@@ -569,10 +570,10 @@ def test_soak_hostile_requests_mixed_with_visitors(server, hostile_files):
     assert outcomes["10.6.0.4"][:3] == ["404", "404", "404"] and "429" in outcomes["10.6.0.4"][3]
     assert outcomes["10.6.0.4"][4] == "411"
     assert peak[0] - baseline < 1536 * 2**20, "the attacks raised the server's memory by over 1.5 GiB"
-    # A visitor waits behind whatever the one worker is running: at worst a maximum-size sweep (5 million
-    # points, which an LZF stream of back-references declares in 1 MB) costs ~5 s here, so the bound is
-    # that, not the 144.5 s of the issue's attack.
-    assert median < 10 * idle + 0.5 and worst < 20.0, (median, worst, idle)
+    # A visitor waits behind whatever the one worker is running, here mostly the attacker's own slow requests
+    # (held ~1 s each before their cancel) and a 1 M-point upload (~1 s): measured median ~1.4 s, worst ~2.4 s
+    # against the issue's 144.5 s. The bounds leave room for a busier machine.
+    assert median < 10 * idle + 0.5 and worst < 10.0, (median, worst, idle)
     assert server.process.poll() is None and server.scratch_dirs() == []
 
 

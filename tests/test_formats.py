@@ -16,7 +16,15 @@ import laspy
 import numpy as np
 import pytest
 
-from lidar.formats import MAX_POINTS, PointCloudError, Scan, detect_sensor, read_points, write_points
+from lidar.formats import (
+    MAX_POINTS,
+    PointCloudError,
+    Scan,
+    detect_sensor,
+    point_limit,
+    read_points,
+    write_points,
+)
 from lidar.formats.pcd import lzf_decompress
 from lidar.sensors import HDL32, HDL64, OS1_64, OS1_128, PRESETS, VLP16, Sensor
 
@@ -367,6 +375,20 @@ def test_lzf_is_decoded_in_c_so_a_stream_of_one_byte_literals_costs_milliseconds
     assert time.perf_counter() - start < 1.0
     with pytest.raises(ValueError, match="decodes past the 7999999 bytes"):
         lzf_decompress(stream.tobytes(), len(raw) - 1)
+
+
+def test_a_point_limit_refuses_larger_clouds_from_the_header_inside_its_block_only(tmp_path):
+    header = ("VERSION 0.7\nFIELDS x y z intensity\nSIZE 4 4 4 4\nTYPE F F F F\nCOUNT 1 1 1 1\n"
+              "WIDTH 2000000\nHEIGHT 1\nPOINTS 2000000\nDATA binary_compressed\n")
+    path = tmp_path / "dense.pcd"
+    path.write_bytes(header.encode() + struct.pack("<II", 2, 32_000_000) + b"\x00\x00")  # would decode to 32 MB
+    with point_limit(1_000_000), pytest.raises(PointCloudError, match="2,000,000 points is over the 1,000,000-point limit"):
+        read_points(path)
+    with pytest.raises(PointCloudError, match="LZF stream decoded to 1 bytes"):  # past the header: the default limit
+        read_points(path)
+    np.save(tmp_path / "dense.npy", np.zeros((1_200_000, 4), np.float32))
+    with point_limit(1_000_000), pytest.raises(PointCloudError, match="1,200,000 points is over the 1,000,000-point"):
+        read_points(tmp_path / "dense.npy")
 
 
 def lzf_compress(data: bytes) -> bytes:

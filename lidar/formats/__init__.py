@@ -6,7 +6,7 @@
 
 from lidar.formats.detect import azimuth_coverage_deg, check_sensor, detect_sensor
 from lidar.formats.io import READ_SUFFIXES, WRITERS, read_points, write_points
-from lidar.formats.scan import MAX_FILE_BYTES, MAX_POINTS, PointCloudError, Scan
+from lidar.formats.scan import MAX_FILE_BYTES, MAX_POINTS, PointCloudError, Scan, point_limit
 
 __all__ = [
     "MAX_FILE_BYTES",
@@ -18,6 +18,7 @@ __all__ = [
     "azimuth_coverage_deg",
     "check_sensor",
     "detect_sensor",
+    "point_limit",
     "read_points",
     "write_points",
 ]

@@ -16,12 +16,12 @@ import numpy as np
 
 from lidar.formats.fields import extra_column_kind, split_fields
 from lidar.formats.scan import (
-    MAX_POINTS,
     PointCloudError,
     Scan,
     build_scan,
     check_decoded_size,
     check_point_count,
+    max_points,
 )
 from lidar.sensors import Sensor
 
@@ -49,7 +49,7 @@ def _check_npy_header(path: Path, shape: tuple[int, ...], dtype: np.dtype, data_
     """Refuse an array whose header promises more rows than the point limit or more bytes than are stored,
     so NumPy never allocates what the header claims (it sizes the array from the header, then fills it)."""
     rows = int(shape[0]) if shape else 1
-    if rows > MAX_POINTS:
+    if rows > max_points():
         check_point_count(path, rows)
     promised = math.prod(shape) * dtype.itemsize
     if promised > data_bytes:

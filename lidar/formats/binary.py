@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 
 from lidar.formats.fields import extra_column_kind
-from lidar.formats.scan import MAX_POINTS, PointCloudError, Scan, build_scan, check_point_count
+from lidar.formats.scan import PointCloudError, Scan, build_scan, check_point_count, max_points
 from lidar.sensors import Sensor
 
 logger = logging.getLogger(__name__)
@@ -96,8 +96,8 @@ def choose_layout(path: Path, size: int) -> Layout:
     raw = np.memmap(path, dtype=np.uint8, mode="r")
     for lay in fitting:
         rows = size // lay.row_bytes
-        if rows > MAX_POINTS:
-            tried.append(f"{lay.describe()}: {rows:,} points, over the {MAX_POINTS:,} limit")
+        if rows > max_points():
+            tried.append(f"{lay.describe()}: {rows:,} points, over the {max_points():,} limit")
             continue
         data = _decode(raw, lay, rows)
         starts = np.linspace(0, max(rows - _BLOCK_ROWS, 0), _SAMPLE_ROWS // _BLOCK_ROWS).astype(np.int64)
@@ -108,7 +108,7 @@ def choose_layout(path: Path, size: int) -> Layout:
         if score >= _MIN_SCORE:
             plausible.append((continuous, score, lay))
     unfit = [lay.describe() for lay in LAYOUTS if lay not in fitting]
-    if fitting and all(size // lay.row_bytes > MAX_POINTS for lay in fitting):
+    if fitting and all(size // lay.row_bytes > max_points() for lay in fitting):
         check_point_count(path, size // fitting[0].row_bytes)
     if not plausible:
         detail = "; ".join(tried) if tried else "none of them divides the size"

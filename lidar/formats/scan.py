@@ -7,8 +7,11 @@ scan, flag scans whose origin is not the sensor), so a quirk is handled identica
 
 from __future__ import annotations
 
+import contextlib
 import io
 import logging
+from collections.abc import Iterator
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -22,6 +25,8 @@ logger = logging.getLogger(__name__)
 
 #: Larger clouds than this are refused: no spinning LiDAR sweep comes close, so it is a merged map or garbage.
 MAX_POINTS = 5_000_000
+#: A lower bound in force for the current context (`point_limit`); `max_points()` reads it.
+_POINT_LIMIT: ContextVar[int] = ContextVar("lidarverse_point_limit", default=MAX_POINTS)
 #: Files larger than this are refused before a byte is read.
 MAX_FILE_BYTES = 200_000_000
 #: Decompressed or parsed data may not exceed what an uncompressed file may hold, so a small compressed
@@ -90,13 +95,32 @@ def check_file_size(path: Path) -> int:
     return size
 
 
+def max_points() -> int:
+    """The most points a cloud may hold here: `MAX_POINTS`, or less inside a `point_limit` block."""
+    return _POINT_LIMIT.get()
+
+
+@contextlib.contextmanager
+def point_limit(points: int) -> Iterator[None]:
+    """Refuse clouds over `points` (at most `MAX_POINTS`) in this context, from their header, before decoding.
+
+    The public app reads uploads under a lower bound than trusted callers: every read sweep costs CPU in
+    proportion to its points, and an LZF stream of back-references can declare the full `MAX_POINTS` in 1 MB.
+    """
+    token = _POINT_LIMIT.set(min(points, MAX_POINTS))
+    try:
+        yield
+    finally:
+        _POINT_LIMIT.reset(token)
+
+
 def check_point_count(path: Path, n: int) -> None:
     """Refuse empty and oversized clouds as soon as a header or size reveals their count."""
     if n <= 0:
         raise PointCloudError(f"{path}: the file holds no points; expected at least one")
-    if n > MAX_POINTS:
+    if n > max_points():
         raise PointCloudError(
-            f"{path}: {n:,} points is over the {MAX_POINTS:,}-point limit for one LiDAR sweep "
+            f"{path}: {n:,} points is over the {max_points():,}-point limit for one LiDAR sweep "
             "(is it a merged map? split it into sweeps)"
         )
 
