@@ -68,6 +68,7 @@ def flow_matching_loss(
     cond: torch.Tensor,
     generator: torch.Generator,
     schedule: str = "uniform",
+    seen: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """The world model's loss at random times; noise and t from `generator`.
 
@@ -75,20 +76,24 @@ def flow_matching_loss(
     sweep stays crisp) and only where the target returns; whether it returns is a BCE on the return logit.
     A ray drop is never averaged with a far return, the blur an image-space loss learns. A model with a keep
     gate (a fourth output) adds its BCE where the prior and the target both return (`keep_target`).
+    `seen` (B, H, W) 0/1 leaves out the pixels the target's sensor never covered (a recording from a sensor
+    with a narrower field of view than the model's): there its missing returns are not ray drops.
     """
     x0 = model.flow_target(image, cond)
     noise = torch.randn(x0.shape, generator=generator, device=generator.device, dtype=x0.dtype).to(x0.device)
     t = sample_training_t(x0.shape[0], generator, schedule).to(x0.device)
     out = model(interpolate(x0, noise, t), t, cond).float()
     x0 = x0.float()
+    seen = torch.ones_like(x0[:, 2]) if seen is None else seen.to(x0.device, x0.dtype)
     returns = x0[:, 2] > 0
-    weight = returns.float() / returns.sum().clamp_min(1)
+    weight = returns.float() * seen / (returns.float() * seen).sum().clamp_min(1)
     range_l1 = ((out[:, 0] - x0[:, 0]).abs() * weight).sum()
     intensity_l1 = ((out[:, 1] - x0[:, 1]).abs() * weight).sum()
-    bce = F.binary_cross_entropy_with_logits(out[:, 2], returns.float())
-    loss = RANGE_WEIGHT * range_l1 + intensity_l1 + bce
+    bce = F.binary_cross_entropy_with_logits(out[:, 2], returns.float(), weight=seen, reduction="sum")
+    loss = RANGE_WEIGHT * range_l1 + intensity_l1 + bce / seen.sum().clamp_min(1)
     if out.shape[1] > x0.shape[1]:  # an output beyond the flow image's channels: the keep gate's logit
         label, counted = model.keep_target(x0, cond)
+        counted = counted * seen
         gate = F.binary_cross_entropy_with_logits(out[:, x0.shape[1]], label, reduction="none")
         loss = loss + (gate * counted).sum() / counted.sum().clamp_min(1)
     return loss

@@ -67,7 +67,8 @@ class TrainConfig:
 
     #: `inference.network.WorldModelConfig.to_dict()` of the network to train (team model's schema).
     model: dict[str, Any]
-    #: Dataset folder written by `python -m lidar.sim ... --out DIR` (relative to the working directory).
+    #: Dataset folder written by `python -m lidar.sim ... --out DIR` (relative to the working directory); ""
+    #: trains on `recordings` alone.
     data_root: str
     #: Samples per rank per step.
     batch_size: int = 8
@@ -110,6 +111,11 @@ class TrainConfig:
     #: torch intra-op threads per rank on CPU.
     torch_threads: int = 2
     augment: AugmentConfig = field(default_factory=AugmentConfig)
+    #: Recorded drives (`lidar.sequence.open_recording` folders: KITTI odometry layout, sweeps with a poses
+    #: file, or bare sweeps, then registered on load), trained on with no map and no layout.
+    recordings: tuple[str, ...] = ()
+    #: Share of samples drawn from `recordings` when `data_root` is given too.
+    recording_fraction: float = 0.5
     #: Weights a new job starts from ("" = random init): a release folder, weights file, job dir or Hub id,
     #: to fine-tune a release on new data. A job that resumes from its own checkpoint ignores it.
     init_from: str = ""
@@ -129,8 +135,14 @@ class TrainConfig:
             raise ValueError(f"model: not a valid WorldModelConfig ({exc})") from exc
         if not isinstance(self.init_from, str):
             raise ValueError(f"init_from must be a model source string ('' for random init), got {self.init_from!r}")
-        if not isinstance(self.data_root, str) or not self.data_root:
-            raise ValueError(f"data_root must be a dataset folder path, got {self.data_root!r}")
+        self.recordings = tuple(self.recordings)
+        if not isinstance(self.data_root, str) or not all(isinstance(r, str) and r for r in self.recordings):
+            raise ValueError(f"data_root must be a folder path and recordings folder paths, got {self.data_root!r} "
+                             f"and {self.recordings!r}")
+        if not self.data_root and not self.recordings:
+            raise ValueError("no training data: give data_root (a simulated dataset), recordings, or both")
+        if not 0.0 <= self.recording_fraction <= 1.0:
+            raise ValueError(f"recording_fraction must be in [0, 1], got {self.recording_fraction!r}")
         positive_ints = ("batch_size", "max_iters", "save_iter", "log_iter", "cache_frames", "torch_threads")
         for name in positive_ints:
             value = getattr(self, name)

@@ -34,8 +34,10 @@ from inference.conditioning import (
     layout_view,
 )
 from inference.network import WorldModelConfig
-from lidar.range_image import RangeImage, unproject
+from lidar.range_image import RangeImage, point_elevations, project, unproject
+from lidar.registration import register_sweeps
 from lidar.sensors import Sensor
+from lidar.sequence import open_recording
 from lidar.sim.dataset import SimDataset
 from lidar.sim.hdmap import HDMap
 from training.config import TrainConfig
@@ -46,21 +48,28 @@ logger = logging.getLogger(__name__)
 #: from a KITTI HDL-64E's +2 / -24.9 and a VLP-16's +-15 to the model sensor's own.
 FOV_TOP_DEG = (0.0, 11.0)
 FOV_BOTTOM_DEG = (-31.0, -15.0)
+#: Elevation percentiles that bound a recording's field of view, and the margin (rad) a model beam may lie
+#: beyond them and still count as seen (half a beam spacing of a 32-beam sensor).
+FOV_PERCENTILES = (0.1, 99.9)
+BEAM_MARGIN = np.radians(0.67)
 #: Longest forecast horizon a training cache is aged by (`AugmentConfig.forecast_gap`): 1.0 s at 10 Hz.
 FORECAST_FRAMES = 10
 
 
 @dataclass
 class Drive:
-    """One simulated sequence at the model sensor: what a training sample is cut from."""
+    """One drive at the model sensor, simulated or recorded: what a training sample is cut from."""
 
     range: np.ndarray  # (T, H, W) float32 metres, 0 = no return
     intensity: np.ndarray  # (T, H, W) float32 in [0, 1]
     poses: np.ndarray  # (T, 4, 4) float64 world_from_sensor
-    hdmap: HDMap
-    boxes: np.ndarray  # (B, 7) float32 world boxes of every frame
-    box_class: np.ndarray  # (B,) OBJECT_CLASSES index
-    box_frame: np.ndarray  # (B,) frame of each box
+    #: The HD map and the actors' boxes; None for a recorded drive, which has neither.
+    hdmap: HDMap | None
+    boxes: np.ndarray | None  # (B, 7) float32 world boxes of every frame
+    box_class: np.ndarray | None  # (B,) OBJECT_CLASSES index
+    box_frame: np.ndarray | None  # (B,) frame of each box
+    #: (H,) rows the recording's sensor covers: outside them its sweeps say nothing, so the loss skips them.
+    rows: np.ndarray | None = None
 
     def __len__(self) -> int:
         return len(self.range)
@@ -93,32 +102,65 @@ def load_drives(root: str, sensor: Sensor) -> list[Drive]:
     return drives
 
 
+def load_recordings(folders: tuple[str, ...], sensor: Sensor) -> list[Drive]:
+    """Recorded drives projected onto the model sensor's grid, posed by their poses file or by KISS-ICP.
+
+    A recording's sensor may differ from the model's (a KITTI HDL-64E for an HDL-32E model): its sweeps are
+    z-buffered onto the model's beams, and the rows beyond its vertical field of view are marked unseen.
+    """
+    drives = []
+    for folder in folders:
+        start = time.perf_counter()
+        rec = open_recording(folder)
+        sweeps = [rec.sweep(i).points for i in range(len(rec))]
+        poses = rec.poses if rec.poses is not None else register_sweeps(sweeps, names=rec.names).poses
+        images = [project(points, sensor) for points in sweeps]
+        elevations = np.concatenate([point_elevations(points) for points in sweeps])
+        low, high = np.percentile(elevations, FOV_PERCENTILES)
+        rows = (sensor.elevations >= low - BEAM_MARGIN) & (sensor.elevations <= high + BEAM_MARGIN)
+        drives.append(Drive(np.stack([im.range for im in images]), np.stack([im.intensity for im in images]),
+                            np.asarray(poses), None, None, None, None, rows))
+        logger.info("loaded the recording %s (%d sweeps, %d of %d rows seen) in %.1fs", folder, len(rec),
+                    rows.sum(), sensor.height, time.perf_counter() - start)
+    return drives
+
+
 class WorldModelSamples(Dataset):
     """Indexed by (iteration, rank, slot); the key alone decides the frame and every augmentation draw."""
 
-    def __init__(self, drives: list[Drive], cfg: TrainConfig) -> None:
-        if not drives:
-            raise ValueError(f"no drives found in {cfg.data_root}; expected a `python -m lidar.sim --out` dataset")
-        self.drives = drives
+    def __init__(self, drives: list[Drive], cfg: TrainConfig, recorded: list[Drive] | None = None) -> None:
+        recorded = recorded or []
+        if not drives and not recorded:
+            raise ValueError(f"no drives found in {cfg.data_root or cfg.recordings}; expected a `python -m lidar.sim "
+                             "--out` dataset or recorded sequences")
+        self.drives = drives + recorded
         self.cfg = cfg
         self.model_cfg = WorldModelConfig.from_dict(cfg.model)
         self.sensor = self.model_cfg.sensor_obj
-        self.frames = [(d, t) for d in range(len(drives)) for t in range(len(drives[d]))]
+        #: Frames of the simulated drives and of the recorded ones, drawn from at `recording_fraction`.
+        self.pools = [[(d, t) for d in ids for t in range(len(self.drives[d]))]
+                      for ids in (range(len(drives)), range(len(drives), len(self.drives)))]
+        self.share = cfg.recording_fraction if drives and recorded else float(bool(recorded))
 
     def __len__(self) -> int:
-        return len(self.frames)
+        return sum(len(pool) for pool in self.pools)
 
     def __getitem__(self, key: tuple[int, int, int]) -> dict[str, torch.Tensor]:
         rng = np.random.default_rng([self.cfg.seed, *key])
-        drive_idx, t = self.frames[int(rng.integers(len(self.frames)))]
+        pool = self.pools[1] if self.share and (self.share == 1 or rng.random() < self.share) else self.pools[0]
+        drive_idx, t = pool[int(rng.integers(len(pool)))]
         drive = self.drives[drive_idx]
         x = torch.from_numpy(encode_image(drive.image(t), self.sensor))
         pose = drive.poses[t]
         cache = None if rng.random() < self.model_cfg.p_drop_cache else self.cache_before(drive, t, rng)
+        if drive.hdmap is None:  # a recording: no map, no layout, and rows its sensor never covered
+            cond = build_condition(cache, pose, None, None, self.sensor, self.model_cfg.num_map_classes)
+            seen = np.broadcast_to(drive.rows[:, None], self.sensor.shape).astype(np.float32)
+            return {"x": x, "cond": cond, "seen": torch.from_numpy(seen.copy())}
         map_view = None if rng.random() < self.model_cfg.p_drop_map else drive.hdmap.range_view(pose, self.sensor)
         layout = None if rng.random() < self.model_cfg.p_drop_layout else self.layout_at(drive, t, rng)
         cond = build_condition(cache, pose, map_view, layout, self.sensor, self.model_cfg.num_map_classes)
-        return {"x": x, "cond": cond}
+        return {"x": x, "cond": cond, "seen": torch.ones(self.sensor.shape)}
 
     def layout_at(self, drive: Drive, t: int, rng: np.random.Generator) -> LayoutView:
         """Frame t's boxes as a rollout would get them: sometimes a few frames stale, some missing, all a bit off."""
@@ -177,7 +219,8 @@ class StepBatches(Sampler[list[tuple[int, int, int]]]):
 def make_loader(cfg: TrainConfig, rank: int, start_iter: int) -> DataLoader:
     """The rank's batches from `start_iter` on; workers are torch threads-limited so ranks share CPUs fairly."""
     sensor = WorldModelConfig.from_dict(cfg.model).sensor_obj
-    samples = WorldModelSamples(load_drives(cfg.data_root, sensor), cfg)
+    simulated = load_drives(cfg.data_root, sensor) if cfg.data_root else []
+    samples = WorldModelSamples(simulated, cfg, load_recordings(cfg.recordings, sensor))
     return DataLoader(
         samples,
         batch_sampler=StepBatches(start_iter, cfg.max_iters, cfg.batch_size, rank),

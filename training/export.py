@@ -97,7 +97,7 @@ def export(
         state = {k: v.detach().contiguous() for k, v in model.state_dict().items()}
         source = f"{job_dir.resolve().name}/{Path(provenance.resolved_path).name}"
         weights = _write_weights(staging, state, _weights_metadata(model, iteration, source))
-        dataset = _dataset_summary(Path(cfg.data_root))
+        dataset = _dataset_summary(Path(cfg.data_root)) if cfg.data_root else {}
         release_config = _release_config(cfg, progress, model, iteration, dataset)
         atomic_write_text(staging / CONFIG_NAME, json.dumps(release_config, indent=2) + "\n")
         shown = _copy_pictures(pictures, staging)
@@ -355,8 +355,11 @@ def card_training_data(cfg: TrainConfig, dataset: dict[str, Any], sensor: dict[s
             f"Styles {dataset['styles']}, actions {dataset['actions']}. World seeds are drawn from dataset seed "
             f"{dataset['seed']}; evaluation uses worlds from other dataset seeds and checks they are disjoint.",
         ]
-    else:
+    elif cfg.data_root:
         lines.append(f"Dataset at `{dataset['root']}` (no manifest found when exporting).")
+    if cfg.recordings:
+        share = f"{cfg.recording_fraction:.0%} of the samples" if cfg.data_root else "every sample"
+        lines.append(f"Recorded drives ({share}, no map and no layout): {', '.join(f'`{r}`' for r in cfg.recordings)}.")
     lines += [
         "",
         "Each sample is one frame's range image as the target; the condition is built with the same",
