@@ -10,9 +10,9 @@ the per-request scratch folder and the small formatting that turns a rollout int
 A public Space serves the model it was started with: visitors can read where it came from (a label,
 never a server path) but not switch it, unless the operator allows switching among named sources.
 
-Every route goes through one bounded queue (`api_open=False`), and each client (by IP address, as uvicorn
-reports it: behind a proxy set FORWARDED_ALLOW_IPS to the proxy's address) may hold only a few places in
-it and upload only so many bytes while Gradio's cache still keeps them. Generation runs on one worker
+Every route goes through one bounded queue (`api_open=False`), and each client (by IP address; behind
+proxies, the one the nearest proxy saw, see `PROXY_HOPS_ENV`) may hold only a few places in it and upload
+only so many bytes while Gradio's cache still keeps them. Generation runs on one worker
 thread under a lock of its own; a request that is cancelled or whose client disconnects is stopped at its
 next checkpoint (a sampler step, a decode, a zip chunk, a registered sweep), so it frees the worker, not
 just Gradio's slot.
@@ -94,9 +94,14 @@ MAX_GUIDANCE = 10.0
 GENERATION_CONCURRENCY = 1
 QUEUE_MAX_SIZE = 16
 #: Places one client (IP address) may hold in the queue at once, waiting or running: a page load queues
-#: two events (model info, map preview) and a click a third, so a visitor never meets it; a script that
-#: would fill the queue does.
+#: two events (model info, map preview) and a click a third, so a visitor does not meet it in normal use;
+#: a script that would fill the queue does.
 MAX_QUEUED_PER_CLIENT = 4
+#: How many proxies in front of the app append the visitor's address to X-Forwarded-For (default: 1 on a
+#: Hugging Face Space, else 0). The client is the address the nearest of them saw, counted from the right,
+#: since the left end is whatever the client wrote. With 0 it is the connection's peer, as uvicorn reports
+#: it (which takes X-Forwarded-For only from 127.0.0.1, so a local reverse proxy needs nothing set).
+PROXY_HOPS_ENV = "LIDARVERSE_PROXY_HOPS"
 #: Gradio's cache cleaner: every 600 s it deletes uploads and outputs older than 1800 s.
 DELETE_CACHE = (600, 1800)
 #: Uploads count against these budgets until the cleaner has certainly deleted them (its age plus one
@@ -414,14 +419,16 @@ class ClientLimits:
     A refusal is a 429 (507 when all uploads together are over budget) whose detail says why.
     """
 
-    def __init__(self, app: ASGIApp, blocks: gr.Blocks) -> None:
-        self.app, self.blocks = app, blocks
+    def __init__(self, app: ASGIApp, blocks: gr.Blocks, proxy_hops: int = 0) -> None:
+        self.app, self.blocks, self.proxy_hops = app, blocks, proxy_hops
         self.joining = asyncio.Lock()  # a client's count and its join are one step, so bursts cannot race it
         self.uploads: dict[str, deque[tuple[float, int]]] = defaultdict(deque)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         path = scope.get("path", "") if scope["type"] == "http" and scope.get("method") == "POST" else ""
-        client = (scope.get("client") or ("unknown",))[0]
+        headers = dict(scope.get("headers") or [])
+        client = self.client_of(headers.get(b"x-forwarded-for", b"").decode("latin-1"),
+                                (scope.get("client") or ("unknown",))[0])
         if path.endswith("/queue/join") or "/call/" in path:
             async with self.joining:
                 refusal = self._call_refusal(path) or self._queue_refusal(client)
@@ -429,7 +436,7 @@ class ClientLimits:
                     await self.app(scope, receive, send)
                     return
         elif path.endswith("/upload"):
-            refusal = self._upload_refusal(client, dict(scope.get("headers") or []).get(b"content-length"))
+            refusal = self._upload_refusal(client, headers.get(b"content-length"))
         else:
             refusal = None
         if refusal is None:
@@ -437,6 +444,11 @@ class ClientLimits:
         else:
             logger.warning("refused %s from %s: %s", path, client, refusal[1])
             await JSONResponse({"detail": refusal[1]}, status_code=refusal[0])(scope, receive, send)
+
+    def client_of(self, forwarded: str, peer: str) -> str:
+        """The visitor's address: the `proxy_hops`-th X-Forwarded-For entry from the right, else the peer."""
+        hops = [hop.strip() for hop in forwarded.split(",") if hop.strip()]
+        return hops[-self.proxy_hops] if 0 < self.proxy_hops <= len(hops) else peer
 
     def _call_refusal(self, path: str) -> tuple[int, str] | None:
         """A 404 for /call/<name> of a name that is not a public endpoint (Gradio would answer 500)."""
@@ -448,9 +460,9 @@ class ClientLimits:
 
     def _queue_refusal(self, client: str) -> tuple[int, str] | None:
         """A 429 when `client` already holds its share of the queue (waiting or running events)."""
-        events = list(self.blocks._queue.event_ids_to_events.values())  # Gradio's pending events
-        held = sum(1 for event in events if event.request is not None and event.request.client is not None
-                   and event.request.client.host == client)
+        requests = [event.request for event in list(self.blocks._queue.event_ids_to_events.values())]
+        held = sum(1 for request in requests if request is not None and request.client is not None
+                   and self.client_of(request.headers.get("x-forwarded-for", ""), request.client.host) == client)
         if held < MAX_QUEUED_PER_CLIENT:
             return None
         return 429, (f"You have {held} requests waiting or running; at most {MAX_QUEUED_PER_CLIENT} per visitor. "
@@ -1118,6 +1130,9 @@ def main(argv: list[str] | None = None) -> None:
 
     if args.allow_source and not (args.allow_model_switch or args.allow_any_source):
         parser.error(f"--allow-source needs --allow-model-switch (or {SWITCH_ENV}=1)")
+    hops = os.environ.get(PROXY_HOPS_ENV, "1" if os.environ.get("SPACE_ID") else "0").strip()
+    if not hops.isdigit():
+        parser.error(f"${PROXY_HOPS_ENV} must be a whole number of proxies (0, 1, ...), got {hops!r}")
 
     try:
         load_model(args.model)
@@ -1129,7 +1144,7 @@ def main(argv: list[str] | None = None) -> None:
     demo.launch(
         server_name=args.host, server_port=args.port, share=args.share, max_file_size=f"{MAX_UPLOAD_MB}mb",
         allowed_paths=allowed, theme=gr.themes.Soft(),
-        app_kwargs={"middleware": [Middleware(ClientLimits, blocks=demo)]},
+        app_kwargs={"middleware": [Middleware(ClientLimits, blocks=demo, proxy_hops=int(hops))]},
     )
 
 

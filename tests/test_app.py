@@ -672,11 +672,14 @@ def test_private_callbacks_have_no_name_a_client_could_call():
 
 
 class _FakeQueue:
+    """Gradio's pending events, each from a peer address and an X-Forwarded-For header ("peer|forwarded")."""
+
     def __init__(self, hosts: list[str]) -> None:
-        self.event_ids_to_events = {
-            str(i): SimpleNamespace(request=SimpleNamespace(client=SimpleNamespace(host=host)))
-            for i, host in enumerate(hosts)
-        }
+        self.event_ids_to_events = {}
+        for i, host in enumerate(hosts):
+            peer, _, forwarded = host.partition("|")
+            request = SimpleNamespace(client=SimpleNamespace(host=peer), headers={"x-forwarded-for": forwarded})
+            self.event_ids_to_events[str(i)] = SimpleNamespace(request=request)
 
 
 async def _through(limits: app.ClientLimits, path: str, client: str, headers: dict[str, str] | None = None):
@@ -696,14 +699,14 @@ async def _through(limits: app.ClientLimits, path: str, client: str, headers: di
     return status, json.loads(body) if body else None
 
 
-def _limits(hosts: list[str]) -> app.ClientLimits:
+def _limits(hosts: list[str], proxy_hops: int = 0) -> app.ClientLimits:
     async def gradio(scope, receive, send):  # stands in for Gradio's routes: 200 for everything
         await send({"type": "http.response.start", "status": 200, "headers": []})
         await send({"type": "http.response.body", "body": b"{}"})
 
     fns = {0: SimpleNamespace(api_name="generate_world", api_visibility="public"),
            1: SimpleNamespace(api_name=None, api_visibility="private")}
-    return app.ClientLimits(gradio, SimpleNamespace(_queue=_FakeQueue(hosts), fns=fns))
+    return app.ClientLimits(gradio, SimpleNamespace(_queue=_FakeQueue(hosts), fns=fns), proxy_hops)
 
 
 def test_a_client_holding_its_share_of_the_queue_is_refused_and_others_are_not():
@@ -730,3 +733,16 @@ def test_uploads_are_budgeted_per_client_and_in_total(monkeypatch):
     assert asyncio.run(_through(limits, upload, "c", {}))[0] == 411
     monkeypatch.setattr(app, "UPLOAD_WINDOW_S", 0)  # once the cache cleaner has run, the budget is back
     assert asyncio.run(_through(limits, upload, "a", {"Content-Length": "600"}))[0] == 200
+
+
+def test_behind_a_proxy_the_client_is_the_address_the_proxy_saw_not_what_the_client_wrote(monkeypatch, capsys):
+    limits = _limits(["10.0.0.9|1.1.1.1, 10.0.0.5"] * app.MAX_QUEUED_PER_CLIENT, proxy_hops=1)
+    assert limits.client_of("spoofed, 10.0.0.5", "10.0.0.9") == "10.0.0.5"
+    assert limits.client_of("", "10.0.0.9") == "10.0.0.9"
+    join = "/gradio_api/queue/join"  # a fresh X-Forwarded-For prefix does not make a fresh client
+    assert asyncio.run(_through(limits, join, "10.0.0.9", {"X-Forwarded-For": "2.2.2.2, 10.0.0.5"}))[0] == 429
+    assert asyncio.run(_through(limits, join, "10.0.0.9", {"X-Forwarded-For": "10.0.0.6"}))[0] == 200
+    monkeypatch.setenv(app.PROXY_HOPS_ENV, "one")
+    with pytest.raises(SystemExit) as exit_info:
+        app.main(["--port", "1"])
+    assert exit_info.value.code == 2 and "$LIDARVERSE_PROXY_HOPS must be a whole number" in capsys.readouterr().err
