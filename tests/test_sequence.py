@@ -14,7 +14,7 @@ import pytest
 
 import lidar.sequence as sequence
 from lidar.errors import InputError
-from lidar.formats import PointCloudError, write_points
+from lidar.formats import PointCloudError, point_limit, write_points
 from lidar.sequence import NOMINAL_KITTI_TR, kitti_velodyne_poses, read_poses, read_sequence
 
 
@@ -336,3 +336,13 @@ def test_the_shared_kitti00_frames_open_with_the_ground_truth_poses() -> None:
     steps = np.linalg.norm(np.diff(rec.poses[:, :3, 3], axis=0), axis=1)
     np.testing.assert_allclose(steps, 0.86, atol=0.03)  # the README: a steady 0.86 m per frame by the file
     assert np.abs(rec.poses[:, 2, 3]).max() < 0.5  # Velodyne frame: z up, the road stays level
+
+
+def test_a_sequence_holds_at_most_four_full_clouds_of_points(tmp_path: Path) -> None:
+    """50 sweeps each declaring a full cloud in a few KB (LZF back-references) cost the app 19 s and 2 GB."""
+    for i in range(6):
+        write_points(tmp_path / f"{i:06d}.bin", _sweep(i))  # 2,000 points each
+    with point_limit(2500), pytest.raises(PointCloudError, match=r"000005\.bin: the first 6 sweeps hold 12,000 points; "
+                                                                   r"a sequence may hold at most 10,000"):
+        read_sequence(tmp_path)
+    assert len(read_sequence(tmp_path).scans) == 6  # the default limit: 4 x 5 M points
