@@ -743,7 +743,8 @@ def forecast_from_scans(
     yield _prefix_first(scene)
     with _user_errors("Cannot forecast from these sweeps"):
         result = pipe.forecast(
-            scene.scans, prefix_poses=scene.poses, action=action, frames=frames, steps=steps, seed=seed,
+            scene.scans, prefix_poses=scene.poses, prefix_times=scene.times, action=action, frames=frames,
+            steps=steps, seed=seed,
             callback=_progress_callback(progress, "Forecasting"),
         )
     seconds = time.perf_counter() - start

@@ -85,6 +85,7 @@ def _forecast(args: argparse.Namespace, started: float) -> int:
     out = pipe.forecast(
         scene.scans,
         prefix_poses=scene.poses,
+        prefix_times=scene.times,
         action=args.action,
         frames=args.frames,
         steps=args.steps,

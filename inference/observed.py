@@ -26,7 +26,8 @@ from lidar.errors import InputError
 from lidar.formats import Scan
 from lidar.registration import Registration, register_sweeps
 from lidar.sensors import Sensor
-from lidar.sequence import read_sequence
+from lidar.sequence import frame_numbers, read_sequence
+from lidar.sim.drive import FRAME_RATE_HZ
 
 logger = logging.getLogger(__name__)
 
@@ -48,6 +49,13 @@ class ObservedScene:
     pose_source: str
     #: The registration, when the poses came from one.
     registration: Registration | None = None
+
+    @property
+    def times(self) -> np.ndarray | None:
+        """Seconds of each sweep from the frame numbers in their names at 10 Hz (KITTI's 000000, 000002, 000004
+        are 0.2 s apart), or None when a name has no number."""
+        numbers = frame_numbers(self.names)
+        return None if numbers is None else np.asarray(numbers, dtype=np.float64) / FRAME_RATE_HZ
 
     def world_points(self) -> np.ndarray:
         """(M, 4) float32 x, y, z, intensity of every sweep in the world frame: what was observed."""

@@ -149,6 +149,7 @@ class LidarVersePipeline:
         prefix_scans: Sequence[ScanLike],
         *,
         prefix_poses: np.ndarray | None = None,
+        prefix_times: np.ndarray | None = None,
         action: str | None = "straight",
         poses: np.ndarray | None = None,
         frames: int = 8,
@@ -162,9 +163,9 @@ class LidarVersePipeline:
     ) -> RolloutResult:
         """Continue from observed sweeps (real ones included) for `frames` more, following `action` or `poses`.
 
-        Without `poses` the ego continues at the motion its posed prefix measured (`measured_motion`, 10 Hz
-        sweeps), bent by `action`; a single sweep, or scans without `prefix_poses`, drive on at
-        `FORECAST_SPEED`.
+        Without `poses` the ego continues at the motion its posed prefix measured (`measured_motion`, sweeps at
+        `prefix_times` s, default 10 Hz), bent by `action`; a single sweep, or scans without `prefix_poses`,
+        drive on at `FORECAST_SPEED`.
 
         Scans from any sensor go into the cache as they are (every point, in its voxel); the model sees them
         z-buffered onto its own beams from each new pose. Without `prefix_poses` the
@@ -185,7 +186,9 @@ class LidarVersePipeline:
         else:
             _check_frames(frames)
             _check_action(action)
-            motion = measured_motion(prefix_poses) if measured and len(prefix_poses) > 1 else None
+            if prefix_times is not None:
+                prefix_times = frame_times(len(prefix_poses), prefix_times)
+            motion = measured_motion(prefix_poses, prefix_times) if measured and len(prefix_poses) > 1 else None
             poses = action_poses(prefix_poses[-1], action, frames, motion=motion)
         if not isinstance(feedback, bool):
             raise InputError(f"feedback must be True or False, got {feedback!r}")
@@ -483,9 +486,9 @@ class EgoMotion:
         return math.hypot(*self.velocity)
 
 
-def measured_motion(poses: np.ndarray, dt: float = 1.0 / FRAME_RATE_HZ) -> EgoMotion:
-    """The motion of a posed prefix (K >= 2 world_from_sensor, `dt` s apart), over its whole span, in the
-    frame of its last pose: what a forecast from it continues with.
+def measured_motion(poses: np.ndarray, times: np.ndarray | None = None) -> EgoMotion:
+    """The motion of a posed prefix (K >= 2 world_from_sensor at `times` s, default 10 Hz), over its whole
+    span, in the frame of its last pose: what a forecast from it continues with.
 
     The span rather than the last step: one registered step is noisy by a few centimetres, a tenth of a
     step at 10 Hz.
@@ -493,7 +496,9 @@ def measured_motion(poses: np.ndarray, dt: float = 1.0 / FRAME_RATE_HZ) -> EgoMo
     poses = np.asarray(poses, dtype=np.float64)
     if len(poses) < 2:
         raise InputError(f"a measured motion needs at least 2 posed sweeps, got {len(poses)}")
-    span = dt * (len(poses) - 1)
+    span = (len(poses) - 1) / FRAME_RATE_HZ if times is None else float(times[-1] - times[0])
+    if not span > 0:
+        raise InputError(f"prefix times must increase, got {list(times)}")
     moved = np.linalg.inv(poses[0]) @ poses[-1]  # the last pose in the first one's frame
     yaw = math.atan2(moved[1, 0], moved[0, 0])
     yaw_rate = yaw / span

@@ -392,7 +392,8 @@ def _frame_order(path: Path) -> tuple[int, int, str]:
     return (0, int(match.group(1)), path.name) if match else (1, 0, path.name)
 
 
-def _frame_numbers(names: Sequence[str]) -> list[int] | None:
+def frame_numbers(names: Sequence[str]) -> list[int] | None:
+    """The frame number in each sweep's name (`000004.bin` -> 4), or None unless every name holds one."""
     numbers = [_FRAME_NUMBER.search(Path(n).stem) for n in names]
     return [int(m.group(1)) for m in numbers] if all(numbers) else None  # type: ignore[union-attr]
 
@@ -451,7 +452,7 @@ def _kitti_poses(path: Path, text: str, names: Sequence[str], calib: str | Path 
         raise PointCloudError(f"{path}: not a KITTI poses.txt (12 numbers per line) nor JSON") from None
     if rows.ndim != 2 or rows.shape[1] != 12:
         raise PointCloudError(f"{path}: lines of {rows.shape[-1] if rows.ndim == 2 else '?'} numbers; expected 12")
-    numbers = _frame_numbers(names) or list(range(len(names)))
+    numbers = frame_numbers(names) or list(range(len(names)))
     if max(numbers) >= len(rows):
         raise PointCloudError(f"{path}: {len(rows)} poses, but the sweeps need frame {max(numbers)}")
     cam = np.tile(np.eye(4), (len(numbers), 1, 1))
@@ -467,7 +468,7 @@ def _kitti_times(path: Path, names: Sequence[str]) -> np.ndarray:
         values = np.array([float(v) for v in path.read_text(errors="replace").split()[:MAX_TIMES]])
     except ValueError:
         raise PointCloudError(f"{path}: not a KITTI times.txt (one number of seconds per line)") from None
-    numbers = _frame_numbers(names) or list(range(len(names)))
+    numbers = frame_numbers(names) or list(range(len(names)))
     if max(numbers) >= len(values) or not np.isfinite(values).all():
         raise PointCloudError(f"{path}: {len(values)} finite times, but the sweeps need frame {max(numbers)}")
     return values[numbers]

@@ -3,7 +3,9 @@ the observation sees, and continue at the motion a posed prefix measured."""
 
 from __future__ import annotations
 
+import json
 import math
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -106,3 +108,32 @@ def test_a_forecast_from_a_registered_prefix_continues_at_its_velocity_and_turns
     # one sweep has no measured motion: the default speed
     single = pipe.forecast(scans[:1], frames=1, steps=1)
     assert math.isclose(np.linalg.norm(single.frames[0].pose[:2, 3]), 0.6, rel_tol=1e-9)
+
+
+def test_prefix_times_set_the_measured_speed(pipe, observed) -> None:
+    scans, _ = observed
+    prefix = np.concatenate([np.eye(4)[None], action_poses(np.eye(4), "straight", 2, motion=EgoMotion((4.0, 0.0)))])
+    # the same poses recorded 0.2 s apart (every other frame kept) mean half the speed
+    slow = pipe.forecast(scans[:1] * 3, prefix_poses=prefix, prefix_times=np.array([0.0, 0.2, 0.4]), frames=1, steps=1)
+    assert math.isclose(slow.frames[0].pose[0, 3] - prefix[-1][0, 3], 0.2, rel_tol=1e-9)
+    with pytest.raises(ValueError, match="times"):
+        pipe.forecast(scans[:1] * 3, prefix_poses=prefix, prefix_times=np.array([0.0, 0.0, 0.0]), frames=1, steps=1)
+
+
+REAL_SCANS = Path(__file__).resolve().parents[2] / "shared" / "data" / "real_scans"
+
+
+@pytest.mark.skipif(not REAL_SCANS.is_dir(), reason="the shared real scans are not beside the checkout")
+def test_the_cli_forecasts_registered_kitti_sweeps_at_their_measured_speed(pipe, tmp_path) -> None:
+    from inference.__main__ import main
+
+    sweeps = [str(REAL_SCANS / f"kitti_patchworkpp_{i:06d}.bin") for i in (0, 2, 4)]
+    out = tmp_path / "fc"
+    argv = ["forecast", "--model", str(pipe.provenance.resolved_path), "--prefix", *sweeps, "--frames", "2",
+            "--steps", "1", "--out", str(out), "--quiet"]
+    assert main(argv) == 0
+    meta = json.loads((out / "poses.json").read_text())
+    positions = [np.asarray(r["pose"])[:3, 3] for r in (*meta["prefix"][-1:], *meta["frames"])]
+    steps = np.linalg.norm(np.diff(positions, axis=0), axis=1)
+    # KISS-ICP puts sweeps 0, 2, 4 (0.2 s apart) 1.4 m apart: about 7 m/s, not the 6 m/s default nor twice 7
+    assert np.allclose(steps, steps[0]) and 0.6 < steps[0] < 0.85
