@@ -64,10 +64,6 @@ class SpatialCache:
         """A copy of the cached world-frame points (N, 4), newest first."""
         return self._points.copy()
 
-    def points_in_frame(self, pose: np.ndarray) -> np.ndarray:
-        """The cache seen from `pose` (world_from_sensor): points in that sensor's frame."""
-        return transform_points(self._points, np.linalg.inv(np.asarray(pose, dtype=np.float64)))
-
     def observed(self) -> np.ndarray:
         """(N,) bool, aligned with `points()`: which points a sensor measured."""
         return self._observed.copy()

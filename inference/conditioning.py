@@ -84,10 +84,6 @@ class ConditionLayout:
         return self.layout_start
 
     @property
-    def layout_block(self) -> slice:
-        return slice(self.layout_start, self.coords_start)
-
-    @property
     def coords_start(self) -> int:
         return self.layout_start + 1 + len(LAYOUT_CLASSES) + 1
 

@@ -25,11 +25,6 @@ def interpolate(x0: torch.Tensor, noise: torch.Tensor, t: torch.Tensor) -> torch
     return (1.0 - tt) * x0 + tt * noise
 
 
-def velocity_target(x0: torch.Tensor, noise: torch.Tensor) -> torch.Tensor:
-    """What the network is trained to predict: the constant velocity of the straight path."""
-    return noise - x0
-
-
 #: Smallest t an x0 prediction is divided by (the sampler never goes below 1 / steps).
 T_MIN = 1e-3
 #: Largest sampling temperature (initial-noise scale) accepted; 1 is the distribution the flow was trained on.

@@ -152,57 +152,6 @@ def bev_mmd(points_set_a: Sequence[np.ndarray], points_set_b: Sequence[np.ndarra
     return histogram_mmd(_bev_stack(points_set_a, "points_set_a"), _bev_stack(points_set_b, "points_set_b"))
 
 
-def _ranges(scan: RangeImage | np.ndarray) -> np.ndarray:
-    if isinstance(scan, RangeImage):
-        return scan.range[scan.mask].astype(np.float64)
-    return np.linalg.norm(_xyz(scan, "each scan"), axis=1)
-
-
-def range_histogram_jsd(
-    a_set: Sequence[RangeImage | np.ndarray],
-    b_set: Sequence[RangeImage | np.ndarray],
-    bins: int = 100,
-    max_range: float = 100.0,
-) -> float:
-    """Jensen-Shannon distance (natural log, as `bev_jsd`) between the sets' return-range histograms.
-
-    Items are `RangeImage`s (returns only) or (N, 3+) point clouds; `bins` equal bins over (0, max_range]
-    m. It catches range distributions that BEV hides, e.g. a model that never produces far returns.
-    """
-
-    def stack(items: Sequence[RangeImage | np.ndarray], what: str) -> np.ndarray:
-        return np.stack(
-            [np.histogram(_ranges(s), bins=bins, range=(0.0, max_range))[0] for s in _as_set(items, what)]
-        )
-
-    return histogram_jsd(stack(a_set, "a_set"), stack(b_set, "b_set"))
-
-
-def beam_return_rate(images_or_masks: RangeImage | Sequence[RangeImage] | np.ndarray) -> np.ndarray:
-    """Fraction of pixels with a return per beam row, (H,) float64, averaged over all images given.
-
-    Accepts one `RangeImage`, a list of them, or an (H, W) / (B, H, W) array that is a boolean mask or a
-    range array (> 0 means a return). Generated sweeps often get the ray-drop pattern of the top and
-    bottom beams wrong; this shows it per row.
-    """
-    if isinstance(images_or_masks, RangeImage):
-        masks = images_or_masks.mask[None]
-    elif isinstance(images_or_masks, np.ndarray):
-        arr = images_or_masks
-        if arr.ndim not in (2, 3):
-            raise ValueError(f"expected an (H, W) or (B, H, W) mask/range array, got shape {arr.shape}")
-        masks = (arr if arr.dtype == bool else arr > 0).reshape((-1, *arr.shape[-2:]))
-    else:
-        items = _as_set(images_or_masks, "images_or_masks")
-        if not all(isinstance(im, RangeImage) for im in items):
-            raise ValueError("a list passed to beam_return_rate must hold RangeImage objects only")
-        shapes = {im.shape for im in items}
-        if len(shapes) != 1:
-            raise ValueError(f"all range images must share one shape, got {sorted(shapes)}")
-        masks = np.stack([im.mask for im in items])
-    return masks.mean(axis=(0, 2), dtype=np.float64)
-
-
 def _nearest_distances(a: np.ndarray, b: np.ndarray, what: str) -> tuple[np.ndarray, np.ndarray]:
     """Each point's distance to the other cloud's nearest point (a->b, b->a), shared by both Chamfer forms."""
     xa, xb = _xyz(a, "a"), _xyz(b, "b")

@@ -1,4 +1,4 @@
-"""Pictures and viewer files of LiDAR sweeps: range-image PNGs, BEV PNGs, Model3D PLYs, plotly and animations.
+"""Pictures and viewer files of LiDAR sweeps: range-image PNGs, BEV PNGs, Model3D PLYs and animations.
 
 Everything here is pure numpy + Pillow (no matplotlib): the colour map is the Turbo polynomial, so the CLI,
 the Gradio app and the evaluation reports draw the same colours on any machine, offline.
@@ -10,15 +10,12 @@ from __future__ import annotations
 import logging
 import math
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal
+from typing import Literal
 
 import numpy as np
 from PIL import Image, ImageDraw, ImageFont
 
 from lidar.range_image import RangeImage, encode_range
-
-if TYPE_CHECKING:
-    import plotly.graph_objects as go
 
 logger = logging.getLogger(__name__)
 
@@ -283,46 +280,6 @@ def write_ply_for_viewer(
     path.write_bytes(data)
     logger.info("wrote viewer PLY %s (%d bytes)", path, len(data))
     return path
-
-
-def scatter3d_figure(
-    points: np.ndarray, max_points: int = 60_000, color_by: ColorBy = "height", seed: int = 0
-) -> go.Figure:
-    """An interactive plotly Scatter3d of a cloud: float32 arrays, 1.5 px markers, true aspect, dark scene.
-
-    Colours are float32 scalars on plotly's Turbo scale (same map as the PNGs) rather than per-point
-    strings, which keeps the figure JSON small enough to ship to a browser. plotly is imported here, not
-    at module level, because it is slow to import and only the UI needs it.
-    """
-    import plotly.graph_objects as go
-
-    pts = _as_points(points, 4 if color_by == "intensity" else 3)
-    pts = pts[_subsample_indices(len(pts), max_points, seed)]
-    values, (lo, hi) = _color_values(pts, color_by, None)
-    trace = go.Scatter3d(
-        x=np.ascontiguousarray(pts[:, 0], dtype=np.float32),
-        y=np.ascontiguousarray(pts[:, 1], dtype=np.float32),
-        z=np.ascontiguousarray(pts[:, 2], dtype=np.float32),
-        mode="markers",
-        marker={
-            "size": 1.5,
-            "color": values.astype(np.float32),
-            "colorscale": "Turbo",
-            "cmin": lo,
-            "cmax": hi,
-        },
-        hoverinfo="skip",
-    )
-    axis = {"showbackground": False, "color": "#aaaaaa", "gridcolor": "#333333", "zerolinecolor": "#444444"}
-    fig = go.Figure(trace)
-    fig.update_layout(
-        scene={"aspectmode": "data", "xaxis": axis, "yaxis": axis, "zaxis": axis, "bgcolor": "#000000"},
-        paper_bgcolor="#111111",
-        font={"color": "#dddddd"},
-        margin={"l": 0, "r": 0, "t": 0, "b": 0},
-        showlegend=False,
-    )
-    return fig
 
 
 def save_animation(images: list[Image.Image], path: str | Path, fps: float = 10.0) -> Path:

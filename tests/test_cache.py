@@ -65,12 +65,6 @@ def test_point_budget_keeps_the_nearest_points():
     assert sorted(cache.points()[:, 0].tolist()) == [1.0, 2.0, 3.0]
 
 
-def test_cache_seen_from_a_pose_is_in_that_sensor_frame():
-    cache = SpatialCache()
-    cache.add(np.array([[12.0, 0.0, 1.8, 0.5]], dtype=np.float32), pose_at(2.0))
-    np.testing.assert_allclose(cache.points_in_frame(pose_at(2.0)), [[10.0, 0.0, 0.0, 0.5]], atol=1e-5)
-
-
 def test_nonfinite_points_never_enter_the_cache_and_bad_shapes_are_named():
     cache = SpatialCache()
     cache.add(np.array([[np.nan, 0, 0, 0], [1, 0, 0, 0]], dtype=np.float32))

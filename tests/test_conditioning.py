@@ -90,8 +90,8 @@ def test_channel_count_matches_the_model_config_and_the_layout_blocks_tile_it():
     assert cond.dtype == torch.float32
     # cache | map | layout | coords, back to back and covering every channel
     assert LAY.map_block.start == CACHE_MASK + 1
-    assert LAY.map_block.stop == LAY.layout_block.start == LAY.box_range
-    assert LAY.layout_block.stop == LAY.coords_start == LAY.channels - 3
+    assert LAY.map_block.stop == LAY.layout_start == LAY.box_range
+    assert LAY.coords_start == LAY.channels - 3
     assert LAY.map_classes.stop - LAY.map_classes.start == K
     assert LAY.coords_start - LAY.box_range == 1 + len(LAYOUT_CLASSES) + 1
 
@@ -144,10 +144,11 @@ def test_a_dropped_map_or_layout_block_equals_the_empty_conditions_values():
     no_map = build_condition(cache, pose, None, constant_layout(7.0, 2), SENSOR)
     no_layout = build_condition(cache, pose, random_map_view(), None, SENSOR)
     empty = torch.from_numpy(empty_condition(SENSOR))
+    layout = slice(LAY.layout_start, LAY.coords_start)
     assert torch.equal(no_map[LAY.map_block], empty[LAY.map_block])
-    assert torch.equal(no_layout[LAY.layout_block], empty[LAY.layout_block])
+    assert torch.equal(no_layout[layout], empty[layout])
     assert not torch.equal(full[LAY.map_block], empty[LAY.map_block])
-    assert not torch.equal(full[LAY.layout_block], empty[LAY.layout_block])
+    assert not torch.equal(full[layout], empty[layout])
     # dropping one block leaves the others as they were
     outside_map = torch.cat([full[: LAY.map_block.start], full[LAY.map_block.stop :]])
     assert torch.equal(outside_map, torch.cat([no_map[: LAY.map_block.start], no_map[LAY.map_block.stop :]]))

@@ -9,9 +9,8 @@ import pytest
 from scipy.spatial.distance import jensenshannon
 
 from lidar import metrics
-from lidar.range_image import RangeImage, project
+from lidar.range_image import RangeImage
 from lidar.real_scans import real_scans_dir
-from lidar.sensors import HDL32
 
 REAL_SCANS = real_scans_dir()
 def _scene(seed: int, n: int = 3000, shift: float = 0.0) -> np.ndarray:
@@ -112,7 +111,6 @@ def test_identical_sets_score_zero_and_a_shifted_world_does_not():
     same = [_scene(s) for s in range(3)]
     assert metrics.bev_jsd(same, same) == 0.0
     assert metrics.bev_mmd(same, same) == pytest.approx(0.0, abs=1e-15)
-    assert metrics.range_histogram_jsd(same, same) == 0.0
     near = metrics.bev_jsd(same, [_scene(s, shift=2.0) for s in range(3)])
     far = metrics.bev_jsd(same, [_scene(s, shift=12.0) for s in range(3)])
     assert 0.0 < near < far <= math.sqrt(math.log(2))
@@ -126,36 +124,6 @@ def test_bev_metrics_refuse_empty_sets_single_arrays_and_empty_windows():
         metrics.bev_mmd(_scene(0), [_scene(0)])
     with pytest.raises(ValueError, match="no points inside the histogram window"):
         metrics.bev_mmd([np.array([[1.0, 0.0, 0.0]])], [_scene(0)])
-
-
-def test_range_histogram_jsd_by_hand_and_range_images_agree_with_points():
-    a = [np.array([[5.0, 0.0, 0.0], [0.0, 15.0, 0.0]])]  # ranges 5 and 15 -> bins 0 and 1 of 10 m
-    b = [np.array([[0.0, 0.0, 5.0]])]  # range 5 -> bin 0
-    js = 0.5 * (math.log(4 / 3) + 0.5 * math.log(2 / 3) + 0.5 * math.log(2))
-    assert metrics.range_histogram_jsd(b, a, bins=10, max_range=100.0) == pytest.approx(math.sqrt(js))
-
-    sensor = HDL32.with_width(256)
-    images = [project(_scene(0), sensor), project(_scene(1, shift=5.0), sensor)]
-    hists = [np.histogram(im.range[im.mask], bins=100, range=(0.0, 100.0))[0] for im in images]
-    expected = jensenshannon(hists[0] / hists[0].sum(), hists[1] / hists[1].sum())
-    assert metrics.range_histogram_jsd(images[:1], images[1:]) == pytest.approx(expected, rel=1e-12)
-    assert expected > 0
-
-
-def test_beam_return_rate_counts_returns_per_row():
-    rng = np.zeros((3, 4), dtype=np.float32)
-    rng[0, :] = 10.0  # top row all returns
-    rng[1, :2] = 5.0  # half
-    first = RangeImage(rng, np.zeros_like(rng))
-    np.testing.assert_array_equal(metrics.beam_return_rate(first), [1.0, 0.5, 0.0])
-    second = RangeImage(np.ones((3, 4), dtype=np.float32), np.zeros((3, 4), dtype=np.float32))
-    np.testing.assert_array_equal(metrics.beam_return_rate([first, second]), [1.0, 0.75, 0.5])
-    np.testing.assert_array_equal(metrics.beam_return_rate(np.stack([rng, second.range])), [1.0, 0.75, 0.5])
-    np.testing.assert_array_equal(metrics.beam_return_rate(rng > 0), [1.0, 0.5, 0.0])
-    with pytest.raises(ValueError, match="one shape"):
-        metrics.beam_return_rate([first, RangeImage(np.ones((2, 4)), np.ones((2, 4)))])
-    with pytest.raises(ValueError, match=r"\(H, W\)"):
-        metrics.beam_return_rate(np.ones(5))
 
 
 def test_chamfer_distance_by_hand_brute_force_and_identity():

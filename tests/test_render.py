@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import json
-
 import numpy as np
 import pytest
 from PIL import Image
@@ -191,19 +189,6 @@ def test_ply_drops_non_finite_points_and_rejects_mismatched_colours():
     assert len(rec) == 2
     with pytest.raises(ValueError, match="colors"):
         render.ply_bytes(pts, np.zeros((2, 3), dtype=np.uint8))
-
-
-def test_scatter3d_uses_float32_small_markers_and_true_aspect():
-    fig = render.scatter3d_figure(_ring_scene(5000), max_points=1000)
-    trace = fig.data[0]
-    assert trace.type == "scatter3d"
-    for axis in (trace.x, trace.y, trace.z):
-        assert isinstance(axis, np.ndarray) and axis.dtype == np.float32 and len(axis) == 1000
-    assert 1 <= trace.marker.size <= 2
-    assert fig.layout.scene.aspectmode == "data"
-    assert fig.layout.scene.bgcolor == "#000000"
-    shipped = json.loads(fig.to_json())["data"][0]  # what the browser receives: typed float32 arrays
-    assert [shipped[a]["dtype"] for a in "xyz"] == ["f4"] * 3 and shipped["marker"]["color"]["dtype"] == "f4"
 
 
 @pytest.mark.parametrize("suffix", [".gif", ".png"])

@@ -22,7 +22,7 @@ from lidar.sim import (
     plan_drive,
     simulate_sequence,
 )
-from lidar.sim.dataset import OnTheFlySimDataset, SimDataset, generate_sequence, sequence_spec
+from lidar.sim.dataset import SimDataset, generate_sequence, sequence_spec
 from lidar.sim.hdmap import MAP_CLASS_INDEX, HDMap
 from lidar.sim.primitives import (
     BOX,
@@ -379,10 +379,9 @@ def test_moving_actors_move_and_map_exports(urban):
         [a.moving for a in urban.actors if a.cls in ("car", "van", "truck", "pedestrian", "cyclist")]
     )
     assert moving.any() and (moved[moving] > 0.5).mean() > 0.8 and (moved[~moving] == 0).all()
-    geo = urban.hdmap.to_geojson()
-    layers = {f["properties"]["layer"] for f in geo["features"]}
+    layers = {name for name, features in urban.hdmap.layers.items() if features}
     assert {"road", "lane_marking", "crosswalk", "sidewalk", "building", "intersection"} <= layers
-    json.dumps(geo)
+    json.dumps(urban.hdmap.layers)
     bev = urban.hdmap.bev_raster(resolution=1.0, extent=40.0)
     assert bev.shape == (80, 80) and bev.max() < len(MAP_CLASSES)
     # Ego-centred: row 10, column 20 of a 1 m, +-20 m raster is 9.5 m ahead and 0.5 m to the right.
@@ -438,7 +437,6 @@ def test_bad_inputs_are_named(urban):
         lambda: make_world(-1),
         lambda: plan_drive(urban, "straight", 3, seed=-2),
         lambda: LidarSimulator(HDL32, seed=1.5),
-        lambda: OnTheFlySimDataset(HDL32, frames=2, seed=-3),
     ):
         with pytest.raises(ValueError, match="seed must be a non-negative integer"):
             make()
@@ -470,8 +468,8 @@ def test_dataset_written_and_read_back_identical(tmp_path):
         )
         == 0
     )
-    ds = SimDataset(tmp_path, window=2)
-    assert len(ds) == 4 and ds.sensor == sensor
+    ds = SimDataset(tmp_path)
+    assert len(ds) == 2 and ds.sensor == sensor
     fresh = generate_sequence(sequence_spec(5, 1), sensor, 3)
     arrays = ds.load_sequence(1)
     np.testing.assert_array_equal(arrays["range"], np.stack([f.image.range for f in fresh.frames]))
@@ -480,24 +478,16 @@ def test_dataset_written_and_read_back_identical(tmp_path):
     np.testing.assert_array_equal(
         arrays["points"][arrays["point_offsets"][2] : arrays["point_offsets"][3]], fresh.frames[2].points
     )
-    item = ds[3]
-    assert item["sequence"] == 1 and item["frame"] == 1 and tuple(item["range"].shape) == (2, 32, 128)
-    np.testing.assert_array_equal(item["range"].numpy(), arrays["range"][1:3])
     back = HDMap.from_dict(arrays)
     np.testing.assert_array_equal(back.raster, fresh.hdmap.raster)
     np.testing.assert_array_equal(back.terrain, fresh.hdmap.terrain)
-    assert back.to_geojson() == json.loads(json.dumps(fresh.hdmap.to_geojson()))
+    assert back.layers == json.loads(json.dumps(fresh.hdmap.layers))
     for t, b in enumerate(fresh.boxes):
         at_t = arrays["box_frame"] == t
         np.testing.assert_array_equal(arrays["boxes"][at_t], b["boxes"])
         np.testing.assert_array_equal(arrays["box_class"][at_t], b["box_class"])
         np.testing.assert_array_equal(arrays["box_id"][at_t], b["box_id"])
     assert arrays["box_frame"].max() == 2
-    # On-the-fly generation deals sequences to ranks deterministically and equals the written data.
-    stream = OnTheFlySimDataset(sensor, frames=3, seed=5, window=2, rank=1, world_size=2, num_sequences=2)
-    items = list(stream)
-    assert [it["sequence"] for it in items] == [1, 1]
-    np.testing.assert_array_equal(items[1]["range"].numpy(), item["range"].numpy())
 
 
 @pytest.mark.parametrize(
@@ -553,18 +543,6 @@ def test_sidewalks_stand_one_curb_above_the_road_and_the_ego_body_blocks_its_ray
     np.testing.assert_allclose(np.median(above[road]), 0.0, atol=0.01)
     np.testing.assert_allclose(np.median(above[sidewalk]), CURB_HEIGHT, atol=0.01)
     assert sim._ego_mask.any() and not scan.image.mask[sim._ego_mask].any()
-
-
-def test_on_the_fly_dataset_splits_sequences_across_dataloader_workers():
-    from torch.utils.data import DataLoader
-
-    sensor = HDL32.with_width(64)
-    stream = OnTheFlySimDataset(sensor, frames=2, seed=9, num_sequences=4)
-    items = list(DataLoader(stream, batch_size=None, num_workers=2))
-    assert sorted(it["sequence"] for it in items) == [0, 0, 1, 1, 2, 2, 3, 3]
-    direct = generate_sequence(sequence_spec(9, 3), sensor, 2)
-    got = next(it for it in items if it["sequence"] == 3 and it["frame"] == 1)
-    np.testing.assert_array_equal(got["range"][0].numpy(), direct.frames[1].image.range)
 
 
 REAL_SCANS = real_scans_dir()

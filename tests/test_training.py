@@ -193,9 +193,10 @@ def test_a_samples_layout_block_is_sometimes_dropped_and_otherwise_holds_the_fra
 
     samples = _samples_with(tiny_data, p_drop_layout=0.5)
     lay = ConditionLayout(WorldModelConfig.from_dict(samples.cfg.model).num_map_classes)
-    empty = torch.from_numpy(empty_condition(TINY_SENSOR))[lay.layout_block]
+    layout = slice(lay.layout_start, lay.coords_start)
+    empty = torch.from_numpy(empty_condition(TINY_SENSOR))[layout]
     conds = [samples[(k, 0, 0)]["cond"] for k in range(16)]
-    dropped = [torch.equal(c[lay.layout_block], empty) for c in conds]
+    dropped = [torch.equal(c[layout], empty) for c in conds]
     kept = [c for c, d in zip(conds, dropped, strict=True) if not d]
     assert 3 <= sum(dropped) <= 13
     assert all((c[lay.coords_start - 1] == 1).all() for c in kept), "a kept layout raises its flag"

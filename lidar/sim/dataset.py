@@ -1,8 +1,8 @@
-"""Simulated datasets on disk (one .npz per sequence + manifest.json) and as torch Datasets.
+"""Simulated datasets on disk (one .npz per sequence + manifest.json), written by `write_dataset` and read
+back by `SimDataset`.
 
 Sequence i of a dataset is a pure function of (seed, i): `sequence_spec` picks its world, style, action and
-drive, so the on-the-fly dataset produces exactly what the writer would have written, and each rank and
-dataloader worker takes a disjoint, deterministic share of the indices.
+drive, so any one sequence can be rebuilt alone (`generate_sequence`) and equals what the writer wrote.
 
 File layout (keys are a contract with training; extend only by adding):
     DIR/manifest.json        written last (tmp + rename): sensor, class names, keys, one entry per sequence
@@ -22,14 +22,11 @@ import logging
 import os
 import time
 from collections import OrderedDict
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-import torch
-from torch.utils.data import Dataset, IterableDataset, get_worker_info
 
 from lidar.sensors import Sensor
 from lidar.sim.actors import OBJECT_CLASSES
@@ -212,24 +209,12 @@ def write_dataset(
     return out / MANIFEST
 
 
-def _to_item(arrays: dict[str, np.ndarray], sl: slice, seq_index: int) -> dict[str, Any]:
-    item: dict[str, Any] = {k: torch.from_numpy(np.ascontiguousarray(arrays[k][sl])) for k in FRAME_KEYS}
-    item["poses"] = torch.from_numpy(np.ascontiguousarray(arrays["poses"][sl]))
-    item["times"] = torch.from_numpy(np.ascontiguousarray(arrays["times"][sl]))
-    item["sequence"] = seq_index
-    item["frame"] = sl.start
-    return item
+class SimDataset:
+    """The sequences of a dataset written by `write_dataset`: its manifest, its sensor, and each sequence's
+    arrays (`load_sequence`, the last `cache_size` kept in memory since training revisits a sequence for
+    many samples)."""
 
-
-class SimDataset(Dataset):
-    """Windows of `window` consecutive frames from a dataset written by `write_dataset`.
-
-    Each item: range, intensity, labels, instances, map_classes as (window, H, W) tensors, poses
-    (window, 4, 4) float64, times, and the ints `sequence` and `frame` (start). Use `load_sequence(i)`
-    for everything of one sequence (boxes, map, points).
-    """
-
-    def __init__(self, root: str | Path, window: int = 1, stride: int = 1, cache_size: int = 4) -> None:
+    def __init__(self, root: str | Path, cache_size: int = 4) -> None:
         self.root = Path(root)
         path = self.root / MANIFEST
         if not path.is_file():
@@ -239,18 +224,13 @@ class SimDataset(Dataset):
         self.manifest = json.loads(path.read_text())
         if self.manifest.get("format") != FORMAT:
             raise ValueError(f"{path}: format {self.manifest.get('format')!r} is not {FORMAT!r}")
-        if window < 1 or stride < 1:
-            raise ValueError(f"window and stride must be >= 1, got window={window}, stride={stride}")
         self.sensor = Sensor.from_dict(self.manifest["sensor"])
-        self.window = int(window)
-        self.index: list[tuple[int, int]] = []
-        for i, entry in enumerate(self.manifest["sequences"]):
-            self.index += [(i, f) for f in range(0, entry["frames"] - self.window + 1, stride)]
         self._cache: OrderedDict[int, dict[str, np.ndarray]] = OrderedDict()
         self._cache_size = cache_size
 
     def __len__(self) -> int:
-        return len(self.index)
+        """The number of sequences."""
+        return len(self.manifest["sequences"])
 
     def load_sequence(self, i: int) -> dict[str, np.ndarray]:
         """All arrays of sequence i (the .npz content), cached."""
@@ -270,50 +250,3 @@ class SimDataset(Dataset):
     def hdmap(self, i: int) -> HDMap:
         """Sequence i's map, for re-casting `range_view_classes` from augmented poses."""
         return HDMap.from_dict(self.load_sequence(i))
-
-    def __getitem__(self, idx: int) -> dict[str, Any]:
-        seq, start = self.index[idx]
-        return _to_item(self.load_sequence(seq), slice(start, start + self.window), seq)
-
-
-class OnTheFlySimDataset(IterableDataset):
-    """Endless (or `num_sequences`-long) stream of freshly simulated sequences, no disk involved.
-
-    Sequence indices are dealt round-robin over (rank, worker) pairs, so every rank and worker gets a
-    disjoint, reproducible share, and sequence i equals sequence i of `write_dataset(seed=seed)`.
-    Yields the same items as SimDataset (every window of each sequence).
-    """
-
-    def __init__(
-        self,
-        sensor: Sensor,
-        frames: int,
-        seed: int = 0,
-        window: int = 1,
-        rank: int = 0,
-        world_size: int = 1,
-        num_sequences: int | None = None,
-    ) -> None:
-        if not 0 <= rank < world_size:
-            raise ValueError(f"rank must be in [0, world_size={world_size}), got {rank}")
-        if window < 1 or frames < window:
-            raise ValueError(f"need 1 <= window <= frames, got window={window}, frames={frames}")
-        self.sensor, self.frames, self.seed, self.window = sensor, int(frames), check_seed(seed), int(window)
-        self.rank, self.world_size, self.num_sequences = int(rank), int(world_size), num_sequences
-
-    def sequence_indices(self, worker_id: int = 0, num_workers: int = 1) -> Iterator[int]:
-        """Indices of this (rank, worker) shard: round-robin, so shards are disjoint and all equally long."""
-        shard = self.rank * num_workers + worker_id
-        step = self.world_size * num_workers
-        i = shard
-        while self.num_sequences is None or i < self.num_sequences:
-            yield i
-            i += step
-
-    def __iter__(self) -> Iterator[dict[str, Any]]:
-        info = get_worker_info()
-        wid, nw = (info.id, info.num_workers) if info is not None else (0, 1)
-        for i in self.sequence_indices(wid, nw):
-            arrays = sequence_arrays(generate_sequence(sequence_spec(self.seed, i), self.sensor, self.frames))
-            for f in range(0, self.frames - self.window + 1):
-                yield _to_item(arrays, slice(f, f + self.window), i)

@@ -316,20 +316,6 @@ class HDMap:
         return MAP_COLORS[np.clip(classes, 0, len(MAP_CLASSES) - 1)]
 
     # ----------------------------------------------------------------------------------------- export
-    def to_geojson(self) -> dict[str, Any]:
-        """A GeoJSON FeatureCollection (local metric coordinates) of every vector layer."""
-        features = []
-        for layer, feats in self.layers.items():
-            for f in feats:
-                features.append(
-                    {
-                        "type": "Feature",
-                        "geometry": f["geometry"],
-                        "properties": {"layer": layer, **f.get("properties", {})},
-                    }
-                )
-        return {"type": "FeatureCollection", "crs": {"type": "local", "units": "m"}, "features": features}
-
     def to_dict(self) -> dict[str, Any]:
         """Everything needed to rebuild the map: arrays stay arrays, the vectors as a JSON string."""
         return {
