@@ -90,6 +90,11 @@ def test_the_cli_prints_the_tables_and_names_a_missing_recording(recording, rele
     assert "| 0.4 s | model forecast |" in text and "every prefix sweep moved" in text
     assert json.loads(out.read_text())["tables"]["K=3"]["starts"] == ["000002.bin"]
     assert {p.name for p in pictures.iterdir()} == {f"real_{k}_{h}.png" for k in ("bev", "range") for h in (2, 4)}
+    # the release card carries the same tables under its real-recordings heading
+    from training.export import evaluation_section
+
+    card = "\n".join(evaluation_section({"real_sequences": json.loads(out.read_text())}))
+    assert card.startswith("### Real recordings") and "| 0.4 s | every prefix sweep moved |" in card
     assert main(["--model", str(release), "--data", str(recording), "--poses", "file"]) == 2  # 7 sweeps < 1 s
     assert "too few" in capsys.readouterr().err
     assert main(["--model", str(release), "--data", str(tmp_path / "nowhere")]) == 2

@@ -44,7 +44,17 @@ logger = logging.getLogger(__name__)
 
 CARD_NAME = "README.md"
 #: The evaluation's pictures (`training.evaluate --pictures`) a release may carry for its card.
-PICTURE_FILES = ("eval_sim_bev.png", "eval_kitti_bev.png")
+PICTURE_FILES = ("eval_sim_bev.png", "eval_kitti_bev.png", "real_bev_5.png", "real_range_5.png", "real_bev_10.png",
+                 "real_range_10.png")
+#: What each picture shows, for its caption in the card.
+PICTURE_CAPTIONS = {
+    "eval_sim_bev.png": "simulated drive: ground truth | forecast | generate",
+    "eval_kitti_bev.png": "real KITTI pair: truth | forecast | moved sweep",
+    "real_bev_5.png": "real KITTI 00, 0.5 s ahead: truth | forecast | every prefix sweep moved (BEV)",
+    "real_range_5.png": "real KITTI 00, 0.5 s ahead: truth / forecast / every prefix sweep moved (range images)",
+    "real_bev_10.png": "real KITTI 00, 1.0 s ahead: truth | forecast | every prefix sweep moved (BEV)",
+    "real_range_10.png": "real KITTI 00, 1.0 s ahead: truth / forecast / every prefix sweep moved (range images)",
+}
 #: Everything a release folder holds; exporting replaces the whole folder, so nothing else may be in it.
 RELEASE_FILES = (CONFIG_NAME, WEIGHTS_NAME, CARD_NAME, *PICTURE_FILES)
 #: The card's YAML front matter: what the Hub shows and searches (license, library, task, tags).
@@ -437,8 +447,7 @@ def model_card(cfg: TrainConfig, progress: dict[str, Any], dataset: dict[str, An
     else:
         lines += evaluation_section(metrics)
     for name in pictures or []:
-        what = "simulated drive: ground truth | forecast | generate" if "sim" in name else "real KITTI pair"
-        lines += [f"![{what}]({name})", ""]
+        lines += [f"![{PICTURE_CAPTIONS[name]}]({name})", ""]
     if notes:
         lines += ["## Notes", "", *[f"- {note}" for note in notes], ""]
     lines += [
@@ -460,10 +469,16 @@ def model_card(cfg: TrainConfig, progress: dict[str, Any], dataset: dict[str, An
 
 
 def evaluation_section(metrics: dict[str, Any]) -> list[str]:
-    """The card's metrics table from `python -m training.evaluate --json` output."""
+    """The card's metrics tables from `python -m training.evaluate --json` output, with the real-recordings
+    report (`python -m training.evaluate_real --json`) under `real_sequences` when given."""
     from training.evaluate import format_report
+    from training.evaluate_real import format_real
 
-    return [format_report(metrics), ""]
+    lines = ["### Simulated drives", "", format_report(metrics), ""] if "per_ray" in metrics else []
+    if "real_sequences" in metrics:
+        lines += ["### Real recordings: forecasts of KITTI 00 against the sweeps that followed", "",
+                  format_real(metrics["real_sequences"]), ""]
+    return lines
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -471,6 +486,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("job_dir", type=Path, help="training job dir (with config.json and checkpoints/)")
     parser.add_argument("out_dir", type=Path, help="release folder to write (e.g. weights/default)")
     parser.add_argument("--metrics", type=Path, default=None, help="`training.evaluate --json` output for the card")
+    parser.add_argument("--real-metrics", type=Path, default=None,
+                        help="`training.evaluate_real --json` output for the card's real-recordings section")
     parser.add_argument("--note", action="append", default=[], help="a line for the card's Notes (repeatable)")
     parser.add_argument("--pictures", type=Path, default=None,
                         help="folder of `training.evaluate --pictures` output; the card shows its BEV panels")
@@ -489,6 +506,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {args.job_dir} is not a training job dir: it has no {CONFIG_NAME}", file=sys.stderr)
         return 2
     metrics = json.loads(args.metrics.read_text()) if args.metrics else None
+    if args.real_metrics:
+        metrics = {**(metrics or {}), "real_sequences": json.loads(args.real_metrics.read_text())}
     try:
         export(args.job_dir, args.out_dir, metrics, args.note, args.base_model, args.pictures)
     except (FileExistsError, FileNotFoundError, ReleaseVerificationError) as e:
