@@ -13,8 +13,9 @@ import os
 import re
 import time
 import zipfile
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -103,13 +104,14 @@ def fsync_file(path: Path) -> None:
         os.close(fd)
 
 
-def _torch_save_without_crc(obj: Any, f: Any) -> None:
+@contextmanager
+def without_torch_crc32() -> Iterator[None]:
     """torch.save without its per-record CRC32: the manifest's sha256 already covers every byte, and
     the CRC (which torch.load never checks) costs as much CPU as the copy into the page cache."""
     previous = torch.serialization.get_crc32_options()
     torch.serialization.set_crc32_options(False)
     try:
-        torch.save(obj, f)
+        yield
     finally:
         torch.serialization.set_crc32_options(previous)
 
@@ -141,8 +143,8 @@ def atomic_torch_save_all(items: Sequence[tuple[Any, str | os.PathLike]]) -> lis
             pending = {}
             for i in write_order:
                 current = paths[i]
-                with open(tmps[i], "wb") as f:
-                    _torch_save_without_crc(items[i][0], f)
+                with open(tmps[i], "wb") as f, without_torch_crc32():
+                    torch.save(items[i][0], f)
                 pending[i] = (pool.submit(fsync_file, tmps[i]), pool.submit(sha256_file, tmps[i]))
             records = []
             for i, (path, tmp) in enumerate(zip(paths, tmps, strict=True)):

@@ -576,14 +576,14 @@ class FSDPCheckpointer:
     def _write_own_files(self, job: _SaveJob) -> list[FileRecord]:
         """This rank's files, durable, with their records. The sharded parts come first: they are collective,
         and DCP raises a failure of any rank on every rank alike, so no rank leaves while others still wait in
-        them; what may fail on one rank alone (hashing, the whole files) runs after the last collective."""
+        them; what may fail on one rank alone (its whole files) runs after the last collective."""
         directory = self.checkpoint_dir_local
         records = []
         if job.parts:
             from checkpointing import sharded
 
             writers = sharded.save_parts(job.parts, directory, job.marker, self._group)
-            records = sharded.part_records(writers, directory, job.marker, collectives.rank())
+            records = sharded.part_records(writers)
         return records + atomic_torch_save_all([(obj, directory / name) for name, obj in job.files])
 
     def _mark_replaced(self, job: _SaveJob) -> None:

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import dataclasses
 import errno
+import hashlib
 import logging
 import os
 import pickle
@@ -60,7 +61,7 @@ from torch.distributed.checkpoint.state_dict import (
 from torch.distributed.checkpoint.storage import WriteResult
 
 from checkpointing import layout
-from checkpointing.atomic import FileRecord, atomic_write_bytes, fsync_dir, sha256_file, tmp_path_for
+from checkpointing.atomic import FileRecord, atomic_write_bytes, fsync_dir, tmp_path_for, without_torch_crc32
 from checkpointing.errors import (
     CheckpointError,
     CheckpointWriteError,
@@ -84,8 +85,39 @@ _STATE = "state"
 # ------------------------------------------------------------------ writing
 
 
+class _HashingStream:
+    """A file opened for writing that hashes every byte on its way out, so the manifest's sha256 needs no
+    second read. DCP writes its files front to back (torch.save into a stream, never a seek)."""
+
+    def __init__(self, file: Any) -> None:
+        self._file, self.size, self.digest = file, 0, hashlib.sha256()
+
+    def write(self, data: Any) -> int:
+        view = memoryview(data).cast("B")
+        self.digest.update(view)
+        self.size += len(view)
+        return self._file.write(view)
+
+    def tell(self) -> int:
+        return self._file.tell()
+
+    def flush(self) -> None:
+        self._file.flush()
+
+    def fileno(self) -> int:
+        return self._file.fileno()
+
+    def close(self) -> None:
+        self._file.close()
+
+
 class _AtomicFileSystem(FileSystem):
-    """DCP's local file system, writing each file under a temporary name and renaming it when complete."""
+    """DCP's local file system, writing each file under a temporary name and renaming it once complete
+    and fsynced (DCP fsyncs it: sync_files=True); `records` keeps each file's size and sha256."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.records: dict[str, FileRecord] = {}
 
     @contextmanager
     def create_stream(self, path: str | os.PathLike, mode: str) -> Iterator[Any]:
@@ -96,13 +128,17 @@ class _AtomicFileSystem(FileSystem):
         path = Path(path)
         tmp = tmp_path_for(path)
         try:
-            with open(tmp, mode) as stream:
-                yield stream  # DCP writes and fsyncs it (sync_files=True)
+            with open(tmp, mode) as file:
+                stream = _HashingStream(file)
+                yield stream
+            if stream.size != tmp.stat().st_size:
+                raise CheckpointError(f"{path}: {tmp.stat().st_size} bytes on disk, {stream.size} written")
             os.replace(tmp, path)
             fsync_dir(path.parent)
         except BaseException:
             tmp.unlink(missing_ok=True)
             raise
+        self.records[path.name] = FileRecord(path.name, stream.size, stream.digest.hexdigest())
 
 
 class _ShardWriter(FileSystemWriter):
@@ -161,25 +197,26 @@ def save_parts(parts: list[tuple[str, dict]], directory: Path, marker: str, grou
     """Write this rank's shards of every part; collective over `group` (None: this process alone).
 
     DCP raises a failure of any rank on every rank alike (as CheckpointError here, naming the ranks), so all
-    ranks leave together; hashing the files is left to `part_records`, after the last collective.
+    ranks leave together. Files are hashed as they are written; torch's per-record CRC32 is off, as for the
+    full layout (the manifest's sha256 covers every byte).
     """
     writers = []
     for kind, state in parts:
         writer = _ShardWriter(directory, marker, kind)
         try:
-            dcp.save(state, storage_writer=writer, process_group=group, no_dist=group is None)
+            with without_torch_crc32():
+                dcp.save(state, storage_writer=writer, process_group=group, no_dist=group is None)
         except CheckpointException as e:  # a BaseException: it would slip past `except Exception`
             raise _save_error(e, kind, marker) from None
         writers.append(writer)
     return writers
 
 
-def part_records(writers: list[_ShardWriter], directory: Path, marker: str, rank: int) -> list[FileRecord]:
-    """Size and sha256 of this rank's shard of each part, and of each metadata file rank 0 wrote."""
+def part_records(writers: list[_ShardWriter]) -> list[FileRecord]:
+    """Size and sha256 of this rank's shard of each part (hashed as written), and of rank 0's metadata files."""
     records = []
     for writer in writers:
-        path = directory / layout.shard_name(marker, writer.kind, rank)
-        records.append(FileRecord(path.name, path.stat().st_size, sha256_file(path)))
+        records += writer.fs.records.values()
         if writer.metadata_record is not None:
             records.append(writer.metadata_record)
     return records

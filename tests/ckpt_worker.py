@@ -9,6 +9,7 @@ Scenarios:
   peerdies rank 1 is SIGKILLed after writing its files, before rank 0 commits the generation.
   ddp      DDP-wrapped model: save on 2 ranks (--layout), resume into a fresh DDP model.
   shardfails  sharded layout: rank 1's shard cannot be put in place; the failure reaches every rank.
+  fsdp1    FSDP1 on CPU in the sharded layout: save asynchronously, resume into a fresh FSDP1 model.
   crash    a job (one process, or FSDP2 ranks) resuming and saving in a loop until SIGKILLed at a random moment.
 Each rank writes what it observed to <out>/rank<k>.pt. Run as a server (see serve()).
 """
@@ -287,6 +288,49 @@ def run_shard_fails(args: argparse.Namespace, rank: int, out: dict) -> None:
     out["pointer_after_next_save"] = (checkpoints / "latest_checkpoint.txt").read_text()
 
 
+def _local_shards(model: nn.Module, optimizer: torch.optim.Optimizer) -> dict:
+    """This rank's shards of the model and optimizer state (FSDP1 hands out ShardedTensors), as plain tensors."""
+
+    def local(tree):
+        if hasattr(tree, "local_shards"):
+            return [shard.tensor.clone() for shard in tree.local_shards()]
+        if isinstance(tree, dict):
+            return {k: local(v) for k, v in tree.items()}
+        return tree.clone() if isinstance(tree, torch.Tensor) else tree
+
+    return local({"model": get_model_state_dict(model), "optim": get_optimizer_state_dict(model, optimizer)})
+
+
+def run_fsdp1(args: argparse.Namespace, rank: int, out: dict) -> None:
+    """FSDP1 through the same API on CPU, in the sharded layout (its ShardedTensor state, staged for an async
+    save); gathering FSDP1's full optimizer state crashes on CPU/gloo in torch 2.13, so the full layout's FSDP1
+    test needs a GPU (test_checkpointing_gpu.py)."""
+    from torch.distributed.fsdp import FullyShardedDataParallel
+
+    def build() -> tuple[nn.Module, torch.optim.Optimizer]:
+        torch.manual_seed(0)
+        module = nn.Sequential(nn.Linear(8, 30), nn.Tanh(), nn.Linear(30, 3))
+        model = FullyShardedDataParallel(module, device_id=torch.device("cpu"), use_orig_params=True)
+        return model, torch.optim.AdamW(model.parameters(), lr=0.02)
+
+    model, optimizer = build()
+    torch.manual_seed(10 + rank)
+    for _ in range(3):
+        model(torch.randn(4, 8)).pow(2).mean().backward()
+        optimizer.step()
+        optimizer.zero_grad()
+    job = JobConfig(path_local=args.job)
+    ckpt = FSDPCheckpointer(CheckpointConfig(keep_last_checkpoints=1, state_layout="sharded"), job)
+    ckpt.save(model, optimizer, None, None, 3, async_saving=True)
+    out["saved"] = _local_shards(model, optimizer)
+    model(torch.randn(4, 8)).pow(2).mean().backward()  # training goes on while the staged copy is written
+    optimizer.step()
+    ckpt.finalize()
+    fresh, fresh_optimizer = build()
+    out["start"] = FSDPCheckpointer(CheckpointConfig(), job).load(fresh, fresh_optimizer)
+    out["loaded"] = _local_shards(fresh, fresh_optimizer)
+
+
 def _crash_model(world_size: int) -> nn.Module:
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(256, 512), nn.Linear(512, 512))
@@ -345,6 +389,7 @@ SCENARIOS = {
     "peerdies": run_peer_dies,
     "ddp": run_ddp,
     "shardfails": run_shard_fails,
+    "fsdp1": run_fsdp1,
     "crash": run_crash,
 }
 

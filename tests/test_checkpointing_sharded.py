@@ -159,6 +159,17 @@ print("\\n".join(path for path in opened if "checkpoints" in path))
     _assert_same_tree(regular.state_dict(), trained[0]["at_save"][6]["model"], "model")
 
 
+def test_fsdp1_goes_through_the_same_api_in_the_sharded_layout(ranks, tmp_path):
+    """FSDP1's sharded state (ShardedTensor) saves asynchronously and resumes into a fresh FSDP1 model."""
+    out = tmp_path / "out"
+    out.mkdir()
+    assert ranks.run(["fsdp1", "--job", str(tmp_path / "job"), "--out", str(out)], world_size=2)["codes"] == [0, 0]
+    for result in _outputs(out, 2):
+        assert result["start"] == 3
+        _assert_same_tree(result["loaded"], result["saved"], "fsdp1")
+    assert list_generations(tmp_path / "job" / "checkpoints")[-1].manifest.state_layout == "sharded"
+
+
 def test_a_shard_failing_on_one_rank_fails_the_save_on_every_rank(ranks, tmp_path):
     out = tmp_path / "out"
     out.mkdir()
