@@ -65,7 +65,6 @@ from inference import MAX_FRAMES as PIPELINE_MAX_FRAMES
 from inference import MAX_STEPS as PIPELINE_MAX_STEPS
 from inference import LidarVersePipeline, RolloutResult, load_pipeline, write_rollout
 from inference import Progress as RolloutProgress
-from inference.cache import transform_points
 from inference.loader import MODEL_ENV, ModelSourceError, Provenance, env_flag
 from inference.observed import ObservedScene, check_inside, observe, record_prefix, shifted_path
 from lidar import render
@@ -76,6 +75,7 @@ from lidar.real_scans import real_scans_dir
 from lidar.sensors import PRESETS, get_sensor
 from lidar.sequence import MAX_SWEEPS
 from lidar.sim import HDMap, World, make_world, plan_drive
+from lidar.vocabulary import transform_points
 
 logger = logging.getLogger(__name__)
 

@@ -28,7 +28,7 @@ _EXPORTS = {
     "Frame": "inference.rollout",
     "Progress": "inference.rollout",
     "RolloutResult": "inference.rollout",
-    "ACTIONS": "lidar.sim",
+    "ACTIONS": "lidar.vocabulary",
 }
 
 __all__ = sorted(_EXPORTS)

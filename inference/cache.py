@@ -24,19 +24,6 @@ _KEY_OFFSET = 1 << (_KEY_BITS - 1)
 VOXEL_SIZE = 0.2
 
 
-def transform_points(points: np.ndarray, transform: np.ndarray) -> np.ndarray:
-    """Apply a 4x4 rigid transform to the xyz of (N, 3+) points; extra columns (intensity) ride along."""
-    pts = np.asarray(points)
-    transform = np.asarray(transform, dtype=np.float64)
-    if pts.ndim != 2 or pts.shape[1] < 3:
-        raise ValueError(f"points must be an (N, 3+) array, got shape {pts.shape}")
-    if transform.shape != (4, 4):
-        raise ValueError(f"transform must be a 4x4 matrix, got shape {transform.shape}")
-    out = pts.astype(np.float32, copy=True)
-    out[:, :3] = pts[:, :3].astype(np.float64) @ transform[:3, :3].T + transform[:3, 3]
-    return out
-
-
 class SpatialCache:
     """World-frame points (N, 4) float32, voxel-deduplicated and bounded around the latest pose."""
 

@@ -26,21 +26,19 @@ where their trunks stand.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
 import torch
 from scipy.spatial.transform import Rotation
 
-from inference.cache import VOXEL_SIZE, transform_points
+from inference.cache import VOXEL_SIZE
 from lidar.boxes import box_range_view
 from lidar.range_image import RangeImage, decode_range, encode_range, project
 from lidar.sensors import Sensor
-from lidar.sim.actors import BOXED_CLASSES, OBJECT_CLASSES
-from lidar.sim.hdmap import MAP_CLASSES, MapView
+from lidar.vocabulary import BOXED_CLASSES, MAP_CLASSES, OBJECT_CLASSES, MapView, transform_points
 
-#: Boxed actor classes one-hot encoded in the layout block, in `lidar.sim.actors.BOXED_CLASSES` order.
+#: Boxed actor classes one-hot encoded in the layout block, in `lidar.vocabulary.BOXED_CLASSES` order.
 LAYOUT_CLASSES: tuple[str, ...] = BOXED_CLASSES
 
 CACHE_RANGE, CACHE_INTENSITY, CACHE_MASK = 0, 1, 2
@@ -106,12 +104,6 @@ class LayoutView:
 
     range: np.ndarray  # (H, W) float32
     classes: np.ndarray  # (H, W) int64, -1 where no box
-
-
-#: Something that gives the actor layout at a time (s) for a sensor at a pose (world_from_sensor), as
-#: `World.boxes` does (it leaves out the actors that sensor's sweep would not have); a real layout may ignore
-#: the pose.
-LayoutSource = Callable[[float, np.ndarray], dict[str, np.ndarray]]
 
 
 def layout_view(boxes: np.ndarray, box_class: np.ndarray, pose: np.ndarray, sensor: Sensor) -> LayoutView:

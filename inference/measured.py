@@ -29,11 +29,10 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from inference.cache import transform_points
 from inference.conditioning import SNAP_TOLERANCE
 from lidar.range_image import RangeImage, encode_range, grid_winners, point_ranges
 from lidar.sensors import Sensor
-from lidar.sim.hdmap import MapView
+from lidar.vocabulary import MapView, transform_points
 
 
 def measured_points(scans: list[np.ndarray], poses: np.ndarray) -> np.ndarray:

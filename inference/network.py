@@ -38,7 +38,7 @@ from inference.conditioning import (
 from inference.flow import MAX_NOISE_SCALE
 from lidar.range_image import encode_range
 from lidar.sensors import HDL32, Sensor
-from lidar.sim.hdmap import MAP_CLASSES
+from lidar.vocabulary import MAP_CLASSES
 
 #: Channels of the flow image x: encoded log-range, intensity*2-1, return (+1) or ray drop (-1).
 IMAGE_CHANNELS = 3
@@ -71,7 +71,7 @@ class WorldModelConfig:
 
     #: The model sensor (`Sensor.to_dict()`); H, W and the range limits come from here, never from constants.
     sensor: dict[str, Any] = field(default_factory=lambda: HDL32.with_width(512).to_dict())
-    #: Map layers one-hot encoded in the condition, class 0 included (`lidar.sim.MAP_CLASSES`).
+    #: Map layers one-hot encoded in the condition, class 0 included (`lidar.vocabulary.MAP_CLASSES`).
     num_map_classes: int = len(MAP_CLASSES)
     #: Channels of the first level; level i has base_channels * channel_mults[i].
     base_channels: int = 16

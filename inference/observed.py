@@ -20,14 +20,13 @@ from typing import Any
 import numpy as np
 from scipy.spatial.transform import Rotation, Slerp
 
-from inference.cache import transform_points
 from inference.pipeline import POSES_NAME
 from lidar.errors import InputError
 from lidar.formats import Scan
 from lidar.registration import Registration, register_sweeps
 from lidar.sensors import Sensor
 from lidar.sequence import frame_numbers, read_sequence
-from lidar.sim.drive import FRAME_RATE_HZ
+from lidar.vocabulary import FRAME_RATE_HZ, transform_points
 
 logger = logging.getLogger(__name__)
 

@@ -25,14 +25,14 @@ from inference.cache import SpatialCache
 from inference.loader import Provenance, load_model
 from inference.measured import measured_points
 from inference.network import WorldModel, WorldModelConfig
-from inference.rollout import MapSource, Progress, RolloutResult, cache_from_scans, frame_times, rollout
+from inference.rollout import Progress, RolloutResult, cache_from_scans, frame_times, rollout
 from lidar.errors import InputError
 from lidar.formats import Scan, write_points
 from lidar.range_image import RangeImage, project, unproject
 from lidar.sensors import Sensor
 from lidar.sequence import check_poses
-from lidar.sim import ACTIONS, World, make_world, plan_drive
-from lidar.sim.drive import FRAME_RATE_HZ
+from lidar.sim import World, make_world, plan_drive
+from lidar.vocabulary import ACTION_YAW_SIGN, ACTIONS, FRAME_RATE_HZ, MapSource
 
 logger = logging.getLogger(__name__)
 
@@ -532,7 +532,7 @@ def action_poses(
     """
     _check_action(action)
     motion = motion or EgoMotion((speed, 0.0))
-    turn = {"straight": 0.0, "turn_left": 1.0, "turn_right": -1.0}[action] * motion.speed / turn_radius
+    turn = ACTION_YAW_SIGN[action] * motion.speed / turn_radius
     yaw_rate = motion.yaw_rate + turn
     out = np.empty((frames, 4, 4))
     local = np.eye(4)

@@ -13,14 +13,13 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any
 
 import numpy as np
 import torch
 
-from inference.cache import SpatialCache, transform_points
+from inference.cache import SpatialCache
 from inference.conditioning import (
-    LayoutSource,
     LayoutView,
     build_condition,
     decode_image,
@@ -32,19 +31,12 @@ from inference.measured import keep_measured, measured_points_of, measured_view
 from inference.network import IMAGE_CHANNELS, WorldModel, to_encoded_image
 from lidar.range_image import RangeImage, unproject
 from lidar.sensors import Sensor
-from lidar.sim.drive import FRAME_RATE_HZ
-from lidar.sim.hdmap import MapView
+from lidar.vocabulary import FRAME_RATE_HZ, LayoutSource, MapSource, transform_points
 
 logger = logging.getLogger(__name__)
 
 #: Voxel size of the accumulated world returned to the viewer (finer than the cache: it is only drawn).
 WORLD_VOXEL = 0.1
-
-
-class MapSource(Protocol):
-    """An HD map the rollout can ray-cast from any pose (`lidar.sim.HDMap`)."""
-
-    def range_view(self, pose: np.ndarray, sensor: Sensor) -> MapView: ...
 
 
 @dataclass

@@ -3,7 +3,8 @@
 import numpy as np
 import pytest
 
-from inference.cache import SpatialCache, transform_points
+from inference.cache import SpatialCache
+from lidar.vocabulary import transform_points
 
 
 def pose_at(x: float, y: float = 0.0, yaw: float = 0.0) -> np.ndarray:
@@ -11,13 +12,6 @@ def pose_at(x: float, y: float = 0.0, yaw: float = 0.0) -> np.ndarray:
     pose[:2, :2] = [[np.cos(yaw), -np.sin(yaw)], [np.sin(yaw), np.cos(yaw)]]
     pose[:3, 3] = [x, y, 1.8]
     return pose
-
-
-def test_transform_points_moves_xyz_and_keeps_intensity():
-    pts = np.array([[1.0, 0.0, 0.0, 0.7]], dtype=np.float32)
-    out = transform_points(pts, pose_at(10.0, yaw=np.pi / 2))
-    np.testing.assert_allclose(out, [[10.0, 1.0, 1.8, 0.7]], atol=1e-6)
-    assert out.dtype == np.float32
 
 
 def test_points_in_the_same_voxel_collapse_to_the_newest_one():

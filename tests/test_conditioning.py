@@ -5,7 +5,6 @@ import numpy as np
 import pytest
 import torch
 
-from inference.cache import transform_points
 from inference.conditioning import (
     BUILDING_RANGE,
     CACHE_FOOTPRINT,
@@ -31,8 +30,7 @@ from inference.conditioning import (
 from inference.network import WorldModelConfig
 from lidar.range_image import RangeImage, encode_range, project
 from lidar.sensors import HDL32
-from lidar.sim.actors import OBJECT_CLASSES
-from lidar.sim.hdmap import MAP_CLASSES, MapView
+from lidar.vocabulary import MAP_CLASSES, OBJECT_CLASSES, MapView, transform_points
 
 SENSOR = HDL32.with_width(512)
 K = len(MAP_CLASSES)

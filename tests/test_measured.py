@@ -15,7 +15,7 @@ from inference.measured import keep_measured, measured_points, measured_view
 from inference.pipeline import EgoMotion, action_poses, measured_motion
 from lidar.range_image import grid_winners, project
 from lidar.sim import make_world, plan_drive
-from lidar.sim.hdmap import MapView
+from lidar.vocabulary import MapView
 from tests.test_loader import tiny_model, write_release
 
 

@@ -18,7 +18,7 @@ from inference.network import (
 )
 from lidar.range_image import decode_range
 from lidar.sensors import HDL32, VLP16
-from lidar.sim.hdmap import MapView
+from lidar.vocabulary import MapView
 
 
 def tiny_config(**overrides) -> WorldModelConfig:

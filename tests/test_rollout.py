@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 import torch
 
-from inference.cache import SpatialCache, transform_points
+from inference.cache import SpatialCache
 from inference.conditioning import LAYOUT_CLASSES, ConditionLayout, build_condition, layout_view
 from inference.network import WorldModel, WorldModelConfig
 from inference.rollout import Progress, cache_from_scans, frame_times, rollout
@@ -13,11 +13,12 @@ from lidar.formats import read_points
 from lidar.range_image import project, unproject
 from lidar.real_scans import real_scans_dir
 from lidar.sensors import VLP16
-from lidar.sim.actors import OBJECT_CLASSES, Actor
-from lidar.sim.hdmap import MAP_CLASS_INDEX, HDMap
+from lidar.sim.actors import Actor
+from lidar.sim.hdmap import HDMap
 from lidar.sim.primitives import Shapes
 from lidar.sim.roads import RoadGraph
 from lidar.sim.world import World
+from lidar.vocabulary import MAP_CLASS_INDEX, OBJECT_CLASSES, transform_points
 
 SENSOR = VLP16.with_width(64)
 

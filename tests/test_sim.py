@@ -23,7 +23,7 @@ from lidar.sim import (
     simulate_sequence,
 )
 from lidar.sim.dataset import SimDataset, generate_sequence, sequence_spec
-from lidar.sim.hdmap import MAP_CLASS_INDEX, HDMap
+from lidar.sim.hdmap import HDMap
 from lidar.sim.primitives import (
     BOX,
     CYLINDER,
@@ -37,6 +37,7 @@ from lidar.sim.primitives import (
 from lidar.sim.roads import STYLES, RoadGraph, generate_road_graph
 from lidar.sim.sensor_model import GROUND_REFLECTIVITY, _rotation_yaw_tilt
 from lidar.sim.world import World
+from lidar.vocabulary import MAP_CLASS_INDEX, OBJECT_CLASS_INDEX
 
 NOISELESS = SensorModelConfig(range_noise=0.0, intensity_noise=0.0, drop_general=0.0, drop_zero_intensity=0.0)
 
@@ -682,7 +683,7 @@ def test_a_barrier_footprint_is_met_in_the_building_layer_where_it_is_nearer():
 
 
 def test_a_worlds_walls_and_fences_are_in_its_map_as_barriers():
-    from lidar.sim.actors import BARRIER_CLASSES, OBJECT_CLASS_INDEX
+    from lidar.sim.actors import BARRIER_CLASSES
 
     world = make_world(3, "highway")
     features = world.hdmap.layers["barrier"]
@@ -747,7 +748,7 @@ def test_a_window_ray_stops_in_the_rooms_behind_the_facade_not_behind_the_buildi
     it (another building's face, the ground beyond): points no map-conditioned model could place.
     """
     from lidar.sim import LidarSimulator
-    from lidar.sim.actors import OBJECT_CLASS_INDEX, ROOM_DEPTH
+    from lidar.sim.actors import ROOM_DEPTH
 
     sensor = HDL32.with_width(512)
     facade = len(MAP_CLASSES) + OBJECT_CLASS_INDEX["facade"]
@@ -801,7 +802,7 @@ def test_holes_in_a_porous_wall_are_places_seen_alike_from_every_pose():
 
 
 def test_a_worlds_trees_and_hedges_are_in_its_map_and_in_the_vegetation_view(urban):
-    from lidar.sim.actors import OBJECT_CLASS_INDEX, PLANT_CLASSES
+    from lidar.sim.actors import PLANT_CLASSES
 
     crowns = (urban.scenery.kind == ELLIPSOID) & (urban.scenery.label == OBJECT_CLASS_INDEX["tree"])
     features = urban.hdmap.layers["plant"]

@@ -227,8 +227,8 @@ def test_the_layout_is_the_frames_boxes_unless_augmented_and_missing_actors_drop
 
 
 def test_a_cropped_cache_holds_only_what_a_narrower_sensor_would_have_seen(tiny_data: Path) -> None:
-    from inference.cache import transform_points
     from lidar.range_image import beam_rows
+    from lidar.vocabulary import transform_points
     from training.data import FOV_BOTTOM_DEG, FOV_TOP_DEG, WorldModelSamples, load_drives
 
     exact = {"dropout": 0.0, "range_noise": 0.0, "jitter_translation": 0.0, "jitter_rotation_deg": 0.0}

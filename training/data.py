@@ -24,7 +24,7 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset, Sampler
 
-from inference.cache import SpatialCache, transform_points
+from inference.cache import SpatialCache
 from inference.conditioning import (
     LayoutView,
     augment_cache_points,
@@ -40,6 +40,7 @@ from lidar.sensors import Sensor
 from lidar.sequence import open_recording
 from lidar.sim.dataset import SimDataset
 from lidar.sim.hdmap import HDMap
+from lidar.vocabulary import transform_points
 from training.config import TrainConfig
 
 logger = logging.getLogger(__name__)

@@ -57,7 +57,6 @@ import torch
 from PIL import Image, ImageDraw, ImageFont
 
 from inference import ModelSourceError, load_pipeline
-from inference.cache import transform_points
 from inference.pipeline import LidarVersePipeline
 from lidar.formats import read_points
 from lidar.metrics import bev_jsd, bev_mmd, chamfer_distance, forecast_chamfer, per_ray_errors
@@ -67,10 +66,10 @@ from lidar.registration import RegistrationError, register_sweeps
 from lidar.render import bev_image
 from lidar.sensors import Sensor
 from lidar.sim.dataset import MANIFEST, SIMULATOR_VERSION, SimDataset, write_dataset
-from lidar.sim.drive import FRAME_RATE_HZ
-from lidar.sim.hdmap import MAP_CLASS_INDEX, HDMap
+from lidar.sim.hdmap import HDMap
 from lidar.sim.sequence import simulate_sequence
 from lidar.sim.world import World, make_world
+from lidar.vocabulary import FRAME_RATE_HZ, MAP_CLASS_INDEX, transform_points
 
 logger = logging.getLogger(__name__)
 

@@ -41,7 +41,6 @@ import torch
 from PIL import Image
 
 from inference import ModelSourceError, load_pipeline
-from inference.cache import transform_points
 from inference.pipeline import LidarVersePipeline
 from lidar.metrics import chamfer_distance, forecast_chamfer
 from lidar.range_image import point_elevations, project
@@ -49,7 +48,7 @@ from lidar.registration import RegistrationError, register_sweeps
 from lidar.render import range_image_png
 from lidar.sensors import Sensor
 from lidar.sequence import Recording, open_recording
-from lidar.sim.drive import FRAME_RATE_HZ
+from lidar.vocabulary import FRAME_RATE_HZ, transform_points
 from training.evaluate import bev_panels, in_field_of_view, thin_to_grid
 
 logger = logging.getLogger(__name__)

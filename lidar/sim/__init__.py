@@ -5,13 +5,16 @@ poses = plan_drive(world, "turn_left", frames=40, seed=0)
 seq = simulate_sequence(world, poses, get_sensor("hdl32"), seed=0)
 """
 
-from lidar.sim.actors import OBJECT_CLASSES
-from lidar.sim.drive import ACTIONS, plan_drive
-from lidar.sim.hdmap import MAP_CLASSES, HDMap
+from lidar.sim.drive import plan_drive
+from lidar.sim.hdmap import HDMap
 from lidar.sim.roads import STYLES
-from lidar.sim.sensor_model import POINT_CLASSES, LidarSimulator, SensorModelConfig, SimScan
+from lidar.sim.sensor_model import LidarSimulator, SensorModelConfig, SimScan
 from lidar.sim.sequence import SimSequence, simulate_sequence
 from lidar.sim.world import World, make_world
+
+# The class names and actions are the model's vocabulary as much as the simulator's; re-exported here so
+# `from lidar.sim import ACTIONS` keeps working.
+from lidar.vocabulary import ACTIONS, MAP_CLASSES, OBJECT_CLASSES, POINT_CLASSES
 
 __all__ = [
     "ACTIONS",

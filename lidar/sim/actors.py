@@ -16,28 +16,10 @@ from lidar.sim.hdmap import HDMap
 from lidar.sim.layout import Footprint, Layout, closed_ring, map_feature
 from lidar.sim.primitives import BOX, CYLINDER, ELLIPSOID, Shapes
 from lidar.sim.roads import PARKING_WIDTH, arc_lengths, offset_line, point_at, sub_line
+from lidar.vocabulary import OBJECT_CLASS_INDEX, OBJECT_CLASSES
 
 logger = logging.getLogger(__name__)
 
-#: Object classes of solids. A point label is len(MAP_CLASSES) + index here (ground hits use the map class).
-#: Training data depends on this order: extend it only by appending.
-OBJECT_CLASSES: tuple[str, ...] = (
-    "car",
-    "van",
-    "truck",
-    "pedestrian",
-    "cyclist",
-    "pole",
-    "sign",
-    "tree",
-    "bush",
-    "wall",
-    "fence",
-    "facade",
-)
-OBJECT_CLASS_INDEX = {name: i for i, name in enumerate(OBJECT_CLASSES)}
-#: Classes that get a 3-D box (the detection targets).
-BOXED_CLASSES = ("car", "van", "truck", "pedestrian", "cyclist")
 #: Scenery the HD map lists as footprints (layer "barrier"): what a planner must not drive through.
 BARRIER_CLASSES = ("wall", "fence")
 #: Share of a facade that is glass: rays pass through windows and return from the rooms behind them.

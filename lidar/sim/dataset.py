@@ -29,13 +29,12 @@ from typing import Any
 import numpy as np
 
 from lidar.sensors import Sensor
-from lidar.sim.actors import OBJECT_CLASSES
-from lidar.sim.drive import ACTIONS, FRAME_RATE_HZ, plan_drive
-from lidar.sim.hdmap import MAP_CLASSES, HDMap
+from lidar.sim.drive import plan_drive
+from lidar.sim.hdmap import HDMap
 from lidar.sim.roads import STYLES
-from lidar.sim.sensor_model import POINT_CLASSES
 from lidar.sim.sequence import SimSequence, simulate_sequence
 from lidar.sim.world import check_seed, make_world
+from lidar.vocabulary import ACTIONS, FRAME_RATE_HZ, MAP_CLASSES, OBJECT_CLASSES, POINT_CLASSES
 
 logger = logging.getLogger(__name__)
 

@@ -10,11 +10,11 @@ import numpy as np
 
 from lidar.sim.roads import arc_lengths, point_at
 from lidar.sim.world import World, check_seed
+from lidar.vocabulary import ACTION_YAW_SIGN, ACTIONS, FRAME_RATE_HZ
 
-ACTIONS = ("straight", "turn_left", "turn_right")
-FRAME_RATE_HZ = 10.0
 DEFAULT_MOUNT_HEIGHT = 1.84
-_TURN_DEG = {"straight": 0.0, "turn_left": 90.0, "turn_right": -90.0}
+#: Heading change (degrees) of each action at a junction: the roads meet at right angles.
+_TURN_DEG = {action: 90.0 * sign for action, sign in ACTION_YAW_SIGN.items()}
 
 
 def _heading(v: np.ndarray) -> float:

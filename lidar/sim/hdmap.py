@@ -16,23 +16,7 @@ import numpy as np
 
 from lidar.boxes import box_range_view
 from lidar.sensors import Sensor
-
-#: Ground layers of the map. Index 0 means the ray meets no ground within range (sky / beyond max range).
-#: Training data depends on this order: extend it only by appending.
-MAP_CLASSES: tuple[str, ...] = (
-    "none",
-    "road",
-    "lane_marking",
-    "crosswalk",
-    "intersection",
-    "parking",
-    "sidewalk",
-    "curb",
-    "terrain",
-    "vegetation",
-    "building",
-)
-MAP_CLASS_INDEX: dict[str, int] = {name: i for i, name in enumerate(MAP_CLASSES)}
+from lidar.vocabulary import MAP_CLASS_INDEX, MAP_CLASSES, MapView
 
 #: Classes that sit one curb height above the carriageway; the drivable surface is the low level.
 RAISED_CLASSES: tuple[str, ...] = ("sidewalk", "curb", "terrain", "vegetation", "building")
@@ -44,16 +28,6 @@ FOOTPRINT_CLASSES: tuple[str, ...] = ("building", "vegetation", "barrier", "plan
 VEGETATION_HEIGHT = 2.0
 #: How far (m) a footprint solid reaches below the terrain at its centre, so slopes leave no gap under it.
 FOOTPRINT_FOOTING = 1.0
-
-
-@dataclass
-class MapView:
-    """The HD map seen from one pose, per range-view pixel; ranges in metres, 0 where the layer is not hit."""
-
-    classes: np.ndarray  # (H, W) uint8 MAP_CLASSES of the ground under the ray
-    ground: np.ndarray  # (H, W) float32 range to the ground surface
-    building: np.ndarray  # (H, W) float32 range into an extruded building or barrier (wall, fence) footprint
-    vegetation: np.ndarray  # (H, W) float32 range into an extruded green area or plant (tree crown, hedge)
 
 
 #: RGB colour per map class for BEV pictures (index-aligned with MAP_CLASSES).

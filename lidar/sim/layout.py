@@ -15,8 +15,9 @@ import numpy as np
 from PIL import Image, ImageDraw
 from scipy import ndimage
 
-from lidar.sim.hdmap import MAP_CLASS_INDEX, HDMap
+from lidar.sim.hdmap import HDMap
 from lidar.sim.roads import PARKING_WIDTH, STYLE_PARAMS, RoadGraph, offset_line, point_at, sub_line
+from lidar.vocabulary import MAP_CLASS_INDEX
 
 logger = logging.getLogger(__name__)
 

@@ -14,11 +14,12 @@ import numpy as np
 from PIL import Image, ImageDraw
 
 from lidar.sensors import HDL32, Sensor, get_sensor
-from lidar.sim.drive import ACTIONS, plan_drive
+from lidar.sim.drive import plan_drive
 from lidar.sim.hdmap import HDMap
 from lidar.sim.roads import STYLES
 from lidar.sim.sensor_model import LidarSimulator
 from lidar.sim.world import World, make_world
+from lidar.vocabulary import ACTIONS
 
 
 def world_preview(

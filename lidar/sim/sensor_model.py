@@ -17,13 +17,10 @@ import numpy as np
 
 from lidar.range_image import RangeImage
 from lidar.sensors import Sensor
-from lidar.sim.actors import OBJECT_CLASSES
-from lidar.sim.hdmap import CURB_HEIGHT, MAP_CLASS_INDEX, MAP_CLASSES
+from lidar.sim.hdmap import CURB_HEIGHT
 from lidar.sim.primitives import cast, intersect_boxes
 from lidar.sim.world import EGO_CLEARANCE, World, check_seed
-
-#: Point/pixel labels: 0 = no return, ground hits use their MAP_CLASSES index, solids len(MAP_CLASSES) + class.
-POINT_CLASSES: tuple[str, ...] = MAP_CLASSES + OBJECT_CLASSES
+from lidar.vocabulary import MAP_CLASS_INDEX, MAP_CLASSES
 
 #: Diffuse near-infrared reflectivity of each ground layer (asphalt is dark, paint and grass are bright).
 GROUND_REFLECTIVITY = np.zeros(256, dtype=np.float32)

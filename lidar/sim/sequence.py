@@ -9,10 +9,10 @@ from dataclasses import dataclass
 import numpy as np
 
 from lidar.sensors import Sensor
-from lidar.sim.drive import FRAME_RATE_HZ
 from lidar.sim.hdmap import HDMap
 from lidar.sim.sensor_model import LidarSimulator, SensorModelConfig, SimScan
 from lidar.sim.world import World
+from lidar.vocabulary import FRAME_RATE_HZ
 
 logger = logging.getLogger(__name__)
 

@@ -12,11 +12,12 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from lidar.sim.actors import BOXED_CLASSES, OBJECT_CLASS_INDEX, Actor, ActorTable, populate
+from lidar.sim.actors import Actor, ActorTable, populate
 from lidar.sim.hdmap import HDMap
 from lidar.sim.layout import build_layout
 from lidar.sim.primitives import Shapes
 from lidar.sim.roads import STYLES, RoadGraph, generate_road_graph
+from lidar.vocabulary import BOXED_CLASSES, OBJECT_CLASS_INDEX
 
 logger = logging.getLogger(__name__)
 
