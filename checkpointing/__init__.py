@@ -2,7 +2,8 @@
 
 Training: `FSDPCheckpointer(CheckpointConfig(...), JobConfig(...), CallBackGroup())`.
 Loading weights elsewhere (inference): `resolve_weights`, `read_weights`, `load_weights_into`,
-`resolve_generation`, or the seed's `FSDPInferenceCheckpointer`.
+`load_weights_file` (a sharded generation's part too), `resolve_generation`, or the seed's
+`FSDPInferenceCheckpointer`.
 """
 
 from importlib import import_module
@@ -28,6 +29,7 @@ _EXPORTS = {
     "FSDPInferenceCheckpointer": "inference",
     "ModelWithEMA": "state",
     "ResolvedWeights": "weights",
+    "load_weights_file": "weights",
     "load_weights_into": "weights",
     "read_weights": "weights",
     "resolve_generation": "weights",
@@ -67,6 +69,7 @@ if TYPE_CHECKING:
     from checkpointing.state import ModelWithEMA
     from checkpointing.weights import (
         ResolvedWeights,
+        load_weights_file,
         load_weights_into,
         read_weights,
         resolve_generation,
@@ -92,6 +95,7 @@ __all__ = [
     "UnsafeCheckpointError",
     "atomic_torch_save",
     "atomic_write_text",
+    "load_weights_file",
     "load_weights_into",
     "read_weights",
     "resolve_generation",

@@ -1,10 +1,12 @@
 """FSDPCheckpointer: the one manager that saves and resumes a training job, seed API and layout.
 
-A save is: gather full state (collective) -> stage a private copy when asynchronous -> write every
-file atomically (`atomic`) -> record sizes and hashes (`manifest`) -> publish the pointer -> prune.
+A save is: take this rank's share (the full layout gathers full state on rank 0, collective; the sharded
+layout takes each rank's own shards, `sharded`) -> stage a private copy when asynchronous -> write every
+file atomically (`atomic`, DCP for shards) -> record sizes and hashes (`manifest`) -> rank 0 commits the
+marker, manifest and pointer once every rank's files are durable -> prune.
 A resume is: validate the pointer -> pick the newest valid generation (`generations`) -> restore
-weights, optimizer, scheduler, grad scaler and per-rank RNG (`state`), loading only weights-only
-pickles (`safe_load`).
+weights, optimizer, scheduler, grad scaler and per-rank RNG (`state`; a sharded generation resharded to
+this world size), loading only weights-only pickles (`safe_load`) and checked DCP metadata.
 """
 
 from __future__ import annotations

@@ -1,7 +1,8 @@
 """Checkpointing in one process: layout, resume completeness, the seed's defects, faults, CLI.
 
 Each test that names a seed defect (numbers from issue 2) asserts the behaviour the seed got wrong.
-Multi-process and SIGKILL tests live in test_checkpointing_dist.py.
+Multi-process and SIGKILL tests live in test_checkpointing_dist.py and, for the sharded layout,
+test_checkpointing_sharded.py; the single-process tests of both layouts live here.
 """
 
 from __future__ import annotations

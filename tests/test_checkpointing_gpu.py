@@ -1,5 +1,6 @@
-"""FSDP1 through the same API, on a GPU only: on CPU/gloo, torch 2.13's FSDP1 crashes while gathering
-optimizer state, so FSDP2 carries the CPU tests (test_checkpointing_dist.py)."""
+"""FSDP1 in the full layout, on a GPU only: on CPU/gloo, torch 2.13's FSDP1 crashes while gathering
+optimizer state, so FSDP2 carries the CPU tests (test_checkpointing_dist.py); FSDP1's sharded state, which
+gathers nothing, is tested on CPU (test_checkpointing_sharded.py)."""
 
 from __future__ import annotations
 
