@@ -34,8 +34,9 @@ from lidar.sim.primitives import (
     intersect_cylinders,
     intersect_ellipsoids,
 )
-from lidar.sim.roads import STYLES, RoadGraph, generate_road_graph
+from lidar.sim.roads import RoadGraph, generate_road_graph
 from lidar.sim.sensor_model import GROUND_REFLECTIVITY, _rotation_yaw_tilt
+from lidar.sim.styles import STYLE_PROFILES, STYLES, style_profile
 from lidar.sim.world import World
 from lidar.vocabulary import MAP_CLASS_INDEX, OBJECT_CLASS_INDEX
 
@@ -425,6 +426,16 @@ def test_scanned_moving_actors_lie_inside_their_boxes_at_each_frame_time(urban):
     b0, b1 = (dict(zip(b["box_id"].tolist(), b["boxes"], strict=True)) for b in seq.boxes)
     shifts = [np.hypot(*(b1[i][:2] - b0[i][:2])) for i in b0.keys() & b1.keys() & moving]
     assert shifts and np.median(shifts) > 0.5
+
+
+def test_one_profile_per_style_and_a_dataset_draws_every_style_by_its_weight():
+    assert STYLES == ("urban", "suburban", "highway")  # the order seeds worlds: append only
+    assert sum(STYLE_PROFILES[s].dataset_weight for s in STYLES) == pytest.approx(1.0)
+    drawn = [sequence_spec(0, i).style for i in range(400)]
+    for style in STYLES:
+        assert drawn.count(style) / len(drawn) == pytest.approx(STYLE_PROFILES[style].dataset_weight, abs=0.08)
+    with pytest.raises(ValueError, match="unknown world style 'rural'"):
+        style_profile("rural")
 
 
 def test_bad_inputs_are_named(urban):

@@ -7,9 +7,9 @@ seq = simulate_sequence(world, poses, get_sensor("hdl32"), seed=0)
 
 from lidar.sim.drive import plan_drive
 from lidar.sim.hdmap import HDMap
-from lidar.sim.roads import STYLES
 from lidar.sim.sensor_model import LidarSimulator, SensorModelConfig, SimScan
 from lidar.sim.sequence import SimSequence, simulate_sequence
+from lidar.sim.styles import STYLES
 from lidar.sim.world import World, make_world
 
 # The class names and actions are the model's vocabulary as much as the simulator's; re-exported here so

@@ -16,6 +16,7 @@ from lidar.sim.hdmap import HDMap
 from lidar.sim.layout import Footprint, Layout, closed_ring, map_feature
 from lidar.sim.primitives import BOX, CYLINDER, ELLIPSOID, Shapes
 from lidar.sim.roads import PARKING_WIDTH, arc_lengths, offset_line, point_at, sub_line
+from lidar.sim.styles import style_profile
 from lidar.vocabulary import OBJECT_CLASS_INDEX, OBJECT_CLASSES
 
 logger = logging.getLogger(__name__)
@@ -234,17 +235,14 @@ def populate(rng: np.random.Generator, layout: Layout, style: str) -> Population
     actors: list[Actor] = []
     static_rows: list[tuple] = []
     radius = [graph.node_radius(n) for n in range(len(graph.nodes))]
-    density = {"urban": 1.0, "suburban": 0.5, "highway": 0.6}[style]
+    profile = style_profile(style)
+    density = profile.density
 
     def add_static_actor(shapes: Shapes, size, cls: str, x: float, y: float, yaw: float) -> None:
         actors.append(Actor(id=len(actors), cls=cls, size=size, parts=shapes, x=x, y=y, yaw=yaw))
 
     def vehicle_class() -> str:
-        return str(
-            rng.choice(
-                ["car", "van", "truck"], p=[0.78, 0.15, 0.07] if style != "highway" else [0.6, 0.15, 0.25]
-            )
-        )
+        return str(rng.choice(["car", "van", "truck"], p=list(profile.vehicle_mix)))
 
     for r in graph.roads:
         s_lo, s_hi = radius[r.a] + 6.0, r.length - radius[r.b] - 6.0
@@ -379,7 +377,7 @@ def populate(rng: np.random.Generator, layout: Layout, style: str) -> Population
                             -1,
                         )
                     )
-                if style != "highway":
+                if profile.street_trees:
                     tree_line = offset_line(r.centre, side * (r.half_width + r.sidewalk - 0.7))
                     tcum = arc_lengths(tree_line)
                     if rng.random() < 0.85:
@@ -387,7 +385,7 @@ def populate(rng: np.random.Generator, layout: Layout, style: str) -> Population
                             pos, _ = point_at(tree_line, np.array([s]), tcum)
                             static_rows += _tree(rng, float(pos[0, 0]), float(pos[0, 1]))
                     # Hedges behind the sidewalk, in pieces: the low clutter that lines real streets.
-                    if rng.random() < (0.6 if style == "suburban" else 0.25):
+                    if rng.random() < profile.hedge_p:
                         back = offset_line(r.centre, side * (r.half_width + r.sidewalk + 0.6))
                         a = s_lo + rng.uniform(0, 10)
                         while a < s_hi - 4:
@@ -436,7 +434,7 @@ def populate(rng: np.random.Generator, layout: Layout, style: str) -> Population
             )
 
     # 7. Traffic-light masts on the curb of junction approaches (urban), their arm over the lanes.
-    if style == "urban":
+    if profile.traffic_lights:
         for n in range(len(graph.nodes)):
             if graph.degree(n) < 3:
                 continue
@@ -499,7 +497,7 @@ def populate(rng: np.random.Generator, layout: Layout, style: str) -> Population
                 )
             )
             building_rows.append(_interior(b, base, h))
-            if style == "suburban" and rng.random() < 0.5:
+            if profile.garden_fence_p > 0 and rng.random() < profile.garden_fence_p:
                 static_rows += _fence_around(rng, b)
     for g in layout.green:
         n_trees = int(g.half_length * g.half_width * 4 / 60.0 * rng.uniform(0.5, 1.2))

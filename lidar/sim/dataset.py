@@ -31,8 +31,8 @@ import numpy as np
 from lidar.sensors import Sensor
 from lidar.sim.drive import plan_drive
 from lidar.sim.hdmap import HDMap
-from lidar.sim.roads import STYLES
 from lidar.sim.sequence import SimSequence, simulate_sequence
+from lidar.sim.styles import STYLE_PROFILES, STYLES
 from lidar.sim.world import check_seed, make_world
 from lidar.vocabulary import ACTIONS, FRAME_RATE_HZ, MAP_CLASSES, OBJECT_CLASSES, POINT_CLASSES
 
@@ -47,8 +47,6 @@ FORMAT_VERSION = 1
 SIMULATOR_VERSION = 3
 MANIFEST = "manifest.json"
 FRAME_KEYS = ("range", "intensity", "labels", "instances", "map_classes")
-#: Style mix of generated data: mostly streets, some highway.
-STYLE_WEIGHTS = {"urban": 0.5, "suburban": 0.3, "highway": 0.2}
 
 
 @dataclass(frozen=True)
@@ -66,7 +64,7 @@ class SequenceSpec:
 def sequence_spec(seed: int, index: int) -> SequenceSpec:
     """What sequence `index` of a dataset with `seed` is: world, style, action and seeds (pure function)."""
     rng = np.random.default_rng(np.random.SeedSequence([int(seed), int(index), 0x51A]))
-    style = str(rng.choice(STYLES, p=[STYLE_WEIGHTS[s] for s in STYLES]))
+    style = str(rng.choice(STYLES, p=[STYLE_PROFILES[s].dataset_weight for s in STYLES]))
     return SequenceSpec(
         index=int(index),
         world_seed=int(rng.integers(0, 2**31 - 1)),

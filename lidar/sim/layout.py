@@ -16,7 +16,8 @@ from PIL import Image, ImageDraw
 from scipy import ndimage
 
 from lidar.sim.hdmap import HDMap
-from lidar.sim.roads import PARKING_WIDTH, STYLE_PARAMS, RoadGraph, offset_line, point_at, sub_line
+from lidar.sim.roads import PARKING_WIDTH, RoadGraph, offset_line, point_at, sub_line
+from lidar.sim.styles import style_profile
 from lidar.vocabulary import MAP_CLASS_INDEX
 
 logger = logging.getLogger(__name__)
@@ -136,7 +137,7 @@ def _points_in(fp: Footprint, step: float = 1.0, pad: float = 0.0) -> np.ndarray
 
 def build_layout(rng: np.random.Generator, graph: RoadGraph, style: str) -> Layout:
     """Paint roads, markings, crosswalks, sidewalks, buildings and green areas; add terrain."""
-
+    profile = style_profile(style)
     nodes = graph.nodes
     lo = nodes.min(axis=0) - MAP_MARGIN
     hi = nodes.max(axis=0) + MAP_MARGIN
@@ -263,11 +264,8 @@ def build_layout(rng: np.random.Generator, graph: RoadGraph, style: str) -> Layo
 
     # 3. Buildings along the frontage of every road, where the raster is still free land.
     buildings: list[Footprint] = []
-    setback = {"urban": (0.5, 3.0), "suburban": (5.0, 10.0), "highway": (25.0, 45.0)}[style]
-    frontage = {"urban": (10.0, 30.0), "suburban": (9.0, 15.0), "highway": (15.0, 40.0)}[style]
-    depth = {"urban": (10.0, 22.0), "suburban": (8.0, 13.0), "highway": (12.0, 30.0)}[style]
-    gaps = {"urban": (0.0, 4.0), "suburban": (6.0, 16.0), "highway": (30.0, 120.0)}[style]
-    heights = {"urban": (7.0, 30.0), "suburban": (5.0, 9.0), "highway": (5.0, 14.0)}[style]
+    setback, frontage, depth = profile.setback, profile.frontage, profile.depth
+    gaps, heights = profile.gaps, profile.heights
     for r in graph.roads:
         for side in (-1.0, 1.0):
             s = radius[r.a] + 2.0 + rng.uniform(0, 6)
@@ -298,7 +296,7 @@ def build_layout(rng: np.random.Generator, graph: RoadGraph, style: str) -> Layo
     # 4. Back-lot buildings on free land away from the streets: the skyline a street view ends in.
     xmin, ymin = origin
     xmax, ymax = xmin + shape[1] * RASTER_RESOLUTION, ymin + shape[0] * RASTER_RESOLUTION
-    n_back = {"urban": 40, "suburban": 12, "highway": 8}[style]
+    n_back = profile.back_lot_buildings
     placed = 0
     for _ in range(n_back * 4):
         if placed >= n_back:
@@ -319,7 +317,7 @@ def build_layout(rng: np.random.Generator, graph: RoadGraph, style: str) -> Layo
 
     # 5. Green areas on the remaining free land.
     green: list[Footprint] = []
-    n_green = {"urban": 16, "suburban": 45, "highway": 40}[style]
+    n_green = profile.green_areas
     for _ in range(n_green * 3):
         if len(green) >= n_green:
             break
@@ -336,7 +334,7 @@ def build_layout(rng: np.random.Generator, graph: RoadGraph, style: str) -> Layo
             paint.polygon(fp.corners(), "vegetation")
             layers["vegetation"].append(map_feature("Polygon", closed_ring(fp.corners())))
 
-    terrain = _terrain(rng, (xmin, ymin, xmax, ymax), STYLE_PARAMS[style]["terrain_std"])
+    terrain = _terrain(rng, (xmin, ymin, xmax, ymax), profile.terrain_std)
     hdmap = HDMap(
         layers=layers,
         raster=paint.raster(),

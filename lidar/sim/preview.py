@@ -16,8 +16,8 @@ from PIL import Image, ImageDraw
 from lidar.sensors import HDL32, Sensor, get_sensor
 from lidar.sim.drive import plan_drive
 from lidar.sim.hdmap import HDMap
-from lidar.sim.roads import STYLES
 from lidar.sim.sensor_model import LidarSimulator
+from lidar.sim.styles import STYLES
 from lidar.sim.world import World, make_world
 from lidar.vocabulary import ACTIONS
 

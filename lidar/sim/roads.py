@@ -12,47 +12,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-STYLES = ("urban", "suburban", "highway")
-
-#: Per-style generation parameters; ranges are sampled uniformly.
-STYLE_PARAMS: dict[str, dict] = {
-    "urban": dict(
-        nodes=(4, 5),
-        spacing=(60.0, 100.0),
-        lanes=(1, 2),
-        lane_width=3.3,
-        sidewalk=(2.5, 4.0),
-        parking=0.6,
-        curve_p=0.25,
-        curve_amp=(3.0, 8.0),
-        remove_p=0.2,
-        terrain_std=0.4,
-    ),
-    "suburban": dict(
-        nodes=(3, 4),
-        spacing=(90.0, 140.0),
-        lanes=(1, 1),
-        lane_width=3.2,
-        sidewalk=(1.5, 2.5),
-        parking=0.3,
-        curve_p=0.5,
-        curve_amp=(5.0, 14.0),
-        remove_p=0.3,
-        terrain_std=1.2,
-    ),
-    "highway": dict(
-        nodes=(4, 5),
-        spacing=(180.0, 260.0),
-        lanes=(3, 3),
-        lane_width=3.6,
-        sidewalk=(0.0, 0.0),
-        parking=0.0,
-        curve_p=0.6,
-        curve_amp=(8.0, 18.0),
-        remove_p=0.0,
-        terrain_std=2.0,
-    ),
-}
+from lidar.sim.styles import StyleProfile, style_profile
 
 #: Straight stretch kept at each end of a curved road so junctions stay square.
 CURVE_MARGIN = 25.0
@@ -203,16 +163,14 @@ def _connected(n_nodes: int, edges: list[tuple[int, int]]) -> bool:
 
 
 def generate_road_graph(rng: np.random.Generator, style: str) -> RoadGraph:
-    """A road network for `style`: a grid (urban, suburban) or a trunk road with side roads (highway)."""
-    if style not in STYLE_PARAMS:
-        raise ValueError(f"unknown world style {style!r}; expected one of {STYLES}")
-    p = STYLE_PARAMS[style]
-    if style == "highway":
-        return _highway_graph(rng, p)
-    nx = int(rng.integers(p["nodes"][0], p["nodes"][1] + 1))
-    ny = int(rng.integers(p["nodes"][0], p["nodes"][1] + 1))
-    xs = np.concatenate([[0.0], np.cumsum(rng.uniform(*p["spacing"], size=nx - 1))])
-    ys = np.concatenate([[0.0], np.cumsum(rng.uniform(*p["spacing"], size=ny - 1))])
+    """A road network for `style`: a street grid, or a trunk road with side roads (`StyleProfile.network`)."""
+    p = style_profile(style)
+    if p.network == "trunk":
+        return _highway_graph(rng, p, style)
+    nx = int(rng.integers(p.nodes[0], p.nodes[1] + 1))
+    ny = int(rng.integers(p.nodes[0], p.nodes[1] + 1))
+    xs = np.concatenate([[0.0], np.cumsum(rng.uniform(*p.spacing, size=nx - 1))])
+    ys = np.concatenate([[0.0], np.cumsum(rng.uniform(*p.spacing, size=ny - 1))])
     xs -= xs.mean()
     ys -= ys.mean()
     nodes = np.array([(x, y) for y in ys for x in xs], dtype=np.float64)
@@ -228,7 +186,7 @@ def generate_road_graph(rng: np.random.Generator, style: str) -> RoadGraph:
     keep = list(edges)
     for k in order:
         e = edges[k]
-        if rng.random() >= p["remove_p"] or (e[0] in boundary and e[1] in boundary):
+        if rng.random() >= p.remove_p or (e[0] in boundary and e[1] in boundary):
             continue
         trial = [x for x in keep if x != e]
         deg = np.bincount(np.array(trial).ravel(), minlength=len(nodes))
@@ -237,35 +195,36 @@ def generate_road_graph(rng: np.random.Generator, style: str) -> RoadGraph:
     # 2. Build roads: a main avenue class gets more lanes, some roads bend.
     roads = []
     for a, b in keep:
-        lanes = int(rng.integers(p["lanes"][0], p["lanes"][1] + 1))
+        lanes = int(rng.integers(p.lanes[0], p.lanes[1] + 1))
         amp = 0.0
-        if rng.random() < p["curve_p"]:
-            amp = float(rng.uniform(*p["curve_amp"]) * rng.choice([-1.0, 1.0]))
+        if rng.random() < p.curve_p:
+            amp = float(rng.uniform(*p.curve_amp) * rng.choice([-1.0, 1.0]))
         roads.append(
             Road(
                 a=a,
                 b=b,
                 centre=_curved_centre(nodes[a], nodes[b], amp),
                 lanes=lanes,
-                lane_width=p["lane_width"],
-                sidewalk=float(rng.uniform(*p["sidewalk"])),
-                parking=bool(rng.random() < p["parking"]),
+                lane_width=p.lane_width,
+                sidewalk=float(rng.uniform(*p.sidewalk)),
+                parking=bool(rng.random() < p.parking),
                 kind="street",
             )
         )
     return RoadGraph(nodes=nodes, roads=roads, style=style)
 
 
-def _highway_graph(rng: np.random.Generator, p: dict) -> RoadGraph:
-    n = int(rng.integers(p["nodes"][0], p["nodes"][1] + 1))
-    xs = np.concatenate([[0.0], np.cumsum(rng.uniform(*p["spacing"], size=n - 1))])
+def _highway_graph(rng: np.random.Generator, p: StyleProfile, style: str) -> RoadGraph:
+    """A trunk road through `p.nodes` junctions, with one or two local side streets at each interior one."""
+    n = int(rng.integers(p.nodes[0], p.nodes[1] + 1))
+    xs = np.concatenate([[0.0], np.cumsum(rng.uniform(*p.spacing, size=n - 1))])
     xs -= xs.mean()
     nodes = [(x, 0.0) for x in xs]
     roads = []
     for i in range(n - 1):
         amp = (
-            float(rng.uniform(*p["curve_amp"]) * rng.choice([-1.0, 1.0]))
-            if rng.random() < p["curve_p"]
+            float(rng.uniform(*p.curve_amp) * rng.choice([-1.0, 1.0]))
+            if rng.random() < p.curve_p
             else 0.0
         )
         roads.append(
@@ -273,8 +232,8 @@ def _highway_graph(rng: np.random.Generator, p: dict) -> RoadGraph:
                 a=i,
                 b=i + 1,
                 centre=_curved_centre(np.array(nodes[i]), np.array(nodes[i + 1]), amp),
-                lanes=p["lanes"][0],
-                lane_width=p["lane_width"],
+                lanes=p.lanes[0],
+                lane_width=p.lane_width,
                 sidewalk=0.0,
                 parking=False,
                 kind="highway",
@@ -298,4 +257,4 @@ def _highway_graph(rng: np.random.Generator, p: dict) -> RoadGraph:
                     kind="street",
                 )
             )
-    return RoadGraph(nodes=np.array(nodes, dtype=np.float64), roads=roads, style="highway")
+    return RoadGraph(nodes=np.array(nodes, dtype=np.float64), roads=roads, style=style)

@@ -16,7 +16,8 @@ from lidar.sim.actors import Actor, ActorTable, populate
 from lidar.sim.hdmap import HDMap
 from lidar.sim.layout import build_layout
 from lidar.sim.primitives import Shapes
-from lidar.sim.roads import STYLES, RoadGraph, generate_road_graph
+from lidar.sim.roads import RoadGraph, generate_road_graph
+from lidar.sim.styles import STYLES
 from lidar.vocabulary import BOXED_CLASSES, OBJECT_CLASS_INDEX
 
 logger = logging.getLogger(__name__)
