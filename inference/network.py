@@ -36,6 +36,7 @@ from inference.conditioning import (
     prior_image,
 )
 from inference.flow import MAX_NOISE_SCALE
+from inference.limits import CONFIG_MAX_GUIDANCE, CONFIG_MAX_STEPS
 from lidar.range_image import encode_range
 from lidar.sensors import HDL32, Sensor
 from lidar.vocabulary import MAP_CLASSES
@@ -116,10 +117,12 @@ class WorldModelConfig:
             p = getattr(self, name)
             if not isinstance(p, int | float) or not 0.0 <= p < 1.0:
                 raise ValueError(f"WorldModelConfig.{name} must be in [0, 1), got {p!r}")
-        if not isinstance(self.default_steps, int) or not 1 <= self.default_steps <= 1000:
-            raise ValueError(f"WorldModelConfig.default_steps must be an integer in [1, 1000], got {self.default_steps!r}")
-        if not isinstance(self.default_guidance, int | float) or not 0 <= self.default_guidance <= 100:
-            raise ValueError(f"WorldModelConfig.default_guidance must be in [0, 100], got {self.default_guidance!r}")
+        if not isinstance(self.default_steps, int) or not 1 <= self.default_steps <= CONFIG_MAX_STEPS:
+            raise ValueError(f"WorldModelConfig.default_steps must be an integer in [1, {CONFIG_MAX_STEPS}], "
+                             f"got {self.default_steps!r}")
+        if not isinstance(self.default_guidance, int | float) or not 0 <= self.default_guidance <= CONFIG_MAX_GUIDANCE:
+            raise ValueError(f"WorldModelConfig.default_guidance must be in [0, {CONFIG_MAX_GUIDANCE:g}], "
+                             f"got {self.default_guidance!r}")
         if not isinstance(self.default_noise_scale, int | float) or not 0 < self.default_noise_scale <= MAX_NOISE_SCALE:
             raise ValueError(f"WorldModelConfig.default_noise_scale must be in (0, {MAX_NOISE_SCALE}], "
                              f"got {self.default_noise_scale!r}")

@@ -22,6 +22,7 @@ import numpy as np
 import torch
 
 from inference.cache import SpatialCache
+from inference.limits import LIBRARY_LIMITS
 from inference.loader import Provenance, load_model
 from inference.measured import measured_points
 from inference.network import WorldModel, WorldModelConfig
@@ -36,12 +37,9 @@ from lidar.vocabulary import ACTION_YAW_SIGN, ACTIONS, FRAME_RATE_HZ, MapSource
 
 logger = logging.getLogger(__name__)
 
-#: Longest rollout one call may ask for (a UI must not be able to queue minutes of GPU time).
-MAX_FRAMES = 32
-#: Most sampler steps per frame; the model is trained for few-step sampling (4 by default).
-MAX_STEPS = 50
-#: Largest classifier-free guidance scale accepted (beyond it samples saturate).
-MAX_GUIDANCE = 20.0
+#: The library's bounds (`inference.limits.LIBRARY_LIMITS`) under the names the public API has exported.
+MAX_FRAMES = LIBRARY_LIMITS.max_frames
+MAX_STEPS = LIBRARY_LIMITS.max_steps
 #: Dead-reckoned ego motion for forecasts from real scans, which come without a map to plan on.
 FORECAST_SPEED = 6.0  # m/s
 FORECAST_TURN_RADIUS = 12.0  # m
@@ -130,9 +128,9 @@ class LidarVersePipeline:
         self._check_sensor(sensor)
         if poses is not None:
             poses = _check_poses(poses, "poses")
-            _check_frames(len(poses), "len(poses)")
+            LIBRARY_LIMITS.check_frames(len(poses), "len(poses)")
         else:
-            _check_frames(frames)
+            LIBRARY_LIMITS.check_frames(frames)
             _check_action(action)
         world = _world(map, style, seed)
         # 2. plan the drive on the map's lanes, with the sensor at the model's mount height
@@ -182,9 +180,9 @@ class LidarVersePipeline:
         prefix_poses = self._scan_poses(prefix_poses, len(points), "prefix_poses")
         if poses is not None:
             poses = _check_poses(poses, "poses")
-            _check_frames(len(poses), "len(poses)")
+            LIBRARY_LIMITS.check_frames(len(poses), "len(poses)")
         else:
-            _check_frames(frames)
+            LIBRARY_LIMITS.check_frames(frames)
             _check_action(action)
             if prefix_times is not None:
                 prefix_times = frame_times(len(prefix_poses), prefix_times)
@@ -224,7 +222,7 @@ class LidarVersePipeline:
         points = self._observed_points(scans, "scans")
         poses = self._scan_poses(poses, len(points), "poses")
         target_poses = _check_poses(target_poses, "target_poses")
-        _check_frames(len(target_poses), "len(target_poses)")
+        LIBRARY_LIMITS.check_frames(len(target_poses), "len(target_poses)")
         cache = cache_from_scans(points, poses)
         return self._rollout(
             target_poses,
@@ -294,25 +292,15 @@ class LidarVersePipeline:
     def _check_sampling(
         self, steps: int | None, guidance: float | None, seed: Any, callback: Callback | None
     ) -> tuple[int, float]:
-        steps = self.config.default_steps if steps is None else steps
-        if isinstance(steps, bool) or not isinstance(steps, int | np.integer) or not 1 <= steps <= MAX_STEPS:
-            raise InputError(f"steps must be an integer in [1, {MAX_STEPS}], got {steps!r}")
-        guidance = self.config.default_guidance if guidance is None else guidance
-        if (
-            not isinstance(guidance, int | float)
-            or not math.isfinite(guidance)
-            or not 0.0 <= guidance <= MAX_GUIDANCE
-        ):
-            raise InputError(
-                f"guidance must be a number in [0, {MAX_GUIDANCE}] (1 = no guidance), got {guidance!r}"
-            )
+        steps = LIBRARY_LIMITS.check_steps(self.config.default_steps if steps is None else steps)
+        guidance = LIBRARY_LIMITS.check_guidance(self.config.default_guidance if guidance is None else guidance)
         if isinstance(seed, bool) or not isinstance(seed, int | np.integer) or seed < 0:
             raise InputError(f"seed must be an integer >= 0, got {seed!r}")
         if callback is not None and not callable(callback):
             raise InputError(
                 f"callback must be callable (it receives a Progress), got {type(callback).__name__}"
             )
-        return int(steps), float(guidance)
+        return steps, guidance
 
     def _check_sensor(self, sensor: Sensor | None) -> None:
         """A caller that names a sensor must name the model's: the network only knows its own beam layout."""
@@ -543,11 +531,6 @@ def action_poses(
         local[:2, 3] = _arc(yaw_rate, t) @ np.asarray(motion.velocity)
         out[i] = start @ local
     return out
-
-
-def _check_frames(frames: Any, name: str = "frames") -> None:
-    if isinstance(frames, bool) or not isinstance(frames, int | np.integer) or not 1 <= frames <= MAX_FRAMES:
-        raise InputError(f"{name} must be an integer in [1, {MAX_FRAMES}], got {frames!r}")
 
 
 def _check_action(action: Any) -> None:

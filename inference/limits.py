@@ -1,0 +1,64 @@
+"""How much one generation request may ask for: frames, sampler steps and classifier-free guidance.
+
+One home for the bounds that the library, a public app and a release's config each apply. The library's
+`LIBRARY_LIMITS` keep a call from queueing minutes of accelerator time; an app serving strangers applies
+the stricter `APP_LIMITS` before it calls the library (which checks its own again); a model's config may
+state defaults up to `CONFIG_MAX_STEPS` / `CONFIG_MAX_GUIDANCE`, looser because training and evaluation
+scripts call the rollout directly.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from lidar.errors import InputError
+
+
+@dataclass(frozen=True)
+class Limits:
+    """Upper bounds on one request; the lower bounds are fixed (1 frame, 1 step, guidance 0)."""
+
+    #: Longest rollout one call may ask for.
+    max_frames: int
+    #: Most sampler steps per frame; the model is trained for few-step sampling (4 by default).
+    max_steps: int
+    #: Largest classifier-free guidance scale (1 = no guidance; beyond about 20 samples saturate).
+    max_guidance: float
+
+    def check_frames(self, frames: Any, name: str = "frames") -> int:
+        """`frames` as an int, or an InputError naming `name` and the bounds."""
+        if isinstance(frames, bool) or not isinstance(frames, int | np.integer) or not 1 <= frames <= self.max_frames:
+            raise InputError(f"{name} must be an integer in [1, {self.max_frames}], got {frames!r}")
+        return int(frames)
+
+    def check_steps(self, steps: Any) -> int:
+        """`steps` as an int, or an InputError with the bounds."""
+        if isinstance(steps, bool) or not isinstance(steps, int | np.integer) or not 1 <= steps <= self.max_steps:
+            raise InputError(f"steps must be an integer in [1, {self.max_steps}], got {steps!r}")
+        return int(steps)
+
+    def check_guidance(self, guidance: Any) -> float:
+        """`guidance` as a float, or an InputError with the bounds."""
+        if (
+            not isinstance(guidance, int | float)
+            or not math.isfinite(guidance)
+            or not 0.0 <= guidance <= self.max_guidance
+        ):
+            raise InputError(
+                f"guidance must be a number in [0, {self.max_guidance}] (1 = no guidance), got {guidance!r}"
+            )
+        return float(guidance)
+
+
+#: What `LidarVersePipeline` accepts from any caller.
+LIBRARY_LIMITS = Limits(max_frames=32, max_steps=50, max_guidance=20.0)
+#: What a public app accepts from its visitors: guidance past 10 only saturates samples, and a visitor's
+#: request should not.
+APP_LIMITS = Limits(max_frames=32, max_steps=50, max_guidance=10.0)
+#: The largest default sampler steps and guidance a model's config may state (`WorldModelConfig`).
+CONFIG_MAX_STEPS = 1000
+CONFIG_MAX_GUIDANCE = 100.0
