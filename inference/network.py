@@ -64,11 +64,26 @@ MAX_PRIOR_SNAP = 0.2
 #: WorldModelConfig fields that decide what the weights mean; the rest are training and sampling defaults.
 ARCHITECTURE_FIELDS = ("sensor", "num_map_classes", "base_channels", "channel_mults", "strides", "blocks",
                        "bottleneck_attention", "norm_groups", "keep_gate", "gap_fill")
+#: What a config that leaves a field out means by it, for the fields whose default has changed: the default
+#: it was written under. The defaults became the release's architecture (v9) after configs had been written
+#: against the first ones (attention on, no keep gate, no gap fill, maps and layouts dropped 15 % of the time),
+#: and `to_dict` writes every field, so only a config older than a field, or written by hand, leaves one out.
+OMITTED_FIELDS_MEAN: dict[str, Any] = {
+    "bottleneck_attention": True,
+    "keep_gate": False,
+    "gap_fill": False,
+    "p_drop_map": 0.15,
+    "p_drop_layout": 0.15,
+}
 
 
 @dataclass
 class WorldModelConfig:
-    """Everything needed to rebuild a `WorldModel` from a release's `config.json` alone."""
+    """Everything needed to rebuild a `WorldModel` from a release's `config.json` alone.
+
+    The defaults are the shipped architecture (weights/default); `from_dict` reads a config that leaves a
+    field out as it was meant when written (`OMITTED_FIELDS_MEAN`).
+    """
 
     #: The model sensor (`Sensor.to_dict()`); H, W and the range limits come from here, never from constants.
     sensor: dict[str, Any] = field(default_factory=lambda: HDL32.with_width(512).to_dict())
@@ -82,25 +97,26 @@ class WorldModelConfig:
     #: Residual blocks per level (encoder and decoder alike).
     blocks: int = 1
     #: Self-attention at the bottleneck gives every pixel the whole sweep (cheap at 1/64 of the pixels).
-    bottleneck_attention: bool = True
+    #: Off in the release (v9): it cost 4-7 % of a sampler step on one CPU thread (the model card).
+    bottleneck_attention: bool = False
     #: GroupNorm groups (must divide every level's channels).
     norm_groups: int = 8
     #: A fourth output, the logit that a return lies within `prior_snap` of the prior's range (BCE-trained; the
     #: map tolerance `SNAP_TOLERANCE` when snapping is off).
     #: Sampling then keeps the prior wherever the gate says so (`WorldModel.predict_x0`): a decision by the
     #: likelier outcome, where a sampled range wanders off the prior whenever the prior is merely uncertain.
-    keep_gate: bool = False
+    keep_gate: bool = True
     #: Where the prior has no return but a neighbour within `conditioning.GAP_REACH` does, the residual base is
     #: that neighbour's range (`conditioning.fill_gaps`) instead of flat ground: a hole in a cached wall (a dark
     #: or glass patch, a dropped ray) starts at the wall, not 80 m behind it. A small conv net cannot make the
     #: residual jump that a one-pixel hole needs, and drew such holes at about twice the wall's range.
-    gap_fill: bool = False
+    gap_fill: bool = True
     #: Training-time probability that the map is dropped (free generation, the CFG unconditional branch).
-    p_drop_map: float = 0.15
+    p_drop_map: float = 0.4
     #: Training-time probability that the cache is emptied (the first frame of a rollout).
     p_drop_cache: float = 0.1
     #: Training-time probability that the actor layout is dropped (real-data forecasting has none).
-    p_drop_layout: float = 0.15
+    p_drop_layout: float = 0.3
     #: Default sampling steps and classifier-free guidance scale for rollout.
     default_steps: int = 4
     default_guidance: float = 1.0
@@ -201,13 +217,15 @@ class WorldModelConfig:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> WorldModelConfig:
+        """The config a dict (a config.json, a checkpoint's record) describes; a field it leaves out means
+        what it meant when the dict was written (`OMITTED_FIELDS_MEAN`), else the default."""
         known = {f.name for f in fields(cls)}
         unknown = set(data) - known
         if unknown:
             raise ValueError(
                 f"unknown WorldModelConfig fields {sorted(unknown)}; expected a subset of {sorted(known)}"
             )
-        return cls(**data)
+        return cls(**{**OMITTED_FIELDS_MEAN, **data})
 
 
 def _check_int(value: Any, name: str, lo: int, hi: int) -> None:

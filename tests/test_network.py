@@ -1,5 +1,8 @@
 """The range-image UNet: shapes, config round trip and validation, azimuth wrap-around, and the prior anchor."""
 
+import json
+from pathlib import Path
+
 import numpy as np
 import pytest
 import torch
@@ -22,11 +25,16 @@ from lidar.vocabulary import MapView
 
 
 def tiny_config(**overrides) -> WorldModelConfig:
+    """A small model with attention and without the keep gate and gap fill (the first architecture, which these
+    tests were written for); a test of the gate or the gap fill switches it on."""
     kw = dict(
         sensor=VLP16.with_width(64).to_dict(),
         base_channels=8,
         channel_mults=(1, 2, 2),
         strides=((1, 2), (2, 2)),
+        bottleneck_attention=True,
+        keep_gate=False,
+        gap_fill=False,
     )
     kw.update(overrides)
     return WorldModelConfig(**kw)
@@ -305,6 +313,28 @@ def test_a_config_written_before_prior_snap_existed_snaps_at_the_map_tolerance()
 
     old = {k: v for k, v in tiny_config().to_dict().items() if k != "prior_snap"}
     assert WorldModelConfig.from_dict(old).prior_snap == SNAP_TOLERANCE
+
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+@pytest.mark.parametrize(
+    "path", ["weights/default/config.json", *sorted(str(p.relative_to(REPO)) for p in (REPO / "training/configs").glob("*.json"))]
+)
+def test_the_defaults_are_the_shipped_model_and_every_training_config_describes_it(path):
+    model = json.loads((REPO / path).read_text())["model"]
+    assert WorldModelConfig.from_dict(model) == WorldModelConfig()
+
+
+def test_a_config_that_leaves_out_a_field_whose_default_changed_keeps_the_meaning_it_was_written_with():
+    from inference.network import OMITTED_FIELDS_MEAN
+
+    old = {k: v for k, v in tiny_config().to_dict().items() if k not in OMITTED_FIELDS_MEAN}
+    config = WorldModelConfig.from_dict(old)
+    assert (config.bottleneck_attention, config.keep_gate, config.gap_fill) == (True, False, False)
+    assert (config.p_drop_map, config.p_drop_layout) == (0.15, 0.15)
+    assert {name: getattr(WorldModelConfig(), name) for name in OMITTED_FIELDS_MEAN} != OMITTED_FIELDS_MEAN
+    assert WorldModelConfig.from_dict(tiny_config().to_dict()) == tiny_config()  # written fields win
 
 
 def test_config_round_trips_through_a_dict_and_rebuilds_the_same_architecture():

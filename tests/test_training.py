@@ -41,7 +41,7 @@ MAX_ITERS = 30
 def tiny_config(data_root: Path, **overrides) -> dict:
     model = WorldModelConfig(
         sensor=TINY_SENSOR.to_dict(), base_channels=8, channel_mults=(1, 2), strides=((1, 2),), norm_groups=4,
-        bottleneck_attention=False,
+        bottleneck_attention=False, keep_gate=False, gap_fill=False,  # a v6-style source: no gate, no gap fill
     ).to_dict()
     cfg = {"model": model, "data_root": str(data_root), "batch_size": 2, "warmup_iters": 5, "max_iters": MAX_ITERS,
            "save_iter": 5, "keep_last_checkpoints": 2, "log_iter": 1, "num_workers": 0, "torch_threads": 1,
