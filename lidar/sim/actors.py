@@ -8,6 +8,7 @@ Moving actors follow a lane or sidewalk polyline at constant speed and stop befo
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import numpy as np
@@ -15,8 +16,8 @@ import numpy as np
 from lidar.sim.hdmap import HDMap
 from lidar.sim.layout import Footprint, Layout, closed_ring, map_feature
 from lidar.sim.primitives import BOX, CYLINDER, ELLIPSOID, Shapes
-from lidar.sim.roads import PARKING_WIDTH, arc_lengths, offset_line, point_at, sub_line
-from lidar.sim.styles import style_profile
+from lidar.sim.roads import PARKING_WIDTH, Road, arc_lengths, offset_line, point_at, sub_line
+from lidar.sim.styles import StyleProfile, style_profile
 from lidar.vocabulary import OBJECT_CLASS_INDEX, OBJECT_CLASSES
 
 logger = logging.getLogger(__name__)
@@ -230,48 +231,78 @@ class Population:
 
 
 def populate(rng: np.random.Generator, layout: Layout, style: str) -> Population:
-    """Place parked and driving vehicles, people, poles, signs, trees, walls, fences and buildings."""
-    hdmap, graph = layout.hdmap, layout.graph
-    actors: list[Actor] = []
-    static_rows: list[tuple] = []
-    radius = [graph.node_radius(n) for n in range(len(graph.nodes))]
-    profile = style_profile(style)
-    density = profile.density
+    """Place parked and driving vehicles, people, poles, signs, trees, walls, fences and buildings.
 
-    def add_static_actor(shapes: Shapes, size, cls: str, x: float, y: float, yaw: float) -> None:
-        actors.append(Actor(id=len(actors), cls=cls, size=size, parts=shapes, x=x, y=y, yaw=yaw))
-
-    def vehicle_class() -> str:
-        return str(rng.choice(["car", "van", "truck"], p=list(profile.vehicle_mix)))
-
-    for r in graph.roads:
-        s_lo, s_hi = radius[r.a] + 6.0, r.length - radius[r.b] - 6.0
+    The numbered steps draw from one random stream in a fixed order, so a world is a pure function of its seed;
+    reordering them or adding a draw changes every world (bump `dataset.SIMULATOR_VERSION`).
+    """
+    place = _Placer(rng, layout, style_profile(style))
+    for r in layout.graph.roads:
+        s_lo, s_hi = layout.graph.interior(r, 6.0)
         if s_hi - s_lo < 8.0:
             continue
         inner = sub_line(r.centre, s_lo, s_hi)
-        # 1. Parked vehicles along the curb.
         if r.parking:
-            for side in (-1.0, 1.0):
-                lane = offset_line(inner, side * (r.half_width - PARKING_WIDTH / 2))
-                if side > 0:
-                    lane = lane[::-1].copy()
-                cum = arc_lengths(lane)
-                s = rng.uniform(0, 4)
-                while s < cum[-1] - 3:
-                    cls = str(rng.choice(["car", "van"], p=[0.85, 0.15]))
-                    shapes, size = vehicle(rng, cls, len(actors))
-                    if rng.random() < 0.75 * density + 0.2:
-                        pos, tan = point_at(lane, np.array([s + size[0] / 2]), cum)
-                        add_static_actor(
-                            shapes,
-                            size,
-                            cls,
-                            float(pos[0, 0]),
-                            float(pos[0, 1]),
-                            float(np.arctan2(tan[0, 1], tan[0, 0])),
-                        )
-                    s += size[0] + rng.uniform(0.8, 3.0)
-        # 2. Traffic: one speed per lane so cars never run into each other; they queue at the end.
+            place.parked_vehicles(r, inner)  # 1
+        place.traffic(r)  # 2
+        place.cyclist(r)  # 3
+        if r.sidewalk > 0:
+            place.sidewalk_life(r, s_lo, s_hi)  # 4
+        if r.kind == "highway":
+            place.highway_furniture(r, inner)  # 5
+    place.junction_signs()  # 6
+    if place.profile.traffic_lights:
+        place.traffic_lights()  # 7
+    place.crossing_pedestrians()  # 8
+    building_rows = place.buildings()  # 9
+    place.green_areas()
+    return place.population(building_rows, style)
+
+
+class _Placer:
+    """The steps of `populate`, each adding to one list of actors and one of scenery rows (relative to the
+    ground under them) with one random stream."""
+
+    def __init__(self, rng: np.random.Generator, layout: Layout, profile: StyleProfile) -> None:
+        self.rng, self.layout, self.profile = rng, layout, profile
+        self.hdmap, self.graph = layout.hdmap, layout.graph
+        self.radius = [self.graph.node_radius(n) for n in range(len(self.graph.nodes))]
+        self.density = profile.density
+        self.actors: list[Actor] = []
+        self.static_rows: list[tuple] = []
+
+    def add_static_actor(self, shapes: Shapes, size, cls: str, x: float, y: float, yaw: float) -> None:
+        self.actors.append(Actor(id=len(self.actors), cls=cls, size=size, parts=shapes, x=x, y=y, yaw=yaw))
+
+    def add_mover(self, cls: str, shapes: Shapes, size, path: np.ndarray, s0: float, speed: float,
+                  s_stop: float) -> None:
+        self.actors.append(Actor(id=len(self.actors), cls=cls, size=size, parts=shapes, path=path, s0=s0,
+                                 speed=speed, s_stop=s_stop))
+
+    def vehicle_class(self) -> str:
+        return str(self.rng.choice(["car", "van", "truck"], p=list(self.profile.vehicle_mix)))
+
+    # 1. Parked vehicles along the curb.
+    def parked_vehicles(self, r: Road, inner: np.ndarray) -> None:
+        rng = self.rng
+        for side in (-1.0, 1.0):
+            lane = offset_line(inner, side * (r.half_width - PARKING_WIDTH / 2))
+            if side > 0:
+                lane = lane[::-1].copy()
+            cum = arc_lengths(lane)
+            s = rng.uniform(0, 4)
+            while s < cum[-1] - 3:
+                cls = str(rng.choice(["car", "van"], p=[0.85, 0.15]))
+                shapes, size = vehicle(rng, cls, len(self.actors))
+                if rng.random() < 0.75 * self.density + 0.2:
+                    pos, tan = point_at(lane, np.array([s + size[0] / 2]), cum)
+                    yaw = float(np.arctan2(tan[0, 1], tan[0, 0]))
+                    self.add_static_actor(shapes, size, cls, float(pos[0, 0]), float(pos[0, 1]), yaw)
+                s += size[0] + rng.uniform(0.8, 3.0)
+
+    # 2. Traffic: one speed per lane so cars never run into each other; they queue at the end.
+    def traffic(self, r: Road) -> None:
+        rng, radius = self.rng, self.radius
         for from_node in (r.a, r.b):
             for lane_i in range(r.lanes):
                 line = r.lane_line(from_node, lane_i)
@@ -279,269 +310,219 @@ def populate(rng: np.random.Generator, layout: Layout, style: str) -> Population
                 s_start = radius[from_node] + 2.0
                 s_end = cum[-1] - radius[r.b if from_node == r.a else r.a] - 2.0
                 speed = float(rng.uniform(6.0, 13.0) if r.kind == "street" else rng.uniform(20.0, 30.0))
-                n = rng.poisson(density * (s_end - s_start) / 35.0)
+                n = rng.poisson(self.density * (s_end - s_start) / 35.0)
                 starts = np.sort(rng.uniform(s_start, s_end, size=n))[::-1]
                 last = np.inf
                 queued = 0
                 for s0 in starts:
-                    cls = vehicle_class()
-                    shapes, size = vehicle(rng, cls, len(actors))
+                    cls = self.vehicle_class()
+                    shapes, size = vehicle(rng, cls, len(self.actors))
                     if last - s0 < size[0] + 6.0:
                         continue
                     stop = s_end - size[0] / 2 - queued * 7.0 - 8.0 * (queued > 0)
-                    actors.append(
-                        Actor(
-                            id=len(actors),
-                            cls=cls,
-                            size=size,
-                            parts=shapes,
-                            path=line,
-                            s0=float(s0),
-                            speed=speed,
-                            s_stop=float(max(stop, s0)),
-                        )
-                    )
+                    self.add_mover(cls, shapes, size, line, float(s0), speed, float(max(stop, s0)))
                     last = s0
                     queued += 1
-        # 3. Cyclists near the right edge of the outer lane.
-        if r.kind == "street" and rng.random() < 0.35 * density:
+
+    # 3. Cyclists near the right edge of the outer lane.
+    def cyclist(self, r: Road) -> None:
+        rng = self.rng
+        if r.kind == "street" and rng.random() < 0.35 * self.density:
             from_node = int(rng.choice([r.a, r.b]))
             line = offset_line(r.directed(from_node), -(r.carriageway - 0.6))
             cum = arc_lengths(line)
-            shapes, size = person(rng, len(actors), cyclist=True)
-            s0 = float(rng.uniform(radius[from_node], cum[-1] / 2))
-            actors.append(
-                Actor(
-                    id=len(actors),
-                    cls="cyclist",
-                    size=size,
-                    parts=shapes,
-                    path=line,
-                    s0=s0,
-                    speed=float(rng.uniform(3.0, 6.0)),
-                    s_stop=float(cum[-1] - 15.0),
-                )
-            )
-        # 4. Sidewalk life: pedestrians, street lights, trees, signs.
-        if r.sidewalk > 0:
-            for side in (-1.0, 1.0):
-                walk = offset_line(r.centre, side * (r.half_width + r.sidewalk * 0.6))
-                cum = arc_lengths(walk)
-                for _ in range(rng.poisson(density * 3.0 * r.length / 100.0)):
-                    shapes, size = person(rng, len(actors))
-                    s0 = float(rng.uniform(s_lo, s_hi))
-                    if rng.random() < 0.6:
-                        path = walk if rng.random() < 0.5 else walk[::-1].copy()
-                        actors.append(
-                            Actor(
-                                id=len(actors),
-                                cls="pedestrian",
-                                size=size,
-                                parts=shapes,
-                                path=path,
-                                s0=s0,
-                                speed=float(rng.uniform(0.9, 1.6)),
-                                s_stop=float(cum[-1] - s_lo),
-                            )
-                        )
-                    else:
-                        pos, tan = point_at(walk, np.array([s0]), cum)
-                        add_static_actor(
-                            shapes,
-                            size,
-                            "pedestrian",
-                            float(pos[0, 0]),
-                            float(pos[0, 1]),
-                            float(rng.uniform(-np.pi, np.pi)),
-                        )
-                edge = offset_line(r.centre, side * (r.half_width + 0.5))
-                ecum = arc_lengths(edge)
-                for s in np.arange(s_lo, s_hi, rng.uniform(25.0, 35.0)):
-                    pos, tan = point_at(edge, np.array([s]), ecum)
-                    x, y = float(pos[0, 0]), float(pos[0, 1])
-                    z = 0.0  # heights of scenery rows are relative to the ground under them (added at the end)
-                    h = float(rng.uniform(6.5, 9.0))
-                    static_rows.append(
-                        _row(CYLINDER, (x, y, z + h / 2), (0.12, 0.12, h / 2), 0.0, 0.3, "pole", -1)
-                    )
-                    inward = -side * np.array([-tan[0, 1], tan[0, 0]])
-                    arm = np.array([x, y]) + inward * 0.9
-                    static_rows.append(
-                        _row(
-                            BOX,
-                            (arm[0], arm[1], z + h - 0.15),
-                            (0.9, 0.08, 0.08),
-                            float(np.arctan2(inward[1], inward[0])),
-                            0.35,
-                            "pole",
-                            -1,
-                        )
-                    )
-                if profile.street_trees:
-                    tree_line = offset_line(r.centre, side * (r.half_width + r.sidewalk - 0.7))
-                    tcum = arc_lengths(tree_line)
-                    if rng.random() < 0.85:
-                        for s in np.arange(s_lo + rng.uniform(0, 8), s_hi, rng.uniform(7.0, 14.0)):
-                            pos, _ = point_at(tree_line, np.array([s]), tcum)
-                            static_rows += _tree(rng, float(pos[0, 0]), float(pos[0, 1]))
-                    # Hedges behind the sidewalk, in pieces: the low clutter that lines real streets.
-                    if rng.random() < profile.hedge_p:
-                        back = offset_line(r.centre, side * (r.half_width + r.sidewalk + 0.6))
-                        a = s_lo + rng.uniform(0, 10)
-                        while a < s_hi - 4:
-                            b = min(a + rng.uniform(4, 20), s_hi)
-                            static_rows += _wall_along(
-                                sub_line(back, a, b),
-                                float(rng.uniform(0.7, 1.6)),
-                                float(rng.uniform(0.6, 1.0)),
-                                "bush",
-                                0.4,
-                                0.3,
-                                segment=6.0,
-                            )
-                            a = b + rng.uniform(2, 12)
-        # 5. Highway furniture: a median barrier and noise walls, broken at junctions.
-        if r.kind == "highway":
-            for off, hgt, thick in (
-                (0.0, 0.9, 0.5),
-                (r.half_width + 1.0, float(rng.uniform(2.5, 4.0)), 0.3),
-                (-(r.half_width + 1.0), float(rng.uniform(2.5, 4.0)), 0.3),
-            ):
-                if off != 0.0 and rng.random() < 0.4:
-                    continue
-                static_rows += _wall_along(offset_line(inner, off), hgt, thick, "wall", 0.3, 0.0)
+            shapes, size = person(rng, len(self.actors), cyclist=True)
+            s0 = float(rng.uniform(self.radius[from_node], cum[-1] / 2))
+            speed = float(rng.uniform(3.0, 6.0))
+            self.add_mover("cyclist", shapes, size, line, s0, speed, float(cum[-1] - 15.0))
 
-    # 6. Signs at junction approaches.
-    for n in range(len(graph.nodes)):
-        if graph.degree(n) < 3:
-            continue
-        for ri in graph.incident(n):
-            r = graph.roads[ri]
-            if rng.random() > 0.5 or r.length < 2 * radius[n] + 10:
+    # 4. Sidewalk life: pedestrians, street lights, trees, hedges.
+    def sidewalk_life(self, r: Road, s_lo: float, s_hi: float) -> None:
+        for side in (-1.0, 1.0):
+            self.pedestrians(r, side, s_lo, s_hi)
+            self.street_lights(r, side, s_lo, s_hi)
+            if self.profile.street_trees:
+                self.trees_and_hedges(r, side, s_lo, s_hi)
+
+    def pedestrians(self, r: Road, side: float, s_lo: float, s_hi: float) -> None:
+        rng = self.rng
+        walk = offset_line(r.centre, side * (r.half_width + r.sidewalk * 0.6))
+        cum = arc_lengths(walk)
+        for _ in range(rng.poisson(self.density * 3.0 * r.length / 100.0)):
+            shapes, size = person(rng, len(self.actors))
+            s0 = float(rng.uniform(s_lo, s_hi))
+            if rng.random() < 0.6:
+                path = walk if rng.random() < 0.5 else walk[::-1].copy()
+                self.add_mover("pedestrian", shapes, size, path, s0, float(rng.uniform(0.9, 1.6)),
+                               float(cum[-1] - s_lo))
+            else:
+                pos, _ = point_at(walk, np.array([s0]), cum)
+                yaw = float(rng.uniform(-np.pi, np.pi))
+                self.add_static_actor(shapes, size, "pedestrian", float(pos[0, 0]), float(pos[0, 1]), yaw)
+
+    def street_lights(self, r: Road, side: float, s_lo: float, s_hi: float) -> None:
+        rows = self.static_rows
+        edge = offset_line(r.centre, side * (r.half_width + 0.5))
+        ecum = arc_lengths(edge)
+        for s in np.arange(s_lo, s_hi, self.rng.uniform(25.0, 35.0)):
+            pos, tan = point_at(edge, np.array([s]), ecum)
+            x, y = float(pos[0, 0]), float(pos[0, 1])
+            z = 0.0  # heights of scenery rows are relative to the ground under them (added at the end)
+            h = float(self.rng.uniform(6.5, 9.0))
+            rows.append(_row(CYLINDER, (x, y, z + h / 2), (0.12, 0.12, h / 2), 0.0, 0.3, "pole", -1))
+            inward = -side * np.array([-tan[0, 1], tan[0, 0]])
+            arm = np.array([x, y]) + inward * 0.9
+            yaw = float(np.arctan2(inward[1], inward[0]))
+            rows.append(_row(BOX, (arm[0], arm[1], z + h - 0.15), (0.9, 0.08, 0.08), yaw, 0.35, "pole", -1))
+
+    def trees_and_hedges(self, r: Road, side: float, s_lo: float, s_hi: float) -> None:
+        rng = self.rng
+        tree_line = offset_line(r.centre, side * (r.half_width + r.sidewalk - 0.7))
+        tcum = arc_lengths(tree_line)
+        if rng.random() < 0.85:
+            for s in np.arange(s_lo + rng.uniform(0, 8), s_hi, rng.uniform(7.0, 14.0)):
+                pos, _ = point_at(tree_line, np.array([s]), tcum)
+                self.static_rows += _tree(rng, float(pos[0, 0]), float(pos[0, 1]))
+        # Hedges behind the sidewalk, in pieces: the low clutter that lines real streets.
+        if rng.random() < self.profile.hedge_p:
+            back = offset_line(r.centre, side * (r.half_width + r.sidewalk + 0.6))
+            a = s_lo + rng.uniform(0, 10)
+            while a < s_hi - 4:
+                b = min(a + rng.uniform(4, 20), s_hi)
+                height, thickness = float(rng.uniform(0.7, 1.6)), float(rng.uniform(0.6, 1.0))
+                hedge = sub_line(back, a, b)
+                self.static_rows += _wall_along(hedge, height, thickness, "bush", 0.4, 0.3, segment=6.0)
+                a = b + rng.uniform(2, 12)
+
+    # 5. Highway furniture: a median barrier and noise walls, broken at junctions.
+    def highway_furniture(self, r: Road, inner: np.ndarray) -> None:
+        rng = self.rng
+        for off, hgt, thick in (
+            (0.0, 0.9, 0.5),
+            (r.half_width + 1.0, float(rng.uniform(2.5, 4.0)), 0.3),
+            (-(r.half_width + 1.0), float(rng.uniform(2.5, 4.0)), 0.3),
+        ):
+            if off != 0.0 and rng.random() < 0.4:
                 continue
-            line = r.directed(n)
-            pos, tan = point_at(line, np.array([radius[n] + 3.0]))
-            normal = np.array([-tan[0, 1], tan[0, 0]])
-            p = pos[0] - normal * (r.half_width + 0.4)
-            z = 0.0
-            h = float(rng.uniform(2.2, 2.8))
-            yaw = float(np.arctan2(tan[0, 1], tan[0, 0]))
-            static_rows.append(
-                _row(CYLINDER, (p[0], p[1], z + h / 2), (0.04, 0.04, h / 2), 0.0, 0.3, "sign", -1)
-            )
-            static_rows.append(
-                _row(BOX, (p[0], p[1], z + h + 0.3), (0.03, 0.35, 0.35), yaw, 0.95, "sign", -1)
-            )
+            self.static_rows += _wall_along(offset_line(inner, off), hgt, thick, "wall", 0.3, 0.0)
 
-    # 7. Traffic-light masts on the curb of junction approaches (urban), their arm over the lanes.
-    if profile.traffic_lights:
+    def junction_approaches(self, p_keep: float) -> Iterator[tuple[int, Road]]:
+        """(node, road) of each road into a junction of 3 or more, kept with probability `p_keep` and if long
+        enough. Lazily: each road's draw comes after the caller's draws for the one before, as the stream was
+        laid out when these steps were one loop."""
+        graph, radius = self.graph, self.radius
         for n in range(len(graph.nodes)):
             if graph.degree(n) < 3:
                 continue
             for ri in graph.incident(n):
                 r = graph.roads[ri]
-                if rng.random() > 0.6 or r.length < 2 * radius[n] + 10:
+                if self.rng.random() > p_keep or r.length < 2 * radius[n] + 10:
                     continue
-                pos, tan = point_at(r.directed(n), np.array([radius[n] + 1.0]))
-                inward = -np.array([-tan[0, 1], tan[0, 0]])  # from the left curb of the leaving lanes inwards
-                base = pos[0] - inward * (r.half_width + 0.5)
-                arm = min(r.carriageway, 6.0)
-                mid = base + inward * (arm / 2 + 0.5)
-                tip = base + inward * (arm + 0.3)
-                yaw = float(np.arctan2(inward[1], inward[0]))
-                static_rows.append(
-                    _row(CYLINDER, (base[0], base[1], 2.9), (0.12, 0.12, 2.9), 0.0, 0.3, "pole", -1)
-                )
-                static_rows.append(
-                    _row(BOX, (mid[0], mid[1], 5.5), (arm / 2 + 0.5, 0.08, 0.08), yaw, 0.3, "pole", -1)
-                )
-                static_rows.append(_row(BOX, (tip[0], tip[1], 4.9), (0.15, 0.2, 0.5), yaw, 0.5, "sign", -1))
+                yield n, r
+
+    # 6. Signs at junction approaches.
+    def junction_signs(self) -> None:
+        rows = self.static_rows
+        for n, r in self.junction_approaches(p_keep=0.5):
+            pos, tan = point_at(r.directed(n), np.array([self.radius[n] + 3.0]))
+            normal = np.array([-tan[0, 1], tan[0, 0]])
+            p = pos[0] - normal * (r.half_width + 0.4)
+            z = 0.0
+            h = float(self.rng.uniform(2.2, 2.8))
+            yaw = float(np.arctan2(tan[0, 1], tan[0, 0]))
+            rows.append(_row(CYLINDER, (p[0], p[1], z + h / 2), (0.04, 0.04, h / 2), 0.0, 0.3, "sign", -1))
+            rows.append(_row(BOX, (p[0], p[1], z + h + 0.3), (0.03, 0.35, 0.35), yaw, 0.95, "sign", -1))
+
+    # 7. Traffic-light masts on the curb of junction approaches, their arm over the lanes.
+    def traffic_lights(self) -> None:
+        rows = self.static_rows
+        for n, r in self.junction_approaches(p_keep=0.6):
+            pos, tan = point_at(r.directed(n), np.array([self.radius[n] + 1.0]))
+            inward = -np.array([-tan[0, 1], tan[0, 0]])  # from the left curb of the leaving lanes inwards
+            base = pos[0] - inward * (r.half_width + 0.5)
+            arm = min(r.carriageway, 6.0)
+            mid = base + inward * (arm / 2 + 0.5)
+            tip = base + inward * (arm + 0.3)
+            yaw = float(np.arctan2(inward[1], inward[0]))
+            rows.append(_row(CYLINDER, (base[0], base[1], 2.9), (0.12, 0.12, 2.9), 0.0, 0.3, "pole", -1))
+            rows.append(_row(BOX, (mid[0], mid[1], 5.5), (arm / 2 + 0.5, 0.08, 0.08), yaw, 0.3, "pole", -1))
+            rows.append(_row(BOX, (tip[0], tip[1], 4.9), (0.15, 0.2, 0.5), yaw, 0.5, "sign", -1))
 
     # 8. People on the crosswalks, crossing.
-    for line in layout.crossings:
-        if rng.random() < 0.3 * density:
-            shapes, size = person(rng, len(actors))
-            path = line if rng.random() < 0.5 else line[::-1].copy()
-            length = float(np.linalg.norm(path[1] - path[0]))
-            actors.append(
-                Actor(
-                    id=len(actors),
-                    cls="pedestrian",
-                    size=size,
-                    parts=shapes,
-                    path=path,
-                    s0=float(rng.uniform(0.0, length)),
-                    speed=float(rng.uniform(1.0, 1.5)),
-                    s_stop=length,
-                )
-            )
+    def crossing_pedestrians(self) -> None:
+        rng = self.rng
+        for line in self.layout.crossings:
+            if rng.random() < 0.3 * self.density:
+                shapes, size = person(rng, len(self.actors))
+                path = line if rng.random() < 0.5 else line[::-1].copy()
+                length = float(np.linalg.norm(path[1] - path[0]))
+                self.add_mover("pedestrian", shapes, size, path, float(rng.uniform(0.0, length)),
+                               float(rng.uniform(1.0, 1.5)), length)
 
-    # 9. Buildings, green areas with trees and bushes, garden fences.
-    building_rows = []
-    if layout.buildings:
-        corners = np.stack([b.corners() for b in layout.buildings])
-        bases = hdmap.ground_height(corners[..., 0], corners[..., 1]).min(axis=1) - 0.5
-        for b, base in zip(layout.buildings, bases, strict=True):
+    # 9. Buildings (with garden fences), then green areas with trees and bushes.
+    def buildings(self) -> list[tuple]:
+        """The buildings' rows, already in world heights (their base is the lowest ground under a corner)."""
+        rng, buildings = self.rng, self.layout.buildings
+        rows: list[tuple] = []
+        if not buildings:
+            return rows
+        corners = np.stack([b.corners() for b in buildings])
+        bases = self.hdmap.ground_height(corners[..., 0], corners[..., 1]).min(axis=1) - 0.5
+        for b, base in zip(buildings, bases, strict=True):
             h = b.height + 0.5
-            building_rows.append(
-                _row(
-                    BOX,
-                    (b.cx, b.cy, base + h / 2),
-                    (b.half_length, b.half_width, h / 2),
-                    b.yaw,
-                    float(rng.uniform(0.15, 0.45)),
-                    "facade",
-                    -1,
-                    WINDOW_FRACTION,
-                    WINDOW_SIZE,
-                )
-            )
-            building_rows.append(_interior(b, base, h))
-            if profile.garden_fence_p > 0 and rng.random() < profile.garden_fence_p:
-                static_rows += _fence_around(rng, b)
-    for g in layout.green:
-        n_trees = int(g.half_length * g.half_width * 4 / 60.0 * rng.uniform(0.5, 1.2))
-        for _ in range(n_trees):
-            u, v = rng.uniform(-0.85, 0.85, size=2)
-            c, s = np.cos(g.yaw), np.sin(g.yaw)
-            x = g.cx + c * u * g.half_length - s * v * g.half_width
-            y = g.cy + s * u * g.half_length + c * v * g.half_width
-            if rng.random() < 0.6:
-                static_rows += _tree(rng, float(x), float(y))
-            else:
-                rxy = float(rng.uniform(0.6, 1.6))
-                rz = float(rng.uniform(0.5, 1.2))
-                static_rows.append(
-                    _row(
-                        ELLIPSOID,
-                        (x, y, rz * 0.8),
-                        (rxy, rxy * rng.uniform(0.7, 1.0), rz),
-                        float(rng.uniform(0, np.pi)),
-                        0.4,
-                        "bush",
-                        -1,
-                        0.3,
-                    )
-                )
+            refl = float(rng.uniform(0.15, 0.45))
+            half = (b.half_length, b.half_width, h / 2)
+            centre = (b.cx, b.cy, base + h / 2)
+            rows.append(_row(BOX, centre, half, b.yaw, refl, "facade", -1, WINDOW_FRACTION, WINDOW_SIZE))
+            rows.append(_interior(b, base, h))
+            fence_p = self.profile.garden_fence_p
+            if fence_p > 0 and rng.random() < fence_p:  # no draw where a style has no fences
+                self.static_rows += _fence_around(rng, b)
+        return rows
 
-    # Scenery rows are relative to the ground under their centre; one batched lookup places them all.
-    # Static actors are baked into the scenery too; moving actors are placed per frame.
-    rel = Shapes.from_rows(static_rows)
-    hdmap.layers["barrier"] = footprint_features(rel, BARRIER_CLASSES, (BOX,))
-    hdmap.layers["plant"] = footprint_features(rel, PLANT_CLASSES, (BOX, ELLIPSOID))
-    rel.center[:, 2] += hdmap.ground_height(rel.center[:, 0], rel.center[:, 1])
-    still = [a for a in actors if not a.moving]
-    zs = hdmap.ground_height(np.array([a.x for a in still]), np.array([a.y for a in still])) if still else []
-    static_parts = [a.parts.placed(a.x, a.y, float(z), a.yaw) for a, z in zip(still, zs, strict=True)]
-    scenery = Shapes.concat([rel, Shapes.from_rows(building_rows), *static_parts])
-    logger.debug(
-        "populated %s: %d actors (%d moving), %d static solids",
-        style,
-        len(actors),
-        sum(a.moving for a in actors),
-        len(scenery),
-    )
-    return Population(actors=actors, scenery=scenery)
+    def green_areas(self) -> None:
+        rng = self.rng
+        for g in self.layout.green:
+            n_trees = int(g.half_length * g.half_width * 4 / 60.0 * rng.uniform(0.5, 1.2))
+            for _ in range(n_trees):
+                u, v = rng.uniform(-0.85, 0.85, size=2)
+                c, s = np.cos(g.yaw), np.sin(g.yaw)
+                x = g.cx + c * u * g.half_length - s * v * g.half_width
+                y = g.cy + s * u * g.half_length + c * v * g.half_width
+                if rng.random() < 0.6:
+                    self.static_rows += _tree(rng, float(x), float(y))
+                else:
+                    rxy = float(rng.uniform(0.6, 1.6))
+                    rz = float(rng.uniform(0.5, 1.2))
+                    size = (rxy, rxy * rng.uniform(0.7, 1.0), rz)
+                    yaw = float(rng.uniform(0, np.pi))
+                    bush = _row(ELLIPSOID, (x, y, rz * 0.8), size, yaw, 0.4, "bush", -1, 0.3)
+                    self.static_rows.append(bush)
+
+    def population(self, building_rows: list[tuple], style: str) -> Population:
+        """Everything placed, in world coordinates, with the map's barrier and plant layers added.
+
+        Scenery rows are relative to the ground under their centre; one batched lookup places them all.
+        Static actors are baked into the scenery too; moving actors are placed per frame.
+        """
+        hdmap, actors = self.hdmap, self.actors
+        rel = Shapes.from_rows(self.static_rows)
+        hdmap.layers["barrier"] = footprint_features(rel, BARRIER_CLASSES, (BOX,))
+        hdmap.layers["plant"] = footprint_features(rel, PLANT_CLASSES, (BOX, ELLIPSOID))
+        rel.center[:, 2] += hdmap.ground_height(rel.center[:, 0], rel.center[:, 1])
+        still = [a for a in actors if not a.moving]
+        xs, ys = np.array([a.x for a in still]), np.array([a.y for a in still])
+        zs = hdmap.ground_height(xs, ys) if still else []
+        static_parts = [a.parts.placed(a.x, a.y, float(z), a.yaw) for a, z in zip(still, zs, strict=True)]
+        scenery = Shapes.concat([rel, Shapes.from_rows(building_rows), *static_parts])
+        logger.debug(
+            "populated %s: %d actors (%d moving), %d static solids",
+            style,
+            len(actors),
+            sum(a.moving for a in actors),
+            len(scenery),
+        )
+        return Population(actors=actors, scenery=scenery)
 
 
 def _tree(rng: np.random.Generator, x: float, y: float) -> list[tuple]:

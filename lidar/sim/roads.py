@@ -130,6 +130,12 @@ class RoadGraph:
         r = self.roads[road]
         return r.b if node == r.a else r.a
 
+    def interior(self, road: Road, margin: float) -> tuple[float, float]:
+        """Arc lengths (s0, s1) along `road.centre` of its stretch `margin` metres clear of the intersection
+        boxes at both ends: where strips, markings and roadside things may go without entering a junction.
+        s1 < s0 when the road is too short to have one."""
+        return self.node_radius(road.a) + margin, road.length - self.node_radius(road.b) - margin
+
 
 def _curved_centre(p0: np.ndarray, p1: np.ndarray, amp: float) -> np.ndarray:
     """Samples along p0->p1 with a sin^2 lateral bump between the straight end margins."""
