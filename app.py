@@ -1,8 +1,9 @@
 """LidarVerse Space: generate a LiDAR world around a driving car, continue a real scan, inspect the model.
 
-UI only. The model (inference), maps (lidar.sim), pictures and viewer files (lidar.render) and point-cloud
-files (lidar.formats) are other packages' business; this file holds the page layout, the per-request limits,
-the per-request scratch folder and the small formatting that turns a rollout into Gradio outputs.
+UI only. The model (inference), maps (lidar.sim), pictures and viewer files (lidar.render), point-cloud
+files (lidar.formats) and what visitors may see and load (app_policy) are other modules' business; this file
+holds the page layout, the per-request limits, the per-request scratch folder and the small formatting that
+turns a rollout into Gradio outputs.
 
     python app.py [--model SRC] [--host H] [--port P] [--share] [--threads N]
                   [--allow-model-switch [--allow-source SRC ...]] [--allow-any-source]
@@ -38,7 +39,6 @@ import json
 import logging
 import math
 import os
-import re
 import secrets
 import shutil
 import tempfile
@@ -61,11 +61,21 @@ from starlette.middleware import Middleware
 from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from app_policy import (
+    APP_DIR,
+    DEFAULT_SOURCE,
+    SWITCH_ENV,
+    ModelSwitch,
+    SourceNotOffered,
+    public_text,
+    source_label,
+    switch_policy,
+)
 from inference import MAX_FRAMES as PIPELINE_MAX_FRAMES
 from inference import MAX_STEPS as PIPELINE_MAX_STEPS
 from inference import LidarVersePipeline, RolloutResult, load_pipeline, write_rollout
 from inference import Progress as RolloutProgress
-from inference.loader import MODEL_ENV, ModelSourceError, Provenance, env_flag
+from inference.loader import ModelSourceError, Provenance, env_flag
 from inference.observed import ObservedScene, check_inside, observe, record_prefix, shifted_path
 from lidar import render
 from lidar.cancel import Cancelled, checkpoint, stop_when
@@ -126,15 +136,10 @@ ANIMATION_FPS = 5.0
 VIEWER_MAX_POINTS = 400_000
 VIEWER_BACKGROUND = (0.05, 0.05, 0.08, 1.0)  # RGBA; dark, so height colours stand out
 PATH_COLOUR = (0, 220, 255)
-APP_DIR = Path(__file__).resolve().parent
 #: Real sweeps shipped with the app (licences in its README): the forecast examples of a fresh clone.
 EXAMPLE_SCANS_DIR = APP_DIR / "examples" / "scans"
 # The shared real scans (more forecast examples); absent in a bare clone.
 REAL_SCANS_DIR = real_scans_dir()
-#: The release shipped in the repository, as visitors see it named.
-DEFAULT_SOURCE = "weights/default"
-#: Environment variable that turns model switching on, like --allow-model-switch (a Space sets it in its settings).
-SWITCH_ENV = "LIDARVERSE_ALLOW_MODEL_SWITCH"
 
 
 #: The loaded model. Swapped whole by the Model tab; each request reads it once, at its start.
@@ -143,60 +148,8 @@ PIPELINE: LidarVersePipeline | None = None
 SOURCE_LABEL = DEFAULT_SOURCE
 
 
-@dataclass(frozen=True)
-class ModelSwitch:
-    """The sources visitors may switch the served model to; `SWITCH` is None (no switching) unless the
-    operator starts the app with --allow-model-switch, because a load replaces the model for everyone."""
-
-    #: label shown to visitors -> source passed to `load_pipeline` (absolute paths stay on the server)
-    sources: dict[str, str]
-    #: local development only (--allow-any-source): any path or Hub id a visitor types is loaded
-    allow_any: bool = False
-
-    @classmethod
-    def of(cls, sources: list[str], allow_any: bool = False) -> ModelSwitch:
-        """Label each source for visitors, once per folder; a label two sources share gets a number."""
-        labelled: dict[str, str] = {}
-        seen: set[str] = set()
-        for source in sources:
-            key = str(Path(source).resolve()) if Path(source).exists() else source
-            if key in seen:
-                continue
-            seen.add(key)
-            base = public_text(source)
-            label, k = base, 2
-            while label in labelled:
-                label, k = f"{base} ({k})", k + 1
-            labelled[label] = source
-        return cls(labelled, allow_any)
-
-    def source_for(self, label: str) -> str:
-        """The source behind a visitor's choice, or a gr.Error naming what is offered."""
-        if label in self.sources:
-            return self.sources[label]
-        if self.allow_any and label:
-            return str(APP_DIR / label) if (APP_DIR / label).exists() else label  # repo-relative from any cwd
-        raise gr.Error(f"{public_text(label)!r} is not a model this server offers; choose one of: "
-                       f"{', '.join(self.sources)}.")
-
-
+#: Which sources visitors may switch the model to (`app_policy.switch_policy`); None: no switching.
 SWITCH: ModelSwitch | None = None
-
-#: An absolute (or home-relative) path inside a message: not after a word character, a dot, a colon or a
-#: slash, so Hub ids (org/name) and URLs are left alone.
-_SERVER_PATH = re.compile(r"(?<![\w.:/~-])[/~][^\s'\"`,;()\[\]{}<>]*")
-
-
-def public_text(text: str) -> str:
-    """`text` with every server path cut to what a visitor may see: repo-relative inside the app's folder,
-    else its last component. The server log keeps the full paths."""
-    return _SERVER_PATH.sub(lambda match: _public_path(Path(match.group()).expanduser()), text)
-
-
-def _public_path(path: Path) -> str:
-    if path.is_relative_to(APP_DIR):
-        return str(path.relative_to(APP_DIR))
-    return path.name or "(server path)"
 
 
 def _pipeline() -> LidarVersePipeline:
@@ -821,17 +774,6 @@ def model_info() -> dict[str, Any]:
     return json.loads(json.dumps(public_provenance(_pipeline().provenance).to_dict(), default=str))
 
 
-def _start_up_source(source: str | None) -> str | None:
-    """The source the app starts with: --model, else $LIDARVERSE_MODEL, else None (the shipped release),
-    read as `load_pipeline` reads it, so the label and the switch list name the model actually served."""
-    return source or os.environ.get(MODEL_ENV, "").strip() or None
-
-
-def source_label(source: str | None) -> str:
-    """How visitors see a start-up source: None is $LIDARVERSE_MODEL or the shipped release."""
-    return public_text(_start_up_source(source) or DEFAULT_SOURCE)
-
-
 def load_model(source: str | None, label: str | None = None) -> LidarVersePipeline:
     """Load a pipeline and make it the one every tab uses (startup and the Model tab)."""
     global PIPELINE, SOURCE_LABEL
@@ -848,7 +790,10 @@ def reload_model(choice: Any) -> tuple[dict[str, Any], str]:
     if SWITCH is None:
         raise gr.Error("Model switching is off on this server: it serves the model it was started with.")
     label = str(choice if choice is not None else "").strip()
-    source = SWITCH.source_for(label)
+    try:
+        source = SWITCH.source_for(label)
+    except SourceNotOffered as err:
+        raise gr.Error(str(err)) from None
     start = time.perf_counter()
     try:
         with _GENERATION:  # not while a generation runs (it holds the model it started with anyway)
@@ -1107,6 +1052,7 @@ class _Parser(argparse.ArgumentParser):
 
 
 def main(argv: list[str] | None = None) -> None:
+    global SWITCH
     parser = _Parser(description="LidarVerse world-generation demo (Gradio).")
     parser.add_argument("--model", default=None,
                         help="release folder, weights file, job dir or Hub id (default: $LIDARVERSE_MODEL, else weights/default)")
@@ -1139,7 +1085,7 @@ def main(argv: list[str] | None = None) -> None:
         load_model(args.model)
     except InputError as err:  # a bad --model or $LIDARVERSE_MODEL; any other failure is a bug: traceback
         parser.error(f"cannot load the model: {err}")
-    _configure_switch(args.model, args.allow_source, args.allow_model_switch, args.allow_any_source)
+    SWITCH = switch_policy(args.model, args.allow_source, args.allow_model_switch, args.allow_any_source)
     allowed = [str(EXAMPLE_SCANS_DIR), *([str(REAL_SCANS_DIR)] if REAL_SCANS_DIR.is_dir() else [])]
     demo = build_demo()
     demo.launch(
@@ -1147,18 +1093,6 @@ def main(argv: list[str] | None = None) -> None:
         allowed_paths=allowed, theme=gr.themes.Soft(),
         app_kwargs={"middleware": [Middleware(ClientLimits, blocks=demo, proxy_hops=int(hops))]},
     )
-
-
-def _configure_switch(model: str | None, extra: list[str], allow_switch: bool, allow_any: bool) -> None:
-    """Set `SWITCH` from the command line: off, an allowlist (the shipped release, the start-up model, the
-    --allow-source entries), or any source for local development."""
-    global SWITCH
-    if not (allow_switch or allow_any):
-        return
-    start_up = _start_up_source(model)
-    SWITCH = ModelSwitch.of([str(APP_DIR / DEFAULT_SOURCE), *([start_up] if start_up else []), *extra], allow_any)
-    logger.info("model switching on among %s%s", SWITCH.sources,
-                "; ANY path or Hub id may be loaded (--allow-any-source: local development only)" if allow_any else "")
 
 
 if __name__ == "__main__":

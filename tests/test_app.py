@@ -26,7 +26,8 @@ from PIL import Image
 from safetensors.torch import save_file
 
 import app
-from inference.loader import CONFIG_NAME, WEIGHTS_NAME
+import app_policy
+from inference.loader import CONFIG_NAME, MODEL_ENV, WEIGHTS_NAME
 from inference.network import WorldModel, WorldModelConfig
 from lidar.formats import read_points, write_points
 from lidar.real_scans import real_scans_dir
@@ -416,6 +417,18 @@ def test_sources_are_offered_once_each_with_distinct_labels(tmp_path, monkeypatc
     switch = app.ModelSwitch.of([*same, str(tmp_path / "a" / "release"), str(tmp_path / "b" / "release"), "org/name"])
     assert list(switch.sources) == ["weights/default", "release", "release (2)", "org/name"]
     assert switch.source_for("release (2)") == str(tmp_path / "b" / "release")
+
+
+def test_the_switch_policy_is_none_an_allow_list_or_any_source(monkeypatch, tiny_release):
+    monkeypatch.delenv(MODEL_ENV, raising=False)
+    assert app_policy.switch_policy(str(tiny_release), ["org/name"], False, False) is None
+    listed = app_policy.switch_policy(str(tiny_release), ["org/name"], True, False)
+    assert list(listed.sources) == ["weights/default", "tiny", "org/name"] and not listed.allow_any
+    with pytest.raises(app_policy.SourceNotOffered, match="'org/other' is not a model this server offers"):
+        listed.source_for("org/other")
+    anything = app_policy.switch_policy(None, [], False, True)  # --allow-any-source alone implies switching
+    assert list(anything.sources) == ["weights/default"] and anything.source_for("org/other") == "org/other"
+    assert anything.source_for("weights/default") == str(app.APP_DIR / "weights" / "default")
 
 
 def test_allow_source_without_the_switch_is_refused_and_the_env_var_turns_it_on(monkeypatch, capsys, tmp_path):
