@@ -635,12 +635,16 @@ class FSDPCheckpointer:
         removed once the new `ckpt_.pt` is committed.
         """
         directory = self.checkpoint_dir_local
-        current = next((g for g in list_generations(directory) if g.marker == marker), None)
+        generations = {g.marker: g for g in list_generations(directory)}
+        current = generations.get(marker)
         if current is None or current.manifest is None or generation_problems(directory, current, "size"):
             return
         backup = layout.marker_name(current.manifest.iteration, "", numbered=True)
-        if (directory / backup).exists():
-            return
+        existing = generations.get(backup)
+        if existing is not None:
+            if not generation_problems(directory, existing, "size"):
+                return  # a committed generation of that iteration already stands in for ckpt_.pt
+            delete_generation(directory, existing)  # the leftover of a save killed before its commit
         old_stem, new_stem = layout.stem_of(marker), layout.stem_of(backup)
         files = {new_stem + name[len(old_stem) :]: entry for name, entry in current.manifest.files.items()}
         for name in sorted(current.manifest.files, key=lambda n: n == marker):  # the marker link last

@@ -506,15 +506,11 @@ def test_a_generation_whose_save_never_committed_is_not_taken_for_a_seed_folder(
         assert "never committed" in " ".join(generation_problems(ckdir(job), uncommitted, verify))
 
 
-@pytest.mark.parametrize("layout", ["full", "sharded"])
-def test_interrupted_overwrite_of_ckpt_falls_back_to_its_hard_linked_backup(tmp_path, monkeypatch, layout):
-    """The sharded backup reads its own (linked) shards although its metadata names ckpt_'s files."""
-    job = tmp_path / "job"
-    saved = save_generations(job, [1], keep_last_checkpoints=0, state_layout=layout)
+def _torn_ckpt_overwrite(job: Path, monkeypatch, layout: str, iteration: int) -> nn.Module:
+    """Save `iteration` over ckpt_.pt and crash after its weights, before its optimizer: ckpt_ is torn."""
     real_replace, calls = os.replace, []
 
     def crash_at_the_optimizer(a, b):
-        """The new weights are in place by now (ckpt__reg_model.pt, or every reg_model shard): ckpt_ is torn."""
         calls.append(Path(b).name)
         if Path(b).name.startswith("ckpt__optim"):
             raise KeyboardInterrupt("simulated crash between two renames")
@@ -523,12 +519,21 @@ def test_interrupted_overwrite_of_ckpt_falls_back_to_its_hard_linked_backup(tmp_
     monkeypatch.setattr(checkpointing.atomic.os, "replace", crash_at_the_optimizer)
     model = make_model()
     with torch.no_grad():
-        model[0].weight.fill_(2.0)
+        model[0].weight.fill_(float(iteration))
     ckpt = make_ckpt(job, keep_last_checkpoints=0, state_layout=layout)
     with pytest.raises((KeyboardInterrupt, CheckpointError)):  # DCP reports the interrupt as its failure
-        ckpt.save(model, None, None, None, 2, async_saving=False)
+        ckpt.save(model, None, None, None, iteration, async_saving=False)
     monkeypatch.undo()
-    assert any(name.startswith("ckpt__reg_model") for name in calls), calls
+    assert any(name.startswith("ckpt__reg_model") for name in calls), calls  # new weights are in place
+    return model
+
+
+@pytest.mark.parametrize("layout", ["full", "sharded"])
+def test_interrupted_overwrite_of_ckpt_falls_back_to_its_hard_linked_backup(tmp_path, monkeypatch, layout):
+    """The sharded backup reads its own (linked) shards although its metadata names ckpt_'s files."""
+    job = tmp_path / "job"
+    saved = save_generations(job, [1], keep_last_checkpoints=0, state_layout=layout)
+    model = _torn_ckpt_overwrite(job, monkeypatch, layout, 2)
     # ckpt_.pt is now half old, half new; its manifest says so, and the backup is whole
     iteration, loaded = load_fresh(job)
     assert iteration == 1 and torch.equal(loaded.state_dict()["0.weight"], saved[1]["0.weight"])
@@ -536,6 +541,20 @@ def test_interrupted_overwrite_of_ckpt_falls_back_to_its_hard_linked_backup(tmp_
     make_ckpt(job, keep_last_checkpoints=0, state_layout=layout).save(model, None, None, None, 3, async_saving=False)
     assert [g.marker for g in list_generations(ckdir(job))] == ["ckpt_.pt"]
     assert load_fresh(job)[0] == 3
+
+
+@pytest.mark.parametrize("layout", ["full", "sharded"])
+def test_the_leftover_of_a_killed_numbered_save_does_not_block_the_ckpt_backup(tmp_path, monkeypatch, layout):
+    """Found by the 200-trial crash loop: files of iter_000000002 from a save killed before its commit made
+    the backup of ckpt_.pt (then at iteration 2) be skipped, so a torn overwrite fell back past iteration 2."""
+    job = tmp_path / "job"
+    save_generations(job, [1, 2], keep_last_checkpoints=2, state_layout=layout)
+    (ckdir(job) / "iter_000000002_manifest.json").unlink()  # killed between its marker and its manifest
+    (ckdir(job) / "latest_checkpoint.txt").write_text("iter_000000001.pt\n")
+    saved = save_generations(job, [2], keep_last_checkpoints=0, state_layout=layout)  # ckpt_.pt, published
+    _torn_ckpt_overwrite(job, monkeypatch, layout, 3)
+    iteration, loaded = load_fresh(job)
+    assert iteration == 2 and torch.equal(loaded.state_dict()["0.weight"], saved[2]["0.weight"])
 
 
 # ---------------------------------------------------------------- seed compatibility
