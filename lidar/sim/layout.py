@@ -16,8 +16,8 @@ from PIL import Image, ImageDraw
 from scipy import ndimage
 
 from lidar.sim.hdmap import HDMap
-from lidar.sim.roads import PARKING_WIDTH, RoadGraph, offset_line, point_at, sub_line
-from lidar.sim.styles import style_profile
+from lidar.sim.roads import PARKING_WIDTH, Road, RoadGraph, offset_line, point_at, sub_line
+from lidar.sim.styles import StyleProfile, style_profile
 from lidar.vocabulary import MAP_CLASS_INDEX
 
 logger = logging.getLogger(__name__)
@@ -136,91 +136,116 @@ def _points_in(fp: Footprint, step: float = 1.0, pad: float = 0.0) -> np.ndarray
 
 
 def build_layout(rng: np.random.Generator, graph: RoadGraph, style: str) -> Layout:
-    """Paint roads, markings, crosswalks, sidewalks, buildings and green areas; add terrain."""
+    """Paint roads, markings, crosswalks, sidewalks, buildings and green areas; add terrain.
+
+    The numbered steps paint in the order of the layers' precedence and draw from `rng` in a fixed order, so
+    a world is a pure function of its seed; reordering them changes every world.
+    """
     profile = style_profile(style)
-    nodes = graph.nodes
-    lo = nodes.min(axis=0) - MAP_MARGIN
-    hi = nodes.max(axis=0) + MAP_MARGIN
-    shape = (
-        int(np.ceil((hi[1] - lo[1]) / RASTER_RESOLUTION)),
-        int(np.ceil((hi[0] - lo[0]) / RASTER_RESOLUTION)),
+    build = _LayoutBuilder(rng, graph)
+    build.ground()  # 1
+    for r in graph.roads:  # 2
+        build.strips_and_markings(r)
+        if r.kind != "highway":
+            build.crosswalks(r)
+    build.frontage_buildings(profile)  # 3
+    build.back_lot_buildings(profile.back_lot_buildings, profile.heights)  # 4
+    build.green_areas(profile.green_areas)  # 5
+    origin = build.paint.origin
+    hdmap = HDMap(
+        layers=build.layers,
+        raster=build.paint.raster(),
+        origin=origin,
+        resolution=RASTER_RESOLUTION,
+        terrain=_terrain(rng, build.extent, profile.terrain_std),
+        terrain_origin=origin,
+        terrain_resolution=TERRAIN_RESOLUTION,
     )
-    origin = (float(lo[0]), float(lo[1]))
-    paint = _Painter(origin, shape, RASTER_RESOLUTION)
-    layers: dict[str, list[dict]] = {
-        k: []
-        for k in (
-            "road",
-            "lane_marking",
-            "crosswalk",
-            "intersection",
-            "parking",
-            "sidewalk",
-            "building",
-            "vegetation",
+    logger.debug(
+        "layout %s: raster %s, %d buildings, %d green areas", style, hdmap.raster.shape, len(build.buildings),
+        len(build.green),
+    )
+    return Layout(
+        hdmap=hdmap, graph=graph, buildings=build.buildings, green=build.green, crossings=build.crossings
+    )
+
+
+class _LayoutBuilder:
+    """The steps of `build_layout`: each paints onto one class raster and adds to the vector layers."""
+
+    def __init__(self, rng: np.random.Generator, graph: RoadGraph) -> None:
+        self.rng, self.graph = rng, graph
+        lo = graph.nodes.min(axis=0) - MAP_MARGIN
+        hi = graph.nodes.max(axis=0) + MAP_MARGIN
+        shape = (
+            int(np.ceil((hi[1] - lo[1]) / RASTER_RESOLUTION)),
+            int(np.ceil((hi[0] - lo[0]) / RASTER_RESOLUTION)),
         )
-    }
-    radius = [graph.node_radius(n) for n in range(len(nodes))]
-    crossings: list[np.ndarray] = []
+        origin = (float(lo[0]), float(lo[1]))
+        self.paint = _Painter(origin, shape, RASTER_RESOLUTION)
+        #: (xmin, ymin, xmax, ymax) of the raster, where back lots, green areas and terrain go.
+        xmax, ymax = origin[0] + shape[1] * RASTER_RESOLUTION, origin[1] + shape[0] * RASTER_RESOLUTION
+        self.extent = (*origin, xmax, ymax)
+        self.layers: dict[str, list[dict]] = {
+            k: []
+            for k in (
+                "road",
+                "lane_marking",
+                "crosswalk",
+                "intersection",
+                "parking",
+                "sidewalk",
+                "building",
+                "vegetation",
+            )
+        }
+        self.radius = [graph.node_radius(n) for n in range(len(graph.nodes))]
+        self.crossings: list[np.ndarray] = []
+        self.buildings: list[Footprint] = []
+        self.green: list[Footprint] = []
 
     # 1. Sidewalks (with corner squares), curbs, carriageway, intersections.
-    for n in range(len(nodes)):
-        inc = graph.incident(n)
-        if len(inc) >= 2:
-            sw = max(graph.roads[i].sidewalk for i in inc)
-            if sw > 0:
-                paint.polygon(_square(nodes[n], radius[n] - 1.0 + sw), "sidewalk")
-    for r in graph.roads:
-        if r.sidewalk > 0:
-            paint.line(r.centre, 2 * (r.half_width + r.sidewalk), "sidewalk")
-            layers["sidewalk"].append(
-                map_feature(
-                    "LineString",
-                    offset_line(r.centre, r.half_width + r.sidewalk / 2),
-                    width=round(r.sidewalk, 2),
-                )
+    def ground(self) -> None:
+        graph, radius, paint, layers = self.graph, self.radius, self.paint, self.layers
+        nodes = graph.nodes
+        for n in range(len(nodes)):
+            inc = graph.incident(n)
+            if len(inc) >= 2:
+                sw = max(graph.roads[i].sidewalk for i in inc)
+                if sw > 0:
+                    paint.polygon(_square(nodes[n], radius[n] - 1.0 + sw), "sidewalk")
+        for r in graph.roads:
+            if r.sidewalk > 0:
+                paint.line(r.centre, 2 * (r.half_width + r.sidewalk), "sidewalk")
+                for side in (1.0, -1.0):
+                    walk = offset_line(r.centre, side * (r.half_width + r.sidewalk / 2))
+                    layers["sidewalk"].append(map_feature("LineString", walk, width=round(r.sidewalk, 2)))
+        for r in graph.roads:
+            paint.line(r.centre, 2 * (r.half_width + 0.3), "curb")
+        for n in range(len(nodes)):
+            if graph.degree(n) >= 2:
+                paint.polygon(_square(nodes[n], radius[n] - 1.0 + 0.3), "curb")
+        for i, r in enumerate(graph.roads):
+            paint.line(r.centre, 2 * r.half_width, "road")
+            layers["road"].append(
+                map_feature("LineString", r.centre, id=i, a=r.a, b=r.b, lanes=r.lanes,
+                            lane_width=r.lane_width, half_width=round(r.half_width, 2), kind=r.kind)
             )
-            layers["sidewalk"].append(
-                map_feature(
-                    "LineString",
-                    offset_line(r.centre, -r.half_width - r.sidewalk / 2),
-                    width=round(r.sidewalk, 2),
-                )
-            )
-    for r in graph.roads:
-        paint.line(r.centre, 2 * (r.half_width + 0.3), "curb")
-    for n in range(len(nodes)):
-        if graph.degree(n) >= 2:
-            paint.polygon(_square(nodes[n], radius[n] - 1.0 + 0.3), "curb")
-    for i, r in enumerate(graph.roads):
-        paint.line(r.centre, 2 * r.half_width, "road")
-        layers["road"].append(
-            map_feature(
-                "LineString",
-                r.centre,
-                id=i,
-                a=r.a,
-                b=r.b,
-                lanes=r.lanes,
-                lane_width=r.lane_width,
-                half_width=round(r.half_width, 2),
-                kind=r.kind,
-            )
-        )
-    for n in range(len(nodes)):
-        if graph.degree(n) >= 2:
-            sq = _square(nodes[n], radius[n] - 1.0)
-            paint.polygon(sq, "road")
-        if graph.degree(n) >= 3:
-            sq = _square(nodes[n], radius[n])
-            paint.polygon(sq, "intersection")
-            layers["intersection"].append(map_feature("Polygon", closed_ring(sq), node=n, degree=graph.degree(n)))
+        for n in range(len(nodes)):
+            if graph.degree(n) >= 2:
+                paint.polygon(_square(nodes[n], radius[n] - 1.0), "road")
+            if graph.degree(n) >= 3:
+                sq = _square(nodes[n], radius[n])
+                paint.polygon(sq, "intersection")
+                feature = map_feature("Polygon", closed_ring(sq), node=n, degree=graph.degree(n))
+                layers["intersection"].append(feature)
 
     # 2. Parking strips, markings and crosswalks, all kept clear of the intersection boxes.
-    for r in graph.roads:
-        s0, s1 = radius[r.a] + 5.0, r.length - radius[r.b] - 5.0
+    def strips_and_markings(self, r: Road) -> None:
+        s0, s1 = self.graph.interior(r, 5.0)
         if s1 - s0 < 5.0:
-            continue
+            return
+        paint, layers = self.paint, self.layers
         inner = sub_line(r.centre, s0, s1)
         if r.parking:
             for side in (-1.0, 1.0):
@@ -242,109 +267,91 @@ def build_layout(rng: np.random.Generator, graph: RoadGraph, style: str) -> Layo
             ends, _ = point_at(line, starts + dash)
             for p0, p1 in zip(point_at(line, starts)[0], ends, strict=True):  # dashes are short: straight
                 paint.line(np.stack([p0, p1]), 0.15, "lane_marking")
-        if r.kind == "highway":
-            continue
+
+    def crosswalks(self, r: Road) -> None:
+        """Zebra bands across a street's ends at junctions (three in four), and the line people cross on."""
+        s0, s1 = self.graph.interior(r, 5.0)
+        if s1 - s0 < 5.0:
+            return
         for end, node in ((0, r.a), (1, r.b)):
-            if graph.degree(node) < 3 or rng.random() > 0.75:
+            if self.graph.degree(node) < 3 or self.rng.random() > 0.75:
                 continue
-            d0 = radius[node] + 0.5
+            d0 = self.radius[node] + 0.5
             s_a, s_b = (d0, d0 + 3.0) if end == 0 else (r.length - d0 - 3.0, r.length - d0)
             band = sub_line(r.centre, s_a, s_b, spacing=0.5)
             for off in np.arange(-r.half_width + 0.5, r.half_width - 0.25, 1.0):
-                paint.line(offset_line(band, off), 0.5, "crosswalk")
-            outline = np.concatenate(
-                [offset_line(band, r.half_width), offset_line(band, -r.half_width)[::-1]]
-            )
-            layers["crosswalk"].append(map_feature("Polygon", closed_ring(outline)))
+                self.paint.line(offset_line(band, off), 0.5, "crosswalk")
+            left, right = offset_line(band, r.half_width), offset_line(band, -r.half_width)
+            outline = np.concatenate([left, right[::-1]])
+            self.layers["crosswalk"].append(map_feature("Polygon", closed_ring(outline)))
             mid = band[len(band) // 2]
             tangent = band[-1] - band[0]
             across = np.array([-tangent[1], tangent[0]]) / max(float(np.linalg.norm(tangent)), 1e-9)
             reach = r.half_width + r.sidewalk / 2
-            crossings.append(np.stack([mid + across * reach, mid - across * reach]))
+            self.crossings.append(np.stack([mid + across * reach, mid - across * reach]))
+
+    def add_building(self, fp: Footprint) -> None:
+        self.buildings.append(fp)
+        self.paint.polygon(fp.corners(), "building")
+        feature = map_feature("Polygon", closed_ring(fp.corners()), height=round(fp.height, 2))
+        self.layers["building"].append(feature)
 
     # 3. Buildings along the frontage of every road, where the raster is still free land.
-    buildings: list[Footprint] = []
-    setback, frontage, depth = profile.setback, profile.frontage, profile.depth
-    gaps, heights = profile.gaps, profile.heights
-    for r in graph.roads:
-        for side in (-1.0, 1.0):
-            s = radius[r.a] + 2.0 + rng.uniform(0, 6)
-            while s < r.length - radius[r.b] - 2.0:
-                w = rng.uniform(*frontage)
-                dpt = rng.uniform(*depth)
-                pos, tan = point_at(r.centre, np.array([s + w / 2]), r.cum)
-                normal = np.array([-tan[0, 1], tan[0, 0]]) * side
-                off = r.half_width + r.sidewalk + rng.uniform(*setback) + dpt / 2
-                c = pos[0] + normal * off
-                fp = Footprint(
-                    float(c[0]),
-                    float(c[1]),
-                    w / 2,
-                    dpt / 2,
-                    float(np.arctan2(tan[0, 1], tan[0, 0])),
-                    float(rng.uniform(*heights)),
-                )
-                cls = paint.classes_at(_points_in(fp, pad=0.6))
-                if np.isin(cls, _FREE).all():
-                    buildings.append(fp)
-                    paint.polygon(fp.corners(), "building")
-                    layers["building"].append(
-                        map_feature("Polygon", closed_ring(fp.corners()), height=round(fp.height, 2))
-                    )
-                s += w + rng.uniform(*gaps)
+    def frontage_buildings(self, p: StyleProfile) -> None:
+        rng = self.rng
+        for r in self.graph.roads:
+            s_start, s_end = self.graph.interior(r, 2.0)
+            for side in (-1.0, 1.0):
+                s = s_start + rng.uniform(0, 6)
+                while s < s_end:
+                    w = rng.uniform(*p.frontage)
+                    dpt = rng.uniform(*p.depth)
+                    pos, tan = point_at(r.centre, np.array([s + w / 2]), r.cum)
+                    normal = np.array([-tan[0, 1], tan[0, 0]]) * side
+                    off = r.half_width + r.sidewalk + rng.uniform(*p.setback) + dpt / 2
+                    c = pos[0] + normal * off
+                    yaw = float(np.arctan2(tan[0, 1], tan[0, 0]))
+                    height = float(rng.uniform(*p.heights))
+                    fp = Footprint(float(c[0]), float(c[1]), w / 2, dpt / 2, yaw, height)
+                    if np.isin(self.paint.classes_at(_points_in(fp, pad=0.6)), _FREE).all():
+                        self.add_building(fp)
+                    s += w + rng.uniform(*p.gaps)
 
     # 4. Back-lot buildings on free land away from the streets: the skyline a street view ends in.
-    xmin, ymin = origin
-    xmax, ymax = xmin + shape[1] * RASTER_RESOLUTION, ymin + shape[0] * RASTER_RESOLUTION
-    n_back = profile.back_lot_buildings
-    placed = 0
-    for _ in range(n_back * 4):
-        if placed >= n_back:
-            break
-        fp = Footprint(
-            float(rng.uniform(xmin, xmax)),
-            float(rng.uniform(ymin, ymax)),
-            float(rng.uniform(6, 20)),
-            float(rng.uniform(6, 15)),
-            float(rng.choice([0.0, np.pi / 2]) + rng.normal(0, 0.05)),
-            float(rng.uniform(heights[0], heights[1] * 1.3)),
-        )
-        if np.isin(paint.classes_at(_points_in(fp, step=1.5, pad=3.0)), _FREE).all():
-            buildings.append(fp)
-            paint.polygon(fp.corners(), "building")
-            layers["building"].append(map_feature("Polygon", closed_ring(fp.corners()), height=round(fp.height, 2)))
-            placed += 1
+    def back_lot_buildings(self, count: int, heights: tuple[float, float]) -> None:
+        rng = self.rng
+        xmin, ymin, xmax, ymax = self.extent
+        placed = 0
+        for _ in range(count * 4):
+            if placed >= count:
+                break
+            fp = Footprint(
+                float(rng.uniform(xmin, xmax)),
+                float(rng.uniform(ymin, ymax)),
+                float(rng.uniform(6, 20)),
+                float(rng.uniform(6, 15)),
+                float(rng.choice([0.0, np.pi / 2]) + rng.normal(0, 0.05)),
+                float(rng.uniform(heights[0], heights[1] * 1.3)),
+            )
+            if np.isin(self.paint.classes_at(_points_in(fp, step=1.5, pad=3.0)), _FREE).all():
+                self.add_building(fp)
+                placed += 1
 
     # 5. Green areas on the remaining free land.
-    green: list[Footprint] = []
-    n_green = profile.green_areas
-    for _ in range(n_green * 3):
-        if len(green) >= n_green:
-            break
-        fp = Footprint(
-            float(rng.uniform(xmin, xmax)),
-            float(rng.uniform(ymin, ymax)),
-            float(rng.uniform(6, 25)),
-            float(rng.uniform(5, 18)),
-            float(rng.uniform(0, np.pi)),
-        )
-        cls = paint.classes_at(_points_in(fp, step=2.0, pad=1.0))
-        if (cls == MAP_CLASS_INDEX["terrain"]).all():
-            green.append(fp)
-            paint.polygon(fp.corners(), "vegetation")
-            layers["vegetation"].append(map_feature("Polygon", closed_ring(fp.corners())))
-
-    terrain = _terrain(rng, (xmin, ymin, xmax, ymax), profile.terrain_std)
-    hdmap = HDMap(
-        layers=layers,
-        raster=paint.raster(),
-        origin=origin,
-        resolution=RASTER_RESOLUTION,
-        terrain=terrain,
-        terrain_origin=origin,
-        terrain_resolution=TERRAIN_RESOLUTION,
-    )
-    logger.debug(
-        "layout %s: raster %s, %d buildings, %d green areas", style, shape, len(buildings), len(green)
-    )
-    return Layout(hdmap=hdmap, graph=graph, buildings=buildings, green=green, crossings=crossings)
+    def green_areas(self, count: int) -> None:
+        rng = self.rng
+        xmin, ymin, xmax, ymax = self.extent
+        for _ in range(count * 3):
+            if len(self.green) >= count:
+                break
+            fp = Footprint(
+                float(rng.uniform(xmin, xmax)),
+                float(rng.uniform(ymin, ymax)),
+                float(rng.uniform(6, 25)),
+                float(rng.uniform(5, 18)),
+                float(rng.uniform(0, np.pi)),
+            )
+            if (self.paint.classes_at(_points_in(fp, step=2.0, pad=1.0)) == MAP_CLASS_INDEX["terrain"]).all():
+                self.green.append(fp)
+                self.paint.polygon(fp.corners(), "vegetation")
+                self.layers["vegetation"].append(map_feature("Polygon", closed_ring(fp.corners())))
