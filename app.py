@@ -7,19 +7,25 @@ turns a rollout into Gradio outputs.
 
     python app.py [--model SRC] [--host H] [--port P] [--share] [--threads N]
                   [--allow-model-switch [--allow-source SRC ...]] [--allow-any-source]
+    gradio app.py -- [--model SRC] ...      # the same, in Gradio's reload mode (the module-level `demo`)
 
 A public Space serves the model it was started with: visitors can read where it came from (a label,
 never a server path) but not switch it, unless the operator allows switching among named sources.
+
+A generation request runs in three parts: prepare (read, check and register the uploads), roll out (the
+sampler; on ZeroGPU the only part inside `spaces.GPU`) and deliver (previews, animations and downloads).
+Its outputs are named (`Outputs`), and each event maps the names to its components.
 
 Every route goes through one bounded queue (`api_open=False`), and each client (by IP address; behind
 proxies, the one the nearest proxy saw, see `PROXY_HOPS_ENV`) may hold only a few places in it and upload
 only so many bytes while Gradio's cache still keeps them. Generation runs on one worker
 thread under a lock of its own; a request that is cancelled or whose client disconnects is stopped at its
-next checkpoint (a sampler step, a decode, a zip chunk, a registered sweep), so it frees the worker, not
-just Gradio's slot.
+next checkpoint (a decode, a zip chunk, a registered sweep, a sampler step, a written picture or file), so it
+frees the worker, not just Gradio's slot.
 """
 
-from __future__ import annotations
+# No `from __future__ import annotations`: `gradio app.py` re-executes this file after taking it out of
+# sys.modules, and a dataclass with string annotations looks its module up there (None: AttributeError).
 
 # ZeroGPU patches torch's CUDA entry points when `spaces` is imported, so it must come before anything
 # that imports torch. Elsewhere (laptop, CI, a dedicated-GPU Space) the package is absent and generation
@@ -48,9 +54,9 @@ import zipfile
 from collections import defaultdict, deque
 from collections.abc import AsyncIterator, Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields, replace
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any, Literal, NoReturn
 
 import gradio as gr
 import numpy as np
@@ -76,13 +82,22 @@ from inference import MAX_STEPS as PIPELINE_MAX_STEPS
 from inference import LidarVersePipeline, RolloutResult, load_pipeline, write_rollout
 from inference import Progress as RolloutProgress
 from inference.loader import ModelSourceError, Provenance, env_flag
+from inference.network import WorldModelConfig
 from inference.observed import ObservedScene, check_inside, observe, record_prefix, shifted_path
 from lidar import render
 from lidar.cancel import Cancelled, checkpoint, stop_when
 from lidar.errors import InputError
-from lidar.formats import READ_SUFFIXES, check_sensor, detect_sensor, point_limit, read_points, write_points
+from lidar.formats import (
+    READ_SUFFIXES,
+    Scan,
+    check_sensor,
+    detect_sensor,
+    point_limit,
+    read_points,
+    write_points,
+)
 from lidar.real_scans import real_scans_dir
-from lidar.sensors import PRESETS, get_sensor
+from lidar.sensors import PRESETS, Sensor, get_sensor
 from lidar.sequence import MAX_SWEEPS
 from lidar.sim import HDMap, World, make_world, plan_drive
 from lidar.vocabulary import transform_points
@@ -443,81 +458,163 @@ class ClientLimits:
         return None
 
 
+# ----------------------------------------------------------------------------------------------------------
+# What a generation shows, by name.
+
+
+@dataclass
+class Outputs:
+    """What a generation event shows, by name: the event maps each name to its component (`RolloutView.show`),
+    so no list of values has to follow a list of components in step. A field left None is not updated: the
+    scene tabs show the registered prefix first, before the rollout has run."""
+
+    viewer: str | None = None
+    bev_animation: str | None = None
+    range_animation: str | None = None
+    stats: dict[str, Any] | None = None
+    downloads: list[str] | None = None
+    #: per-frame (BEV, range) PNGs: session state for the frame viewer, not sent to API clients
+    frame_pngs: list[tuple[bytes, bytes]] | None = None
+    #: the scene tabs' "Registered prefix" table
+    prefix: list[list[Any]] | None = None
+
+    def by_component(self, targets: dict[str, gr.components.Component]) -> dict[gr.components.Component, Any]:
+        """The set fields keyed by their components in `targets` (field name -> component), as Gradio takes them."""
+        return {targets[f.name]: getattr(self, f.name) for f in fields(self) if getattr(self, f.name) is not None}
+
+
+def _by_component(run: Callable[..., AsyncIterator[Outputs]],
+                  targets: dict[str, gr.components.Component]) -> Callable[..., AsyncIterator[dict]]:
+    """`run` (a worker's generation) yielding its `Outputs` by component. Closing it closes `run`, so a
+    request Gradio gives up on still stops its work and frees the worker."""
+
+    @functools.wraps(run)  # Gradio reads the signature (the gr.Progress parameter) through __wrapped__
+    async def show(*args: Any, **kwargs: Any) -> AsyncIterator[dict]:
+        async with contextlib.aclosing(run(*args, **kwargs)) as outputs:
+            async for item in outputs:
+                yield item.by_component(targets)
+
+    return show
+
+
+# ----------------------------------------------------------------------------------------------------------
+# A request in three parts: prepare (CPU: read, check, register), roll out (the GPU), deliver (CPU: encode).
+
+
+@dataclass(frozen=True)
+class RolloutJob:
+    """A rollout as its GPU part runs it, every input read and checked on the CPU beforehand.
+
+    On ZeroGPU the job crosses to the process that holds the GPU, so it carries arrays and numbers, never the
+    pipeline: the GPU part calls the served pipeline's `method` with `kwargs`.
+    """
+
+    method: Literal["generate_world", "forecast", "resimulate"]
+    kwargs: dict[str, Any]
+    #: what the progress bar says: "Generating", "Forecasting", "Re-simulating"
+    label: str
+
+
+def _on_gpu(fn: Callable) -> Callable:
+    """ZeroGPU attaches a GPU only inside `spaces.GPU` calls; without ZeroGPU the function runs as is."""
+    return spaces.GPU(duration=120)(fn) if spaces is not None else fn
+
+
+@_on_gpu
+def roll_out(job: RolloutJob, progress: gr.Progress) -> RolloutResult:
+    """The sampler's frames: the only part of a request that holds a GPU on ZeroGPU, so a bad input, a slow
+    registration or a slow encode never does. The pipeline is read here rather than passed, since arguments
+    cross to the GPU's process; the generation lock keeps `PIPELINE` the request's model meanwhile."""
+    return getattr(_pipeline(), job.method)(**job.kwargs, callback=_progress_callback(progress, job.label))
+
+
+def _generate(job: RolloutJob, progress: gr.Progress, failure: str, upload: Path | None = None) -> RolloutResult:
+    """Run `job` on the GPU, unless the request was cancelled while it was being prepared; a failure is
+    reported as `failure: ...` (naming `upload` by its name)."""
+    checkpoint()
+    progress(0.0, desc=job.label)
+    with _user_errors(failure, upload):
+        return roll_out(job, progress)
+
+
 def _png_bytes(image: Image.Image) -> bytes:
     buf = io.BytesIO()
     image.save(buf, format="PNG", compress_level=1)  # session state, not a download: speed over size
     return buf.getvalue()
 
 
-@dataclass
-class Presented:
-    """What one rollout shows: viewer PLY, animations, per-frame pictures, stats and downloads."""
-
-    viewer_ply: str
-    bev_animation: str
-    range_animation: str
-    frame_pngs: list[tuple[bytes, bytes]]
-    stats: dict[str, Any]
-    downloads: list[str]
-
-    def outputs(self) -> tuple:
-        """What the generation events return, in the order of `RolloutView.outputs`; the per-frame
-        pictures go to session state (not to API clients) and the frame viewer reads them from there."""
-        return (self.viewer_ply, self.bev_animation, self.range_animation, self.stats, self.downloads, self.frame_pngs)
-
-
-def _present(result: RolloutResult, out: Path, pipe: LidarVersePipeline, request: dict[str, Any], stats: dict[str, Any],
-             observed: np.ndarray | None = None, scene: ObservedScene | None = None) -> Presented:
-    """Write the files for one rollout into `out` and collect what the page shows."""
-    sensor, provenance = pipe.sensor, public_provenance(pipe.provenance)
-    frames = result.frames
-    world = np.asarray(result.world, dtype=np.float32)
-
-    # 1. 3D viewer: the accumulated world coloured by height; observed points (forecast) in grey.
+def _viewer_file(out: Path, world: np.ndarray, observed: np.ndarray | None) -> Path:
+    """The 3D viewer's PLY: the accumulated world coloured by height, observed points (forecast) in grey."""
     colors = render.colorize(world, "height")
-    viewer_points = world
+    points = world
     if observed is not None and len(observed):
-        viewer_points = np.concatenate([observed[:, :4], world])
+        points = np.concatenate([observed[:, :4], world])
         colors = np.concatenate([np.full((len(observed), 3), 150, np.uint8), colors])
-    viewer_ply = render.write_ply_for_viewer(out / "world_viewer.ply", viewer_points, colors, max_points=VIEWER_MAX_POINTS)
+    return render.write_ply_for_viewer(out / "world_viewer.ply", points, colors, max_points=VIEWER_MAX_POINTS)
 
-    # 2. Per-frame pictures (sensor frame, one colour scale across frames) and their animations.
-    z_range = (-3.0, 5.0)
-    bevs = [render.bev_image(f.points, extent=BEV_EXTENT_M, resolution=0.2, value_range=z_range) for f in frames]
-    ranges = [render.range_image_png(f.range_image, max_range=sensor.max_range, scale=4) for f in frames]
-    bev_gif = render.save_animation(bevs, out / "bev.gif", fps=ANIMATION_FPS)
-    range_gif = render.save_animation(ranges, out / "range.gif", fps=ANIMATION_FPS)
 
-    # 3. Downloads: per-frame KITTI .bin + poses.json (the CLI's layout) in a zip, the world in three formats.
+def _frame_pictures(result: RolloutResult, max_range: float) -> tuple[list[Image.Image], list[Image.Image]]:
+    """Per-frame BEV and range pictures (sensor frame, one colour scale across frames), checking between
+    frames whether the request was cancelled."""
+    bevs, ranges = [], []
+    for frame in result.frames:
+        checkpoint()
+        bevs.append(render.bev_image(frame.points, extent=BEV_EXTENT_M, resolution=0.2, value_range=(-3.0, 5.0)))
+        ranges.append(render.range_image_png(frame.range_image, max_range=max_range, scale=4))
+    return bevs, ranges
+
+
+def _downloads(out: Path, result: RolloutResult, world: np.ndarray, pipe: LidarVersePipeline,
+               request: dict[str, Any], scene: ObservedScene | None) -> list[Path]:
+    """Per-frame KITTI .bin + poses.json (the CLI's layout) in a zip, and the world as .ply, .pcd and .las."""
     folder = out / "frames_kitti"
-    write_rollout(folder, result, "bin", sensor=sensor, provenance=provenance, request=request)
+    write_rollout(folder, result, "bin", sensor=pipe.sensor, provenance=public_provenance(pipe.provenance),
+                  request=request)
     if scene is not None:  # poses.json lists the observed sweeps too, as the CLI writes it
         record_prefix(folder, scene)
     frames_zip = out / "frames_kitti.zip"
     with zipfile.ZipFile(frames_zip, "w", zipfile.ZIP_DEFLATED, compresslevel=1) as zf:
         for path in sorted(folder.iterdir()):
+            checkpoint()
             zf.write(path, f"{folder.name}/{path.name}")
     shutil.rmtree(folder)
-    world_files = [write_points(out / f"world{ext}", world) for ext in (".ply", ".pcd", ".las")] if len(world) else []
+    world_files = []
+    for ext in (".ply", ".pcd", ".las") if len(world) else ():
+        checkpoint()
+        world_files.append(write_points(out / f"world{ext}", world))
+    return [frames_zip, *world_files]
 
-    stats = {**stats, "frames": len(frames), "world points": len(world),
-             "points per frame": round(float(np.mean([len(f.points) for f in frames])), 1)}
-    return Presented(
-        viewer_ply=str(viewer_ply),
+
+def _present(result: RolloutResult, out: Path, pipe: LidarVersePipeline, request: dict[str, Any],
+             stats: dict[str, Any], observed: np.ndarray | None, scene: ObservedScene | None) -> Outputs:
+    """Write the files for one rollout into `out` and collect what the page shows."""
+    world = np.asarray(result.world, dtype=np.float32)
+    viewer = _viewer_file(out, world, observed)
+    bevs, ranges = _frame_pictures(result, pipe.sensor.max_range)
+    bev_gif = render.save_animation(bevs, out / "bev.gif", fps=ANIMATION_FPS)
+    range_gif = render.save_animation(ranges, out / "range.gif", fps=ANIMATION_FPS)
+    downloads = _downloads(out, result, world, pipe, request, scene)
+    stats = {**stats, "frames": len(result.frames), "world points": len(world),
+             "points per frame": round(float(np.mean([len(f.points) for f in result.frames])), 1)}
+    return Outputs(
+        viewer=str(viewer),
         bev_animation=str(bev_gif),
         range_animation=str(range_gif),
-        frame_pngs=[(_png_bytes(b), _png_bytes(r)) for b, r in zip(bevs, ranges, strict=True)],
         stats=stats,
-        downloads=[str(frames_zip), *(str(p) for p in world_files)],
+        downloads=[str(p) for p in downloads],
+        frame_pngs=[(_png_bytes(b), _png_bytes(r)) for b, r in zip(bevs, ranges, strict=True)],
+        prefix=_prefix_table(scene) if scene is not None else None,
     )
 
 
-def _deliver(result: RolloutResult, pipe: LidarVersePipeline, request: dict[str, Any], stats: dict[str, Any],
-             extra: tuple = (), **present: Any) -> Iterator[tuple]:
-    """Hand one rollout's outputs (plus `extra`) to Gradio from a request folder that lives until Gradio has
-    taken them, i.e. until it resumes the generator."""
+def _deliver(result: RolloutResult, started: float, pipe: LidarVersePipeline, request: dict[str, Any],
+             stats: dict[str, Any], *, observed: np.ndarray | None = None,
+             scene: ObservedScene | None = None) -> Iterator[Outputs]:
+    """The CPU part after the rollout: its stats (wall time since `started`), files and pictures, handed to
+    Gradio from a request folder that lives until Gradio has taken them, i.e. until it resumes the generator."""
+    stats = {**_rollout_stats(result, time.perf_counter() - started, pipe), **stats}
     with _request_dir() as out, _user_errors("Writing the results"):
-        yield (*_present(result, out, pipe, request, stats, **present).outputs(), *extra)
+        yield _present(result, out, pipe, request, stats, observed, scene)
 
 
 def _rollout_stats(result: RolloutResult, seconds: float, pipe: LidarVersePipeline) -> dict[str, Any]:
@@ -573,7 +670,7 @@ def generate_world(
     seed: Any,
     guidance: Any,
     progress: gr.Progress = gr.Progress(),  # noqa: B008 - Gradio finds the tracker by this default
-) -> Iterator[tuple]:
+) -> Iterator[Outputs]:
     """Roll out a world around a car driving the chosen action on the chosen map."""
     pipe = _pipeline()
     map_seed = _whole_number(map_seed, "Map seed", 0, MAX_SEED)
@@ -582,36 +679,20 @@ def generate_world(
     frames, steps, seed = _rollout_numbers(frames, steps, seed)
     guidance = _real_number(guidance, "Guidance", 0.0, MAX_GUIDANCE)
 
-    progress(0.0, desc="Generating")
     start = time.perf_counter()
     with _user_errors("Cannot generate this world"):
-        result = pipe.generate_world(
-            map=_world(map_seed, style), action=action, frames=frames, steps=steps, seed=seed, guidance=guidance,
-            callback=_progress_callback(progress, "Generating"),
-        )
-    seconds = time.perf_counter() - start
+        world = _world(map_seed, style)
+    job = RolloutJob("generate_world", {"map": world, "action": action, "frames": frames, "steps": steps, "seed": seed,
+                                        "guidance": guidance}, "Generating")
+    result = _generate(job, progress, "Cannot generate this world")
     request = {"map_seed": map_seed, "style": style, "action": action, "frames": frames, "steps": steps,
                "seed": seed, "guidance": guidance}
-    yield from _deliver(result, pipe, request, _rollout_stats(result, seconds, pipe))
+    yield from _deliver(result, start, pipe, request, {})
 
 
-def forecast_from_scan(
-    scan_file: Any,
-    sensor_name: Any,
-    action: Any,
-    frames: Any,
-    steps: Any,
-    seed: Any,
-    progress: gr.Progress = gr.Progress(),  # noqa: B008 - Gradio finds the tracker by this default
-) -> Iterator[tuple]:
-    """Continue an uploaded real scan: the model drives on from it and fills in the world it sees."""
-    pipe = _pipeline()
-    path = _upload_path(scan_file)
-    sensor_choices = (AUTO_SENSOR, *PRESETS)
-    sensor_name = _choice(sensor_name, "Sensor", sensor_choices)
-    action = _choice(action, "Action", ACTIONS)
-    frames, steps, seed = _rollout_numbers(frames, steps, seed)
-
+def _read_scan(path: Path, sensor_name: str) -> tuple[Scan, Sensor]:
+    """The uploaded sweep and the sensor that recorded it (the visitor's choice, else detected), refused
+    unless it is in its sensor's frame, which the model's rays need."""
     sensor = None if sensor_name == AUTO_SENSOR else get_sensor(sensor_name)
     with _user_errors("Cannot read the scan", path), point_limit(MAX_UPLOAD_POINTS):  # errors name the file, not its path
         scan = read_points(path, sensor)
@@ -623,22 +704,36 @@ def forecast_from_scan(
                        "origin is the LiDAR (e.g. KITTI velodyne .bin, nuScenes LIDAR_TOP, an Ouster frame).")
     if sensor is None:
         sensor = detect_sensor(scan)
-        if sensor is None:
-            raise gr.Error(f"Could not tell which sensor recorded {path.name!r}; choose it under 'Sensor'.")
+    if sensor is None:
+        raise gr.Error(f"Could not tell which sensor recorded {path.name!r}; choose it under 'Sensor'.")
+    return scan, sensor
 
-    progress(0.0, desc="Forecasting")
+
+def forecast_from_scan(
+    scan_file: Any,
+    sensor_name: Any,
+    action: Any,
+    frames: Any,
+    steps: Any,
+    seed: Any,
+    progress: gr.Progress = gr.Progress(),  # noqa: B008 - Gradio finds the tracker by this default
+) -> Iterator[Outputs]:
+    """Continue an uploaded real scan: the model drives on from it and fills in the world it sees."""
+    pipe = _pipeline()
+    path = _upload_path(scan_file)
+    sensor_name = _choice(sensor_name, "Sensor", (AUTO_SENSOR, *PRESETS))
+    action = _choice(action, "Action", ACTIONS)
+    frames, steps, seed = _rollout_numbers(frames, steps, seed)
+    scan, sensor = _read_scan(path, sensor_name)
+
     start = time.perf_counter()
-    with _user_errors(f"Cannot forecast from {path.name!r}", path):
-        result = pipe.forecast(
-            [scan], action=action, frames=frames, steps=steps, seed=seed,
-            callback=_progress_callback(progress, "Forecasting"),
-        )
-    seconds = time.perf_counter() - start
-    stats = {**_rollout_stats(result, seconds, pipe), "input": path.name, "input points": len(scan.points),
-             "input sensor": sensor.name, "input notes": scan.notes}
+    job = RolloutJob("forecast", {"prefix_scans": [scan], "action": action, "frames": frames, "steps": steps,
+                                  "seed": seed}, "Forecasting")
+    result = _generate(job, progress, f"Cannot forecast from {path.name!r}", path)
+    stats = {"input": path.name, "input points": len(scan.points), "input sensor": sensor.name, "input notes": scan.notes}
     request = {"input": path.name, "input_sensor": sensor.name, "action": action, "frames": frames,
                "steps": steps, "seed": seed}
-    yield from _deliver(result, pipe, request, stats, observed=scan.points)
+    yield from _deliver(result, start, pipe, request, stats, observed=scan.points)
 
 
 def _sweep_uploads(uploads: Any) -> list[Path]:
@@ -671,11 +766,6 @@ def _prefix_table(scene: ObservedScene) -> list[list[Any]]:
     return rows
 
 
-def _prefix_first(scene: ObservedScene) -> tuple:
-    """The outputs with only the registered-prefix table filled: shown at once, before the rollout runs."""
-    return (*(gr.skip() for _ in Presented.__dataclass_fields__), _prefix_table(scene))
-
-
 def forecast_from_scans(
     scan_files: Any,
     action: Any,
@@ -683,9 +773,9 @@ def forecast_from_scans(
     steps: Any,
     seed: Any,
     progress: gr.Progress = gr.Progress(),  # noqa: B008 - Gradio finds the tracker by this default
-) -> Iterator[tuple]:
+) -> Iterator[Outputs]:
     """Continue several sweeps of one drive (files or one zip): registered with KISS-ICP, then forecast
-    from the last one; the registered prefix is shown beside the rollout."""
+    from the last one; the registered prefix is shown as soon as it is known, before the rollout."""
     pipe = _pipeline()
     paths = _sweep_uploads(scan_files)
     action = _choice(action, "Action", ACTIONS)
@@ -693,19 +783,14 @@ def forecast_from_scans(
 
     start = time.perf_counter()
     scene = _observed_scene(paths, progress)
-    yield _prefix_first(scene)
-    with _user_errors("Cannot forecast from these sweeps"):
-        result = pipe.forecast(
-            scene.scans, prefix_poses=scene.poses, prefix_times=scene.times, action=action, frames=frames,
-            steps=steps, seed=seed,
-            callback=_progress_callback(progress, "Forecasting"),
-        )
-    seconds = time.perf_counter() - start
-    stats = {**_rollout_stats(result, seconds, pipe), "inputs": scene.names, "poses": scene.pose_source}
+    yield Outputs(prefix=_prefix_table(scene))
+    job = RolloutJob("forecast", {"prefix_scans": scene.scans, "prefix_poses": scene.poses, "prefix_times": scene.times,
+                                  "action": action, "frames": frames, "steps": steps, "seed": seed}, "Forecasting")
+    result = _generate(job, progress, "Cannot forecast from these sweeps")
+    stats = {"inputs": scene.names, "poses": scene.pose_source}
     request = {"inputs": scene.names, "poses": scene.pose_source, "action": action, "frames": frames,
                "steps": steps, "seed": seed}
-    yield from _deliver(result, pipe, request, stats, (_prefix_table(scene),), observed=scene.world_points(),
-                        scene=scene)
+    yield from _deliver(result, start, pipe, request, stats, observed=scene.world_points(), scene=scene)
 
 
 def resimulate(
@@ -717,7 +802,7 @@ def resimulate(
     steps: Any,
     seed: Any,
     progress: gr.Progress = gr.Progress(),  # noqa: B008 - Gradio finds the tracker by this default
-) -> Iterator[tuple]:
+) -> Iterator[Outputs]:
     """Render the uploaded scene from a path shifted sideways / forward and turned, along the observed one;
     generated frames are not fed back, so every frame shows the observed world from its new pose."""
     pipe = _pipeline()
@@ -729,19 +814,18 @@ def resimulate(
 
     start = time.perf_counter()
     scene = _observed_scene(paths, progress)
-    yield _prefix_first(scene)
+    yield Outputs(prefix=_prefix_table(scene))
     with _user_errors("Cannot re-simulate this scene"):
         targets = shifted_path(scene.poses, (forward, lateral), yaw, frames)
         check_inside(targets, scene.poses)
-        result = pipe.resimulate(scene.scans, scene.poses, targets, steps=steps, seed=seed,
-                                 callback=_progress_callback(progress, "Re-simulating"))
-    seconds = time.perf_counter() - start
-    stats = {**_rollout_stats(result, seconds, pipe), "inputs": scene.names, "poses": scene.pose_source,
-             "shift (forward, left) m": [forward, lateral], "yaw deg": yaw}
+    job = RolloutJob("resimulate", {"scans": scene.scans, "poses": scene.poses, "target_poses": targets, "steps": steps,
+                                    "seed": seed}, "Re-simulating")
+    result = _generate(job, progress, "Cannot re-simulate this scene")
+    stats = {"inputs": scene.names, "poses": scene.pose_source, "shift (forward, left) m": [forward, lateral],
+             "yaw deg": yaw}
     request = {"inputs": scene.names, "poses": scene.pose_source, "shift": [forward, lateral], "yaw_deg": yaw,
                "frames": frames, "steps": steps, "seed": seed}
-    yield from _deliver(result, pipe, request, stats, (_prefix_table(scene),), observed=scene.world_points(),
-                        scene=scene)
+    yield from _deliver(result, start, pipe, request, stats, observed=scene.world_points(), scene=scene)
 
 
 def show_frame(index: Any, frame_pngs: list[tuple[bytes, bytes]] | None) -> tuple[Image.Image | None, Image.Image | None]:
@@ -832,9 +916,47 @@ fidelity to the map.
 """
 
 
+def _guidance_default() -> float:
+    """The guidance slider's default: the served model's (1 = no guidance; its card says what it was tuned
+    for). The module-level `demo` is built before any model is loaded and shows the architecture's default;
+    `main()` rebuilds the page once the model is loaded."""
+    return PIPELINE.config.default_guidance if PIPELINE is not None else WorldModelConfig.default_guidance
+
+
+@dataclass
+class Sampling:
+    """A tab's sampling controls (`_sampling_controls`), in the order the rollout callbacks take them."""
+
+    frames: gr.Slider
+    steps: gr.Slider
+    seed: gr.Number
+    guidance: gr.Slider | None
+
+    @property
+    def inputs(self) -> list[gr.components.Component]:
+        """The controls this tab has, as the callbacks' frames, steps, seed[, guidance] arguments."""
+        return [c for c in (self.frames, self.steps, self.seed, self.guidance) if c is not None]
+
+
+def _sampling_controls(frames: int, frames_label: str = "Frames", *, dice: bool = False,
+                       guidance: float | None = None) -> Sampling:
+    """Frames, sampling steps, seed (with a dice button when `dice`) and guidance (when it has a default):
+    every tab's controls with the server's limits, so a tab cannot offer more than the callbacks accept."""
+    frames_slider = gr.Slider(1, MAX_FRAMES, value=min(frames, MAX_FRAMES), step=1, label=frames_label)
+    steps = gr.Slider(1, MAX_STEPS, value=min(4, MAX_STEPS), step=1, label="Sampling steps")
+    with gr.Row() if dice else contextlib.nullcontext():
+        seed = gr.Number(0, label="Seed", precision=0, minimum=0, maximum=MAX_SEED, scale=3 if dice else None)
+        if dice:
+            gr.Button("Random seed", scale=1, min_width=40).click(random_seed, None, seed, api_visibility="private")
+    guidance_slider = None
+    if guidance is not None:
+        guidance_slider = gr.Slider(0.0, MAX_GUIDANCE, value=guidance, step=0.1, label="Guidance")
+    return Sampling(frames_slider, steps, seed, guidance_slider)
+
+
 @dataclass
 class RolloutView:
-    """The output panel shared by the World and Forecast tabs."""
+    """The output panel of a rollout tab. Its outputs are named as `Outputs` names them."""
 
     viewer: gr.Model3D
     bev_animation: gr.Image
@@ -846,13 +968,8 @@ class RolloutView:
     frame_bev: gr.Image
     frame_range: gr.Image
 
-    @property
-    def outputs(self) -> list[gr.components.Component]:
-        """In the order `Presented.outputs` returns."""
-        return [self.viewer, self.bev_animation, self.range_animation, self.stats, self.downloads, self.frame_pngs]
-
     @classmethod
-    def build(cls, prefix: str) -> RolloutView:
+    def build(cls, prefix: str) -> "RolloutView":
         with gr.Row():
             viewer = gr.Model3D(
                 label="Accumulated world (drag to orbit, scroll to zoom)", display_mode="point_cloud",
@@ -879,15 +996,19 @@ class RolloutView:
         slider.release(show_frame, [slider, frame_pngs], [frame_bev, frame_range], api_visibility="private")
         return cls(viewer, bev_animation, range_animation, stats, downloads, frame_pngs, slider, frame_bev, frame_range)
 
-    def wire(self, event: gr.events.Dependency) -> None:
-        """After a rollout event, point the frame viewer at the new frames."""
+    def show(self, trigger: gr.Button, fn: Callable[..., Iterator[Outputs]], inputs: list[gr.components.Component],
+             api_name: str, prefix: gr.Dataframe | None = None) -> None:
+        """Clicking `trigger` runs generation callback `fn` on the worker as endpoint `api_name`, shows its
+        outputs here (the registered prefix in `prefix`), then points the frame viewer at the new frames.
+
+        The event's outputs, and so what an API client receives, follow the fields of `Outputs`."""
+        targets = {f.name: prefix if f.name == "prefix" else getattr(self, f.name) for f in fields(Outputs)}
+        if prefix is None:
+            del targets["prefix"]
+        event = trigger.click(_by_component(_worker(fn), targets), inputs, list(targets.values()), api_name=api_name,
+                              concurrency_id="model", concurrency_limit=GENERATION_CONCURRENCY)
         event.then(reset_frame_viewer, self.frame_pngs, [self.slider, self.frame_bev, self.frame_range],
                    api_visibility="private")
-
-
-def _on_gpu(fn: Callable) -> Callable:
-    """ZeroGPU attaches a GPU only inside `spaces.GPU` calls; without ZeroGPU the function runs as is."""
-    return spaces.GPU(duration=120)(fn) if spaces is not None else fn
 
 
 @functools.cache
@@ -920,114 +1041,81 @@ def _scene_inputs(label: str) -> tuple[gr.File, gr.Dataframe]:
     return files, table
 
 
-def build_demo() -> gr.Blocks:
-    """The page. Callbacks read the model from `PIPELINE` at request time, so the Model tab can swap it."""
-    guidance_default = _pipeline().config.default_guidance  # 1 = no guidance; the model card says what it was tuned for
-    with gr.Blocks(title="LidarVerse", delete_cache=DELETE_CACHE) as demo:
-        gr.Markdown(
-            "# LidarVerse\nGenerate a 360° LiDAR world around a driving car, continue a real scan, "
-            "and download the result for your own tools."
-        )
-        with gr.Tab("World generation"):
-            with gr.Row():
-                with gr.Column(scale=1):
-                    with gr.Row():
-                        map_seed = gr.Number(3, label="Map seed", precision=0, minimum=0, maximum=MAX_SEED)
-                        style = gr.Dropdown(list(STYLES), value="urban", label="Style")
-                    action = gr.Radio(list(ACTIONS), value="Straight", label="Ego action")
-                    frames = gr.Slider(1, MAX_FRAMES, value=min(8, MAX_FRAMES), step=1, label="Frames")
-                    steps = gr.Slider(1, MAX_STEPS, value=min(4, MAX_STEPS), step=1, label="Sampling steps")
-                    with gr.Row():
-                        seed = gr.Number(0, label="Seed", precision=0, minimum=0, maximum=MAX_SEED, scale=3)
-                        dice = gr.Button("Random seed", scale=1, min_width=40)
-                    guidance = gr.Slider(0.0, MAX_GUIDANCE, value=guidance_default, step=0.1, label="Guidance")
-                    generate = gr.Button("Generate", variant="primary", elem_id="generate")
-                with gr.Column(scale=1):
-                    map_preview = gr.Image(label="HD map (BEV)", height=340, elem_id="map-preview")
-            world_view = RolloutView.build("world")
-            gr.Examples(
-                [[3, "urban", "Turn left", 8, 4, 0, guidance_default],
-                 [11, "suburban", "Straight", 8, 4, 1, guidance_default],
-                 [7, "highway", "Turn right", 8, 4, 2, guidance_default]],
-                [map_seed, style, action, frames, steps, seed, guidance],
-            )
-        with gr.Tab("Forecast from a scan"):
-            with gr.Row():
-                with gr.Column(scale=1):
-                    scan_file = gr.File(label="Scan (.bin, .pcd, .ply, .npy, .las)", file_types=list(READ_SUFFIXES),
-                                        type="filepath", elem_id="scan-file")
-                    sensor = gr.Dropdown([AUTO_SENSOR, *PRESETS], value=AUTO_SENSOR,
-                                         label="Sensor (when it cannot be detected)")
-                    f_action = gr.Radio(list(ACTIONS), value="Straight", label="Ego action")
-                    f_frames = gr.Slider(1, MAX_FRAMES, value=min(6, MAX_FRAMES), step=1, label="Frames")
-                    f_steps = gr.Slider(1, MAX_STEPS, value=min(4, MAX_STEPS), step=1, label="Sampling steps")
-                    f_seed = gr.Number(0, label="Seed", precision=0, minimum=0, maximum=MAX_SEED)
-                    forecast = gr.Button("Forecast", variant="primary", elem_id="forecast")
-                with gr.Column(scale=1):
-                    gr.Examples([[str(p)] for p in example_scans()], [scan_file], label="Real scans (click one)")
-                    with gr.Accordion("Several sweeps of one drive: registered, then forecast", open=True):
-                        sweep_files, prefix_table = _scene_inputs("Sweeps, oldest first (files or one .zip)")
-                        forecast_many = gr.Button("Register and forecast", elem_id="forecast-scans")
-            forecast_view = RolloutView.build("forecast")
-        with gr.Tab("Re-simulate"):
-            with gr.Row():
-                with gr.Column(scale=1):
-                    resim_files, resim_table = _scene_inputs("Sweeps of the scene (files or one .zip)")
-                with gr.Column(scale=1):
-                    lateral = gr.Slider(-MAX_LATERAL_M, MAX_LATERAL_M, value=2.0, step=0.1, label="Lateral shift (m, left +)")
-                    forward = gr.Slider(-MAX_FORWARD_M, MAX_FORWARD_M, value=0.0, step=0.1, label="Forward shift (m)")
-                    yaw = gr.Slider(-MAX_YAW_DEG, MAX_YAW_DEG, value=0.0, step=1, label="Yaw (deg, left +)")
-                    r_frames = gr.Slider(1, MAX_FRAMES, value=min(3, MAX_FRAMES), step=1,
-                                         label="Frames along the observed path")
-                    r_steps = gr.Slider(1, MAX_STEPS, value=min(4, MAX_STEPS), step=1, label="Sampling steps")
-                    r_seed = gr.Number(0, label="Seed", precision=0, minimum=0, maximum=MAX_SEED)
-                    resim_button = gr.Button("Re-simulate", variant="primary", elem_id="resimulate")
-            resim_view = RolloutView.build("resim")
-        with gr.Tab("Model"):
-            info = gr.JSON(label="Loaded checkpoint (source, iteration, EMA or regular, parameters, sensor, device)")
-            switch = _model_switch_controls()
-        gr.Markdown(HOW_IT_WORKS)
-
-        gr.on([demo.load, map_seed.change, style.change, action.change, frames.release, seed.change], preview_map,
-              [map_seed, style, action, frames, seed], map_preview, api_visibility="private")
-        dice.click(random_seed, None, seed, api_visibility="private")
-        world_view.wire(generate.click(
-            _worker(_on_gpu(generate_world)), [map_seed, style, action, frames, steps, seed, guidance], world_view.outputs,
-            api_name="generate_world", concurrency_id="model", concurrency_limit=GENERATION_CONCURRENCY,
-        ))
-        forecast_view.wire(forecast.click(
-            _worker(_on_gpu(forecast_from_scan)), [scan_file, sensor, f_action, f_frames, f_steps, f_seed],
-            forecast_view.outputs,
-            api_name="forecast_from_scan", concurrency_id="model", concurrency_limit=GENERATION_CONCURRENCY,
-        ))
-        forecast_view.wire(forecast_many.click(
-            _worker(_on_gpu(forecast_from_scans)), [sweep_files, f_action, f_frames, f_steps, f_seed],
-            [*forecast_view.outputs, prefix_table],
-            api_name="forecast_from_scans", concurrency_id="model", concurrency_limit=GENERATION_CONCURRENCY,
-        ))
-        resim_view.wire(resim_button.click(
-            _worker(_on_gpu(resimulate)), [resim_files, lateral, forward, yaw, r_frames, r_steps, r_seed],
-            [*resim_view.outputs, resim_table],
-            api_name="resimulate", concurrency_id="model", concurrency_limit=GENERATION_CONCURRENCY,
-        ))
-        demo.load(model_info, None, info, api_name="model_info")
-        if switch is not None:  # no switching, no endpoint: nothing for a client to call
-            source, reload_button, status = switch
-            reload_button.click(reload_model, source, [info, status], api_name="reload_model", concurrency_id="model",
-                                concurrency_limit=GENERATION_CONCURRENCY)
-    # api_open=False: the REST routes (/run/..., /api/...) do not skip the queue, so its bound holds for all
-    demo.queue(max_size=QUEUE_MAX_SIZE, api_open=False)
-    _unname_private(demo)
-    return demo
+def _action_radio() -> gr.Radio:
+    return gr.Radio(list(ACTIONS), value="Straight", label="Ego action")
 
 
-def _unname_private(demo: gr.Blocks) -> None:
-    """Take the name off every event that is not a public endpoint (frame viewer, map preview, dice,
-    examples): Gradio names each one after its function, and /call/<name> runs any named event. The page
-    calls them by index, through the same queue and its per-client limit."""
-    for fn in demo.fns.values():
-        if fn.api_visibility != "public":
-            fn.api_name = None
+def _world_tab(demo: gr.Blocks) -> None:
+    """A procedural map with its preview and the planned drive, the sampling controls, Generate."""
+    guidance = _guidance_default()
+    with gr.Tab("World generation"):
+        with gr.Row():
+            with gr.Column(scale=1):
+                with gr.Row():
+                    map_seed = gr.Number(3, label="Map seed", precision=0, minimum=0, maximum=MAX_SEED)
+                    style = gr.Dropdown(list(STYLES), value="urban", label="Style")
+                action = _action_radio()
+                sampling = _sampling_controls(8, dice=True, guidance=guidance)
+                generate = gr.Button("Generate", variant="primary", elem_id="generate")
+            with gr.Column(scale=1):
+                map_preview = gr.Image(label="HD map (BEV)", height=340, elem_id="map-preview")
+        view = RolloutView.build("world")
+        inputs = [map_seed, style, action, *sampling.inputs]
+        gr.Examples([[3, "urban", "Turn left", 8, 4, 0, guidance], [11, "suburban", "Straight", 8, 4, 1, guidance],
+                     [7, "highway", "Turn right", 8, 4, 2, guidance]], inputs)
+    gr.on([demo.load, map_seed.change, style.change, action.change, sampling.frames.release, sampling.seed.change],
+          preview_map, [map_seed, style, action, sampling.frames, sampling.seed], map_preview, api_visibility="private")
+    view.show(generate, generate_world, inputs, "generate_world")
+
+
+def _forecast_tab() -> None:
+    """One uploaded (or example) scan, or several sweeps of one drive registered first, continued."""
+    with gr.Tab("Forecast from a scan"):
+        with gr.Row():
+            with gr.Column(scale=1):
+                scan_file = gr.File(label="Scan (.bin, .pcd, .ply, .npy, .las)", file_types=list(READ_SUFFIXES),
+                                    type="filepath", elem_id="scan-file")
+                sensor = gr.Dropdown([AUTO_SENSOR, *PRESETS], value=AUTO_SENSOR, label="Sensor (when it cannot be detected)")
+                action = _action_radio()
+                sampling = _sampling_controls(6)
+                forecast = gr.Button("Forecast", variant="primary", elem_id="forecast")
+            with gr.Column(scale=1):
+                gr.Examples([[str(p)] for p in example_scans()], [scan_file], label="Real scans (click one)")
+                with gr.Accordion("Several sweeps of one drive: registered, then forecast", open=True):
+                    sweep_files, prefix_table = _scene_inputs("Sweeps, oldest first (files or one .zip)")
+                    forecast_many = gr.Button("Register and forecast", elem_id="forecast-scans")
+        view = RolloutView.build("forecast")
+    view.show(forecast, forecast_from_scan, [scan_file, sensor, action, *sampling.inputs], "forecast_from_scan")
+    view.show(forecast_many, forecast_from_scans, [sweep_files, action, *sampling.inputs], "forecast_from_scans",
+              prefix_table)
+
+
+def _resimulate_tab() -> None:
+    """Uploaded sweeps of a scene rendered from a shifted and turned path along the observed one."""
+    with gr.Tab("Re-simulate"):
+        with gr.Row():
+            with gr.Column(scale=1):
+                files, prefix_table = _scene_inputs("Sweeps of the scene (files or one .zip)")
+            with gr.Column(scale=1):
+                lateral = gr.Slider(-MAX_LATERAL_M, MAX_LATERAL_M, value=2.0, step=0.1, label="Lateral shift (m, left +)")
+                forward = gr.Slider(-MAX_FORWARD_M, MAX_FORWARD_M, value=0.0, step=0.1, label="Forward shift (m)")
+                yaw = gr.Slider(-MAX_YAW_DEG, MAX_YAW_DEG, value=0.0, step=1, label="Yaw (deg, left +)")
+                sampling = _sampling_controls(3, "Frames along the observed path")
+                button = gr.Button("Re-simulate", variant="primary", elem_id="resimulate")
+        view = RolloutView.build("resim")
+    view.show(button, resimulate, [files, lateral, forward, yaw, *sampling.inputs], "resimulate", prefix_table)
+
+
+def _model_tab(demo: gr.Blocks) -> None:
+    """Where the served model came from, and the source picker when the operator allows switching."""
+    with gr.Tab("Model"):
+        info = gr.JSON(label="Loaded checkpoint (source, iteration, EMA or regular, parameters, sensor, device)")
+        switch = _model_switch_controls()
+    demo.load(model_info, None, info, api_name="model_info")
+    if switch is not None:  # no switching, no endpoint: nothing for a client to call
+        source, reload_button, status = switch
+        reload_button.click(reload_model, source, [info, status], api_name="reload_model", concurrency_id="model",
+                            concurrency_limit=GENERATION_CONCURRENCY)
 
 
 def _model_switch_controls() -> tuple[gr.Dropdown, gr.Button, gr.Markdown] | None:
@@ -1044,6 +1132,38 @@ def _model_switch_controls() -> tuple[gr.Dropdown, gr.Button, gr.Markdown] | Non
     return source, reload_button, gr.Markdown()
 
 
+def build_demo() -> gr.Blocks:
+    """The page, for the loaded model (if any) and the switch policy. Callbacks read the model from
+    `PIPELINE` at request time, so the Model tab can swap it."""
+    with gr.Blocks(title="LidarVerse", delete_cache=DELETE_CACHE) as demo:
+        gr.Markdown(
+            "# LidarVerse\nGenerate a 360° LiDAR world around a driving car, continue a real scan, "
+            "and download the result for your own tools."
+        )
+        _world_tab(demo)
+        _forecast_tab()
+        _resimulate_tab()
+        _model_tab(demo)
+        gr.Markdown(HOW_IT_WORKS)
+    # api_open=False: the REST routes (/run/..., /api/...) do not skip the queue, so its bound holds for all
+    demo.queue(max_size=QUEUE_MAX_SIZE, api_open=False)
+    _unname_private(demo)
+    return demo
+
+
+def _unname_private(demo: gr.Blocks) -> None:
+    """Take the name off every event that is not a public endpoint (frame viewer, map preview, dice,
+    examples): Gradio names each one after its function, and /call/<name> runs any named event. The page
+    calls them by index, through the same queue and its per-client limit."""
+    for fn in demo.fns.values():
+        if fn.api_visibility != "public":
+            fn.api_name = None
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Command line.
+
+
 class _Parser(argparse.ArgumentParser):
     """argparse whose errors are one `app.py: error:` line (no usage block), like the other command lines."""
 
@@ -1051,8 +1171,7 @@ class _Parser(argparse.ArgumentParser):
         self.exit(2, f"app.py: error: {' '.join(message.split())} (see `python app.py --help`)\n")
 
 
-def main(argv: list[str] | None = None) -> None:
-    global SWITCH
+def _parser() -> _Parser:
     parser = _Parser(description="LidarVerse world-generation demo (Gradio).")
     parser.add_argument("--model", default=None,
                         help="release folder, weights file, job dir or Hub id (default: $LIDARVERSE_MODEL, else weights/default)")
@@ -1068,13 +1187,21 @@ def main(argv: list[str] | None = None) -> None:
                         help="one more source visitors may switch to (repeatable; needs --allow-model-switch)")
     parser.add_argument("--allow-any-source", action="store_true",
                         help="LOCAL DEVELOPMENT ONLY: visitors may load any path or Hub id on this machine")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> None:
+    """`python app.py`: check the arguments, load the model, set the switch policy, then build the page for
+    them (rebinding the module's `demo`, which `gradio app.py` reloads by that name) and launch it behind the
+    per-client limits."""
+    global SWITCH, demo
+    parser = _parser()
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     if args.threads is not None:
         if args.threads < 1:
             parser.error(f"--threads must be >= 1, got {args.threads}")
         torch.set_num_threads(args.threads)
-
     if args.allow_source and not (args.allow_model_switch or args.allow_any_source):
         parser.error(f"--allow-source needs --allow-model-switch (or {SWITCH_ENV}=1)")
     hops = os.environ.get(PROXY_HOPS_ENV, "1" if os.environ.get("SPACE_ID") else "0").strip()
@@ -1094,6 +1221,10 @@ def main(argv: list[str] | None = None) -> None:
         app_kwargs={"middleware": [Middleware(ClientLimits, blocks=demo, proxy_hops=int(hops))]},
     )
 
+
+#: The page at import, as `gradio app.py` (reload mode) and other importers find it: built without loading a
+#: model, no switching. Serving it needs a model: `main()` loads one and rebinds `demo` before it launches.
+demo = build_demo()
 
 if __name__ == "__main__":
     main()

@@ -8,15 +8,20 @@ The launched server, the browser and the load test live in test_app_server.py an
 from __future__ import annotations
 
 import asyncio
+import functools
+import importlib.util
+import inspect
 import io
 import itertools
 import json
 import re
+import sys
+import threading
 import time
 import zipfile
 from collections.abc import Iterator
 from pathlib import Path
-from types import SimpleNamespace
+from types import ModuleType, SimpleNamespace
 
 import gradio as gr
 import numpy as np
@@ -29,6 +34,7 @@ import app
 import app_policy
 from inference.loader import CONFIG_NAME, MODEL_ENV, WEIGHTS_NAME
 from inference.network import WorldModel, WorldModelConfig
+from lidar.cancel import Cancelled, stop_when
 from lidar.formats import read_points, write_points
 from lidar.real_scans import real_scans_dir
 from lidar.sensors import Sensor
@@ -109,15 +115,17 @@ def first_async(agen):
 def world_outputs():
     gen = app.generate_world(3, "urban", "Turn left", 3, 2, 0, 1.0)
     out = first_yield(gen)
-    files = {name: Path(p).read_bytes() for name, p in zip(("ply", "bev", "range"), out[:3], strict=True)}
-    files.update({Path(p).name: Path(p).read_bytes() for p in out[4]})
-    scratch = Path(out[0]).parent
+    files = {name: Path(p).read_bytes() for name, p in (("ply", out.viewer), ("bev", out.bev_animation),
+                                                        ("range", out.range_animation))}
+    files.update({Path(p).name: Path(p).read_bytes() for p in out.downloads})
+    scratch = Path(out.viewer).parent
     gen.close()
     return out, files, scratch
 
 
 def test_generate_world_returns_a_viewer_ply_animations_stats_and_downloads(world_outputs):
-    (*_, stats, downloads, frame_pngs), files, _ = world_outputs
+    out, files, _ = world_outputs
+    stats, downloads, frame_pngs = out.stats, out.downloads, out.frame_pngs
     header = files["ply"].split(b"end_header\n")[0].decode()
     assert header.startswith("ply\nformat binary_little_endian 1.0\n")
     assert "property uchar red" in header and "element face" not in header
@@ -134,7 +142,8 @@ def test_generate_world_returns_a_viewer_ply_animations_stats_and_downloads(worl
 
 
 def test_downloads_read_back_as_the_generated_world(world_outputs, tmp_path):
-    (_, _, _, stats, _, _), files, _ = world_outputs
+    out, files, _ = world_outputs
+    stats = out.stats
     with zipfile.ZipFile(io.BytesIO(files["frames_kitti.zip"])) as zf:
         names = sorted(zf.namelist())
         frame_names = [f"frame_{i:03d}.bin" for i in range(3)]
@@ -166,7 +175,7 @@ def test_the_scratch_dir_is_removed_once_the_outputs_are_handed_over(world_outpu
 
 
 def test_frame_viewer_spans_the_frames_and_shows_each_one(world_outputs):
-    (*_, frame_pngs), _, _ = world_outputs
+    frame_pngs = world_outputs[0].frame_pngs
     slider, bev0, rng0 = app.reset_frame_viewer(frame_pngs)
     assert slider.maximum == 2 and slider.value == 0
     bev2, rng2 = app.show_frame(2, frame_pngs)
@@ -181,7 +190,7 @@ def test_the_same_seed_gives_the_same_world():
     def world_bytes(seed: int) -> bytes:
         gen = app.generate_world(5, "suburban", "Straight", 1, 1, seed, 1.0)
         out = first_yield(gen)
-        data = next(Path(p) for p in out[4] if p.endswith("world.ply")).read_bytes()
+        data = next(Path(p) for p in out.downloads if p.endswith("world.ply")).read_bytes()
         gen.close()
         return data
 
@@ -255,8 +264,9 @@ def test_an_unexpected_failure_is_reported_without_internals_and_logged(monkeypa
 @needs_real_scans
 def test_forecast_continues_a_real_kitti_scan():
     gen = app.forecast_from_scan(str(KITTI_SCAN), app.AUTO_SENSOR, "Straight", 2, 2, 0)
-    viewer, bev, _, stats, _, frame_pngs = first_yield(gen)
-    header = Path(viewer).read_bytes().split(b"end_header\n")[0].decode()
+    out = first_yield(gen)
+    stats, frame_pngs, bev = out.stats, out.frame_pngs, out.bev_animation
+    header = Path(out.viewer).read_bytes().split(b"end_header\n")[0].decode()
     n_vertices = int(header.split("element vertex ")[1].split("\n")[0])
     assert stats["input"] == KITTI_SCAN.name and stats["input points"] == 124_668
     # the viewer shows the observed scan (grey) plus the continued world
@@ -335,7 +345,7 @@ def test_an_undetectable_sensor_asks_the_user_to_choose_one(tmp_path):
     np.save(path, pts)
     with pytest.raises(gr.Error, match=re.escape("Could not tell which sensor recorded 'odd20.npy'; choose it under 'Sensor'")):
         _forecast(path)
-    *_, stats, _, _ = _forecast(path, sensor="vlp16")
+    stats = _forecast(path, sensor="vlp16").stats
     assert stats["input sensor"] == "vlp16" and stats["frames"] == 2
 
 
@@ -459,7 +469,7 @@ def test_a_fresh_clone_offers_the_shipped_examples_and_each_one_forecasts(fresh_
     assert sum(p.stat().st_size for p in examples) < 8_000_000
     for path in examples:
         gen = app.forecast_from_scan(str(path), app.AUTO_SENSOR, "Straight", 1, 1, 0)
-        stats = first_yield(gen)[3]
+        stats = first_yield(gen).stats
         gen.close()
         assert stats["frames"] == 1 and stats["input sensor"] in ("hdl64", "hdl32", "os1-128"), path.name
 
@@ -472,7 +482,7 @@ def test_every_real_scan_offered_as_an_example_can_be_forecast():
     assert not any(name.startswith("pandaset") for name in names)
     for path in examples:
         gen = app.forecast_from_scan(str(path), app.AUTO_SENSOR, "Turn right", 1, 1, 0)
-        stats = first_yield(gen)[3]
+        stats = first_yield(gen).stats
         gen.close()
         assert stats["frames"] == 1 and stats["input sensor"], path.name
 
@@ -495,43 +505,115 @@ def test_a_sensor_that_cannot_have_recorded_the_scan_is_refused():
 
 
 class FakeSpaces:
-    """Stands in for the `spaces` package, which only exists on a ZeroGPU Space: records what it wraps."""
+    """Stands in for the `spaces` package, which only exists on a ZeroGPU Space: records what it wraps, how
+    often a GPU was asked for, and whether one is held now."""
 
     def __init__(self) -> None:
         self.wrapped: list[str] = []
+        self.calls = 0
+        self.holding = False
 
     def GPU(self, duration: int):  # the real decorator's name
+        assert duration > 0
+
         def decorate(fn):
             self.wrapped.append(fn.__name__)
 
+            @functools.wraps(fn)
             def on_gpu(*args, **kwargs):
-                yield from fn(*args, **kwargs)
+                self.calls += 1
+                self.holding = True
+                try:
+                    return fn(*args, **kwargs)
+                finally:
+                    self.holding = False
 
-            on_gpu.__wrapped__ = fn
             return on_gpu
 
-        assert duration > 0
         return decorate
 
 
-def test_on_zerogpu_the_generation_callbacks_run_inside_spaces_gpu(monkeypatch):
+@pytest.fixture
+def on_zerogpu(monkeypatch) -> tuple[ModuleType, FakeSpaces]:
+    """app.py imported afresh as a ZeroGPU Space imports it (`spaces` importable), serving the tiny model."""
     fake = FakeSpaces()
-    monkeypatch.setattr(app, "spaces", fake)
-    demo = app.build_demo()
-    assert sorted(fake.wrapped) == ["forecast_from_scan", "forecast_from_scans", "generate_world", "resimulate"]
-    fns = {block_fn.api_name: block_fn for block_fn in demo.fns.values()}
-    assert fns["generate_world"].fn.__name__ == "on_gpu" and fns["model_info"].fn is app.model_info
-    assert fns["generate_world"].concurrency_limit == app.GENERATION_CONCURRENCY
-    assert fns["generate_world"].fn.__wrapped__.__name__ == "on_gpu"  # the worker runs what ZeroGPU wrapped
-    outputs = first_async(fns["generate_world"].fn(3, "urban", "Straight", 1, 1, 0, 1.0))
-    assert Path(outputs[0]).name == "world_viewer.ply"
+    monkeypatch.setitem(sys.modules, "spaces", fake)
+    spec = importlib.util.spec_from_file_location("app_on_zerogpu", app.__file__)
+    module = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, spec.name, module)
+    spec.loader.exec_module(module)
+    module.PIPELINE = app.PIPELINE
+    return module, fake
 
 
-def test_without_zerogpu_the_callbacks_are_used_as_they_are(monkeypatch):
-    monkeypatch.setattr(app, "spaces", None)
+def _spy(monkeypatch, module: ModuleType, name: str, seen: list[tuple[str, bool]], fake: FakeSpaces) -> None:
+    """Record each call of `module.name` and whether a GPU was held during it."""
+    original = getattr(module, name)
+
+    def spy(*args, **kwargs):
+        seen.append((name, fake.holding))
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(module, name, spy)
+
+
+def test_on_zerogpu_only_the_rollout_holds_the_gpu(on_zerogpu, monkeypatch):
+    zero, fake = on_zerogpu
+    assert fake.wrapped == ["roll_out"], "one function asks for the GPU, wrapped once at import"
+    with pytest.raises(gr.Error, match="Frames must be"):
+        first_yield(zero.generate_world(3, "urban", "Straight", 99, 1, 0, 1.0))
+    assert fake.calls == 0, "a bad input is refused before a GPU is asked for"
+
+    seen: list[tuple[str, bool]] = []
+    for name in ("_read_scan", "_observed_scene", "_present", "roll_out"):
+        _spy(monkeypatch, zero, name, seen, fake)
+    scan = str(app.EXAMPLE_SCANS_DIR / SHIPPED_EXAMPLES[0])
+    for gen in (zero.forecast_from_scan(scan, app.AUTO_SENSOR, "Straight", 1, 1, 0),
+                zero.forecast_from_scans([scan], "Straight", 1, 1, 0)):
+        outputs = list(gen)
+        assert outputs[-1].stats["frames"] == 1
+    assert seen == [("_read_scan", False), ("roll_out", False), ("_present", False),
+                    ("_observed_scene", False), ("roll_out", False), ("_present", False)]
+    assert fake.calls == 2, "reading, registering and writing the results ran without a GPU"
+
+    stop = threading.Event()
+    stop.set()
+    job = zero.RolloutJob("generate_world", {"map": 3, "frames": 1, "steps": 1}, "Generating")
+    with stop_when(stop), pytest.raises(Cancelled):
+        zero._generate(job, lambda *_, **__: None, "Cannot generate this world")
+    assert fake.calls == 2, "a request cancelled while it was prepared never asks for a GPU"
+
+
+def test_on_zerogpu_the_endpoints_run_on_the_worker_and_return_outputs_by_component(on_zerogpu):
+    zero, fake = on_zerogpu
+    fns = {block_fn.api_name: block_fn for block_fn in zero.demo.fns.values()}
+    world = fns["generate_world"]
+    assert inspect.unwrap(world.fn) is zero.generate_world and fns["model_info"].fn is zero.model_info
+    assert world.concurrency_limit == app.GENERATION_CONCURRENCY
+    outputs = first_async(world.fn(3, "urban", "Straight", 1, 1, 0, 1.0))
+    assert Path(outputs[world.outputs[0]]).name == "world_viewer.ply" and fake.calls == 1
+    assert set(outputs) == set(world.outputs), "every output of a finished rollout is set"
+
+
+def test_without_zerogpu_the_rollout_runs_as_it_is(monkeypatch):
+    assert app.spaces is None and not hasattr(app.roll_out, "__wrapped__")
     fns = {block_fn.api_name: block_fn for block_fn in app.build_demo().fns.values()}
-    assert fns["generate_world"].fn.__wrapped__ is app.generate_world
-    assert fns["forecast_from_scan"].fn.__wrapped__ is app.forecast_from_scan
+    for name in ("generate_world", "forecast_from_scan", "forecast_from_scans", "resimulate"):
+        assert inspect.unwrap(fns[name].fn) is getattr(app, name)
+
+
+def test_the_api_outputs_follow_the_named_outputs_and_the_prefix_comes_first():
+    fns = {block_fn.api_name: block_fn for block_fn in app.build_demo().fns.values()}
+    kinds = ["Model3D", "Image", "Image", "JSON", "File", "State"]
+    assert [type(c).__name__ for c in fns["generate_world"].outputs] == kinds
+    for name in ("forecast_from_scans", "resimulate"):
+        assert [type(c).__name__ for c in fns[name].outputs] == [*kinds, "Dataframe"]
+    scan = str(app.EXAMPLE_SCANS_DIR / SHIPPED_EXAMPLES[0])
+    gen = app.forecast_from_scans([scan], "Straight", 1, 1, 0)
+    first = next(gen)
+    assert first.prefix[0][0] == SHIPPED_EXAMPLES[0] and first.stats is None and first.viewer is None
+    assert next(gen).prefix == first.prefix
+    gen.close()
 
 
 def test_a_bad_model_source_on_the_command_line_exits_with_one_line(tmp_path, capsys):
@@ -620,6 +702,35 @@ def test_a_generation_whose_client_left_stops_and_says_so(monkeypatch):
     assert len(calls) < 100
 
 
+def test_a_client_that_leaves_while_its_results_are_written_stops_them_there(monkeypatch):
+    """The last part of a request (pictures, animations, downloads) checks between frames and files too."""
+    pictures: list[int] = []
+    scratch: list[Path] = []
+    bev_image, viewer_file = app.render.bev_image, app._viewer_file
+
+    def slow_picture(*args, **kwargs):
+        pictures.append(1)
+        time.sleep(0.3)  # longer than the worker's poll for a client that left
+        return bev_image(*args, **kwargs)
+
+    def viewer(out, *args):
+        scratch.append(out)
+        return viewer_file(out, *args)
+
+    monkeypatch.setattr(app.render, "bev_image", slow_picture)
+    monkeypatch.setattr(app, "_viewer_file", viewer)
+    monkeypatch.setattr(app, "_client_gone", lambda: lambda: len(pictures) >= 1)
+
+    async def scenario() -> None:
+        with pytest.raises(gr.Error, match="The request was cancelled"):
+            await anext(app._worker(app.generate_world)(3, "urban", "Straight", 8, 1, 0, 1.0))
+        await _wait_until(lambda: not app._GENERATION.locked())
+
+    asyncio.run(scenario())
+    assert 1 <= len(pictures) <= 3, "writing went on after the client left"
+    assert scratch and not scratch[0].exists(), "the request's scratch folder is removed"
+
+
 def test_one_generation_runs_at_a_time_even_when_a_cancelled_one_is_still_stopping(monkeypatch):
     """Gradio frees its slot as soon as a request is cancelled; the worker's lock must hold until the
     cancelled rollout has actually stopped, so the next one never runs beside it."""
@@ -648,7 +759,7 @@ def test_one_generation_runs_at_a_time_even_when_a_cancelled_one_is_still_stoppi
         return outputs
 
     outputs = asyncio.run(scenario())
-    assert outputs[3]["frames"] == 1 and most[0] == 1
+    assert outputs.stats["frames"] == 1 and most[0] == 1
 
 
 def test_a_value_error_that_is_not_an_input_error_is_an_internal_error(monkeypatch, caplog):
