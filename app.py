@@ -77,10 +77,9 @@ from app_policy import (
     source_label,
     switch_policy,
 )
-from inference import MAX_FRAMES as PIPELINE_MAX_FRAMES
-from inference import MAX_STEPS as PIPELINE_MAX_STEPS
 from inference import LidarVersePipeline, RolloutResult, load_pipeline, write_rollout
 from inference import Progress as RolloutProgress
+from inference.limits import APP_LIMITS
 from inference.loader import ModelSourceError, Provenance, env_flag
 from inference.network import WorldModelConfig
 from inference.observed import ObservedScene, check_inside, observe, record_prefix, shifted_path
@@ -104,17 +103,17 @@ from lidar.vocabulary import transform_points
 
 logger = logging.getLogger(__name__)
 
-# Server-side limits: a public Space must not let one request hold the GPU or the disk for long. The
-# pipeline enforces its own limits too; the stricter one wins.
-MAX_FRAMES = min(32, PIPELINE_MAX_FRAMES)
-MAX_STEPS = min(50, PIPELINE_MAX_STEPS)
+# Server-side limits: a public Space must not let one request hold the GPU or the disk for long. Frames,
+# steps and guidance are `APP_LIMITS`, the stricter instance of the library's own (which it checks again).
+MAX_FRAMES = APP_LIMITS.max_frames
+MAX_STEPS = APP_LIMITS.max_steps
+MAX_GUIDANCE = APP_LIMITS.max_guidance
 MAX_UPLOAD_MB = 50
 #: Most points one uploaded sweep may hold (refused from its header). The densest real sweeps hold ~0.5 M
 #: (an Ouster 128x2048 with two returns); every point costs worker time, ~1 s a million here, and an LZF
 #: stream of back-references declares the readers' own 5 M limit in 1 MB.
 MAX_UPLOAD_POINTS = 1_000_000
 MAX_SEED = 2**31 - 1
-MAX_GUIDANCE = 10.0
 # Generation holds the model: one at a time per replica, and a bounded wait list so memory stays bounded.
 GENERATION_CONCURRENCY = 1
 QUEUE_MAX_SIZE = 16
