@@ -81,7 +81,7 @@ def test_keep_measured_sets_range_intensity_and_return_only_on_kept_rays(pipe, o
     kept = measured_view(measured_points(scans[:1], poses[:1]), poses[0], pipe.sensor)
     x = torch.full((1, 3, *pipe.sensor.shape), -0.5)
     out = keep_measured(x, kept, pipe.sensor)[0].numpy()
-    assert (out[2][kept.mask] == 1.0).all() and (out[:, ~kept.mask] == -0.5).all()
+    assert (out[2][kept.mask] == 1.0).all() and (out[:, ~kept.mask & ~kept.misses] == -0.5).all()
     assert np.abs(out[1][kept.mask] - (kept.image.intensity[kept.mask] * 2 - 1)).max() < 1e-6
 
 
@@ -137,3 +137,34 @@ def test_the_cli_forecasts_registered_kitti_sweeps_at_their_measured_speed(pipe,
     steps = np.linalg.norm(np.diff(positions, axis=0), axis=1)
     # KISS-ICP puts sweeps 0, 2, 4 (0.2 s apart) 1.4 m apart: about 7 m/s, not the 6 m/s default nor twice 7
     assert np.allclose(steps, steps[0]) and 0.6 < steps[0] < 0.85
+
+
+def test_a_ray_silent_between_measured_returns_of_its_row_is_a_measured_miss(pipe) -> None:
+    from inference.measured import MISS_REACH, row_misses
+
+    sensor = pipe.sensor
+    width = sensor.width
+    # one row measured at columns 10-20 with a hole at 15; another row holds one return at the seam
+    pixels = np.array([1 * width + c for c in range(10, 21) if c != 15] + [3 * width + 0])
+    misses = row_misses(pixels, sensor)
+    assert misses[1, 15] and misses[1, 10 - MISS_REACH] and misses[1, 20 + MISS_REACH]
+    assert not misses[1, 10 - MISS_REACH - 1] and not misses[0, 15] and not misses[1, 12]
+    assert misses[3, width - 1] and misses[3, 1]  # azimuth wraps
+    assert misses.sum() == 1 + 2 * MISS_REACH + 2 * MISS_REACH
+
+
+def test_measured_misses_return_nothing_unless_the_map_puts_a_surface_there(pipe, observed) -> None:
+    import torch
+
+    scans, poses = observed
+    world = measured_points(scans[:1], poses[:1])
+    kept = measured_view(world, poses[0], pipe.sensor)
+    assert kept.misses.any() and not (kept.misses & kept.mask).any()
+    x = torch.ones((1, 3, *pipe.sensor.shape))
+    out = keep_measured(x, kept, pipe.sensor)[0, 2].numpy()
+    assert (out[kept.misses] == -1.0).all() and (out[~kept.misses] == 1.0).all()
+    ground = np.full(pipe.sensor.shape, 20.0, np.float32)
+    empty = np.zeros(pipe.sensor.shape, np.float32)
+    on_map = measured_view(world, poses[0], pipe.sensor, MapView(np.zeros(pipe.sensor.shape, np.uint8), ground,
+                                                                 empty, empty))
+    assert not on_map.misses.any()
