@@ -1,7 +1,7 @@
 """Checkpoint cost, measured in one run: the two state layouts across world sizes, and the single-process
 save against the disk's own speed.
 
-    nice python bench/checkpoint_bench.py [--sections layouts,throughput,crash] [--mb 128] [--ranks 1,2,4]
+    nice python -m bench.checkpoint_bench [--sections layouts,throughput,crash] [--mb 128] [--ranks 1,2,4]
 
 layouts (issue 21): FSDP2 gloo ranks hold a model of --mb MiB, its EMA and AdamW moments (4x --mb of state,
 sharded); for 1, 2 and 4 ranks x the full and the sharded layout: rank 0's extra memory during a synchronous
@@ -29,7 +29,6 @@ import logging
 import shutil
 import statistics
 import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -40,11 +39,9 @@ import torch.multiprocessing as mp
 from torch import nn
 from torch.distributed.fsdp import fully_shard
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
 from checkpointing import CheckpointConfig, FSDPCheckpointer, JobConfig, ModelWithEMA
 from checkpointing.atomic import sha256_file
-from tests.ckpt_worker import RankServer, crash_trials
+from checkpointing.crashtest import RankServer, crash_trials
 
 
 def build_state(megabytes: int) -> tuple[ModelWithEMA, torch.optim.Optimizer]:

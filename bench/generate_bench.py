@@ -4,7 +4,7 @@ Two references are printed beside each figure: the product target (2 frames/s at
 2-core CPU) and the bare network, timed in the same run (steps x one forward pass), which shows how much of
 a frame is spent outside the network.
 
-    python bench/generate_bench.py [--frames 8] [--steps 1 2 4 8 16] [--model SRC] [--device cpu] [--threads N]
+    python -m bench.generate_bench [--frames 8] [--steps 1 2 4 8 16] [--model SRC] [--device cpu] [--threads N]
 
 Without --model it uses the trained release in weights/default when it and the loader exist, else a
 randomly initialised model of the default config (same cost per frame; only the point count differs).
@@ -14,35 +14,26 @@ from __future__ import annotations
 
 import argparse
 import os
-import sys
 import time
-from pathlib import Path
 
 import numpy as np
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
+from inference import load_pipeline
+from inference.loader import DEFAULT_MODEL, WEIGHTS_NAME
 from inference.network import IMAGE_CHANNELS, WorldModel, WorldModelConfig
 from inference.rollout import frame_times, rollout
 from lidar.sim import make_world, plan_drive
 
 TARGET_FPS = 2.0
-DEFAULT_RELEASE = Path(__file__).resolve().parents[1] / "weights" / "default"
 
 
 def load_model(source: str | None, device: str) -> tuple[WorldModel, str]:
-    """The released model through the loader when there is one, else a random default model."""
-    if source is None and not (DEFAULT_RELEASE / "model.safetensors").exists():
+    """The released model through the loader when there is one, else a random default model (same cost per
+    frame; only the point count differs)."""
+    if source is None and not (DEFAULT_MODEL / WEIGHTS_NAME).exists():
         torch.manual_seed(0)
         return WorldModel(WorldModelConfig()).to(device).eval(), "random init (default config)"
-    try:
-        from inference import load_pipeline
-    except ImportError as exc:
-        if source is not None:
-            raise SystemExit(f"--model {source} needs the loader (inference.load_pipeline): {exc}") from exc
-        torch.manual_seed(0)
-        return WorldModel(WorldModelConfig()).to(device).eval(), "random init (loader not available)"
     pipe = load_pipeline(source, device=device, dtype=torch.float32)
     return pipe.model, f"{pipe.provenance.source} ({pipe.provenance.weights} weights)"
 

@@ -6,7 +6,7 @@ bytes (warm page cache, what any loader must at least do) and a process that onl
 no torch program gets under). Generation compares `pipe.generate_world` and the `python -m inference
 generate` process with team model's `rollout` called directly on the same poses.
 
-    python bench/load_bench.py [--model SRC] [--repeats 3] [--frames 8] [--steps 4]
+    python -m bench.load_bench [--model SRC] [--repeats 3] [--frames 8] [--steps 4]
 
 Without --model it uses weights/default when present, else a randomly initialised default-config model.
 """
@@ -14,6 +14,7 @@ Without --model it uses weights/default when present, else a randomly initialise
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import statistics
@@ -24,17 +25,17 @@ import time
 from pathlib import Path
 
 import torch
+from safetensors.torch import save_file
 
+from checkpointing import CheckpointConfig, FSDPCheckpointer, JobConfig, ModelWithEMA
+from inference import load_pipeline
+from inference.loader import CONFIG_NAME, DEFAULT_MODEL, WEIGHTS_NAME, load_model
+from inference.network import WorldModel, WorldModelConfig
+from inference.rollout import rollout
+from lidar.sim import make_world, plan_drive
+
+#: The checkout the fresh processes import from (they run `python -c` in it).
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
-
-from checkpointing import CheckpointConfig, FSDPCheckpointer, JobConfig, ModelWithEMA  # noqa: E402
-from inference import load_pipeline  # noqa: E402
-from inference.loader import CONFIG_NAME, DEFAULT_MODEL, WEIGHTS_NAME, load_model  # noqa: E402
-from inference.network import WorldModel, WorldModelConfig  # noqa: E402
-from inference.rollout import rollout  # noqa: E402
-from lidar.sim import make_world, plan_drive  # noqa: E402
-from tests.test_loader import write_hub_cache, write_release  # noqa: E402
 
 _READY = """
 import json, time, psutil
@@ -57,6 +58,32 @@ def fresh_process(code: str, env: dict[str, str] | None = None) -> str:
     if done.returncode != 0:
         raise SystemExit(f"benchmark process failed:\n{done.stderr[-2000:]}")
     return done.stdout.strip().splitlines()[-1]
+
+
+def write_release(folder: Path, model: WorldModel) -> Path:
+    """The smallest release the loader takes: config.json and model.safetensors."""
+    folder.mkdir(parents=True)
+    (folder / CONFIG_NAME).write_text(json.dumps(model.config.to_dict()))
+    save_file({k: v.contiguous() for k, v in model.state_dict().items()}, str(folder / WEIGHTS_NAME))
+    return folder
+
+
+def write_hub_cache(cache: Path, repo: str, release: Path) -> str:
+    """`release` laid out as huggingface_hub's cache holds a download of `repo` (blobs, one snapshot, refs/main),
+    so the Hub id loads offline; returns the snapshot's commit name."""
+    folder = cache / f"models--{repo.replace('/', '--')}"
+    commit = hashlib.sha1(repo.encode()).hexdigest()
+    snapshot = folder / "snapshots" / commit
+    snapshot.mkdir(parents=True)
+    (folder / "blobs").mkdir()
+    for name in (CONFIG_NAME, WEIGHTS_NAME):
+        data = (release / name).read_bytes()
+        blob = hashlib.sha256(data).hexdigest()
+        (folder / "blobs" / blob).write_bytes(data)
+        os.symlink(Path("..") / ".." / "blobs" / blob, snapshot / name)
+    (folder / "refs").mkdir()
+    (folder / "refs" / "main").write_text(commit)
+    return commit
 
 
 def raw_read_seconds(path: Path, repeats: int) -> float:

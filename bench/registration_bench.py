@@ -6,21 +6,18 @@ seq-00 sweeps (or --scans) are read, registered `--repeats` times (median per sw
 excluded: it only seeds the map), then forecast from (median seconds of one frame at the model's default
 steps, after a warm-up frame).
 
-    python bench/registration_bench.py [--scans F1 F2 ...] [--repeats 5] [--frames 4] [--model SRC] [--threads 1]
+    python -m bench.registration_bench [--scans F1 F2 ...] [--repeats 5] [--frames 4] [--model SRC] [--threads 1]
 """
 
 from __future__ import annotations
 
 import argparse
 import os
-import sys
 import time
 from pathlib import Path
 
 import numpy as np
 import torch
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from inference import load_pipeline
 from lidar.real_scans import real_scans_dir

@@ -13,3 +13,14 @@ def one_torch_thread() -> Iterator[None]:
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(before)
+
+
+@pytest.fixture(scope="module")
+def ranks() -> Iterator:
+    """A server forking real gloo ranks that run tests/ckpt_worker.py's scenarios (and the crash loop);
+    imported here, not at the top, so only the multi-process modules pay for torch.distributed."""
+    from checkpointing.crashtest import RankServer
+
+    server = RankServer("tests.ckpt_worker")
+    yield server
+    server.close()

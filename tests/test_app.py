@@ -28,51 +28,23 @@ import numpy as np
 import pytest
 import torch
 from PIL import Image
-from safetensors.torch import save_file
 
 import app
 import app_policy
-from inference.loader import CONFIG_NAME, MODEL_ENV, WEIGHTS_NAME
-from inference.network import WorldModel, WorldModelConfig
+from inference.loader import MODEL_ENV
 from lidar.cancel import Cancelled, stop_when
 from lidar.formats import read_points, write_points
-from lidar.real_scans import real_scans_dir
 from lidar.sensors import Sensor
-
-REAL_SCANS = real_scans_dir()
-KITTI_SCAN = REAL_SCANS / "kitti_patchworkpp_000000.bin"
-needs_real_scans = pytest.mark.skipif(not KITTI_SCAN.is_file(), reason=f"shared real scans not found at {REAL_SCANS}")
-
-#: The endpoints a visitor may call, and nothing else: exposing another one is a decision made here (issue 12
-#: adds "/forecast_from_scans" and "/resimulate"). With --allow-model-switch, "/reload_model" joins them.
-PUBLIC_ENDPOINTS = frozenset({"/generate_world", "/forecast_from_scan", "/forecast_from_scans", "/resimulate", "/model_info"})
-#: What the app ships in examples/scans; a fresh clone offers these as forecast examples.
-SHIPPED_EXAMPLES = ("kitti_patchworkpp_000000.bin", "nuscenes_ff9eff4389a740848f9a56ad749a4ae8_keyframe.pcd",
-                    "ouster_oustersdk_OS-1-128_v2.3.0_1024x10_lb_n3.bin")
-#: Sources a visitor might try in order to look around the server or make it download.
-PROBING_SOURCES = ("/root", "/etc", "../", "lidarverse/lidarverse-default")
-
-TINY_SENSOR = Sensor.from_angles("tiny16", np.linspace(10.0, -25.0, 16), width=128, max_range=80.0, mount_height=1.8)
-
-
-def write_tiny_release(folder: Path, seed: int = 0) -> Path:
-    """A release folder (config.json + model.safetensors + README.md) holding a randomly initialised
-    network of a few thousand parameters on a 16x128 sensor: it loads and rolls out in well under a second,
-    so the app's tests exercise the real pipeline without depending on the trained weights."""
-    config = WorldModelConfig(
-        sensor=TINY_SENSOR.to_dict(), base_channels=8, channel_mults=(1, 1, 2, 2), bottleneck_attention=False
-    )
-    torch.manual_seed(seed)
-    model = WorldModel(config)
-    with torch.no_grad():  # zero-initialised output convs would give an empty world
-        for p in model.parameters():
-            p.add_(0.05 * torch.randn_like(p))
-    folder.mkdir(parents=True, exist_ok=True)
-    (folder / CONFIG_NAME).write_text(json.dumps(config.to_dict(), indent=2))
-    state = {k: v.contiguous() for k, v in model.state_dict().items()}
-    save_file(state, str(folder / WEIGHTS_NAME), metadata={"iteration": "7", "source": "test_app"})
-    (folder / "README.md").write_text("# tiny random model for the app tests\n")
-    return folder
+from tests.helpers import (
+    APP_SENSOR,
+    KITTI_SCAN,
+    PROBING_SOURCES,
+    PUBLIC_ENDPOINTS,
+    REAL_SCANS,
+    SHIPPED_EXAMPLES,
+    needs_real_scans,
+    write_tiny_release,
+)
 
 
 @pytest.fixture(scope="module")
@@ -159,7 +131,7 @@ def test_downloads_read_back_as_the_generated_world(world_outputs, tmp_path):
     mats = np.array([f["pose"] for f in poses["frames"]])
     assert mats.shape == (3, 4, 4) and np.allclose(mats[:, 3], [0, 0, 0, 1])
     assert np.linalg.norm(mats[-1, :3, 3] - mats[0, :3, 3]) > 0.1, "the car should have moved"
-    assert Sensor.from_dict(poses["sensor"]) == TINY_SENSOR
+    assert Sensor.from_dict(poses["sensor"]) == APP_SENSOR
     for pts in frame_points:
         assert len(pts) > 0 and np.isfinite(pts).all() and (pts[:, 3] >= 0).all() and (pts[:, 3] <= 1).all()
     for ext in (".ply", ".pcd", ".las"):
@@ -180,7 +152,7 @@ def test_frame_viewer_spans_the_frames_and_shows_each_one(world_outputs):
     assert slider.maximum == 2 and slider.value == 0
     bev2, rng2 = app.show_frame(2, frame_pngs)
     assert bev0.size == bev2.size and rng0.size == rng2.size
-    assert rng0.size[0] == TINY_SENSOR.width
+    assert rng0.size[0] == APP_SENSOR.width
     assert not np.array_equal(np.asarray(rng0), np.asarray(rng2)), "frames 0 and 2 should differ"
     assert app.show_frame(99, frame_pngs)[1].tobytes() == rng2.tobytes(), "out-of-range index clamps"
     assert app.show_frame(0, None) == (None, None)

@@ -40,16 +40,18 @@ from gradio_client.utils import Status
 from PIL import Image
 
 import app
-from tests.test_app import (
+from tests.helpers import (
+    BOMBS,
     KITTI_SCAN,
     PROBING_SOURCES,
     PUBLIC_ENDPOINTS,
     SHIPPED_EXAMPLES,
+    directory_only_zip,
     needs_real_scans,
+    patched_zip,
+    sweep_points,
     write_tiny_release,
 )
-from tests.test_formats import BOMBS
-from tests.test_sequence import _patched_zip, _sweep, directory_only_zip
 
 REPO = Path(__file__).resolve().parents[1]
 CHROMIUM = Path(shutil.which("chromium") or "/usr/bin/chromium")
@@ -461,7 +463,7 @@ def hostile_files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     """The issue's hostile uploads, each small enough to upload (<= 50 MB) and each worth seconds of CPU or
     GBs of memory to a server that parsed it whole."""
     folder = tmp_path_factory.mktemp("hostile")
-    sweep = _sweep(0).astype("<f4").tobytes()
+    sweep = sweep_points(0).astype("<f4").tobytes()
     identity = "1 0 0 0 0 1 0 0 0 0 1 0\n"
     far = np.eye(4)
     far[0, 3] = 1e308
@@ -477,9 +479,9 @@ def hostile_files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
         "far": _zip(folder / "far.zip", {"000000.bin": sweep, "poses.json": json.dumps([far.tolist()]).encode()}),
         "nesting": _zip(folder / "nesting.zip", {"000000.bin": sweep, "poses.json": b"[" * 1_000_000}),
         "dict": _zip(folder / "dict.zip", {"000000.bin": sweep, "poses.json": b'[{"pose": "identity"}]'}),
-        "encrypted": _patched_zip(folder / "encrypted.zip", sweep, flag=1),
-        "method": _patched_zip(folder / "method.zip", sweep, method=99),
-        "corrupt": _patched_zip(folder / "corrupt.zip", sweep, corrupt=True),
+        "encrypted": patched_zip(folder / "encrypted.zip", sweep, flag=1),
+        "method": patched_zip(folder / "method.zip", sweep, method=99),
+        "corrupt": patched_zip(folder / "corrupt.zip", sweep, corrupt=True),
     }
     absurd = np.full((2000, 4), 0.5, "<f4")
     absurd[:, :3] = np.random.default_rng(0).uniform(-3e38, 3e38, (2000, 3))

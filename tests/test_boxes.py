@@ -7,7 +7,8 @@ import pytest
 
 import lidar.boxes
 from lidar.boxes import box_range_view, check_boxes
-from lidar.sensors import HDL32, Sensor
+from lidar.sensors import HDL32
+from tests.helpers import brute_force_view
 
 SENSOR = HDL32.with_width(256)
 
@@ -21,40 +22,6 @@ def yaw_pose(x: float = 0.0, y: float = 0.0, z: float = 0.0, yaw: float = 0.0, p
     pose[:3, :3] = Rotation.from_euler("ZYX", [yaw, np.deg2rad(pitch_deg), np.deg2rad(roll_deg)]).as_matrix()
     pose[:3, 3] = [x, y, z]
     return pose
-
-
-def brute_force_view(boxes: np.ndarray, pose: np.ndarray, sensor: Sensor) -> tuple[np.ndarray, np.ndarray]:
-    """Every pixel's ray against every box, in the world frame: nearest entry in [min, max] range, else 0 / -1.
-
-    A ray that starts inside a box does not see that box (the sensor sees out of it).
-    """
-    o = pose[:3, 3]
-    d = sensor.ray_directions().reshape(-1, 3) @ pose[:3, :3].T
-    best = np.full(len(d), np.inf)
-    index = np.full(len(d), -1)
-    for i, (cx, cy, cz, length, width, height, yaw) in enumerate(np.asarray(boxes, np.float64)):
-        c, s = np.cos(yaw), np.sin(yaw)
-        rot = np.array([[c, s, 0.0], [-s, c, 0.0], [0.0, 0.0, 1.0]])  # world -> box frame
-        lo_, do = rot @ (o - [cx, cy, cz]), d @ rot.T
-        half = np.array([length, width, height]) / 2
-        if (np.abs(lo_) <= half).all():
-            continue
-        t_near, t_far = np.full(len(d), -np.inf), np.full(len(d), np.inf)
-        for axis in range(3):
-            parallel = do[:, axis] == 0
-            with np.errstate(divide="ignore"):
-                ta = (-half[axis] - lo_[axis]) / do[:, axis]
-                tb = (half[axis] - lo_[axis]) / do[:, axis]
-            t_near = np.where(parallel, t_near, np.maximum(t_near, np.minimum(ta, tb)))
-            t_far = np.where(parallel, t_far, np.minimum(t_far, np.maximum(ta, tb)))
-            if abs(lo_[axis]) > half[axis]:
-                t_far = np.where(parallel, -np.inf, t_far)
-        t = np.where((t_near <= t_far) & (t_near > 0), t_near, np.inf)
-        t = np.where((t >= sensor.min_range) & (t <= sensor.max_range), t, np.inf)
-        nearer = t < best
-        best[nearer], index[nearer] = t[nearer], i
-    rng = np.where(np.isfinite(best), best, 0.0)
-    return rng.reshape(sensor.shape), index.reshape(sensor.shape)
 
 
 def random_boxes(seed: int, count: int = 150) -> np.ndarray:

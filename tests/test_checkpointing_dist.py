@@ -1,8 +1,9 @@
 """Checkpointing with real processes: 2 gloo ranks training FSDP2, SIGKILL, resume on 1/2/3 ranks,
 EMA replicas and async failures across ranks, a peer killed before the commit, and a crash loop killed at random moments.
 
-Ranks are forked from one server process (tests/ckpt_worker.py) so torch is imported once, not once
-per rank: on two busy cores an import costs several seconds.
+Ranks are forked from one server process (`checkpointing.crashtest`, serving tests/ckpt_worker.py's
+scenarios; the `ranks` fixture in conftest.py) so torch is imported once, not once per rank: on two busy
+cores an import costs several seconds.
 """
 
 from __future__ import annotations
@@ -13,36 +14,11 @@ import pytest
 import torch
 
 from checkpointing import FSDPInferenceCheckpointer, resolve_generation, resolve_weights
+from checkpointing.crashtest import crash_trials
 from checkpointing.generations import generation_problems, list_generations
-from tests.ckpt_worker import RankServer, crash_trials
+from tests.helpers import assert_crash_trials, assert_same_tree, rank_outputs
 
 pytestmark = pytest.mark.multiprocess
-
-
-@pytest.fixture(scope="module")
-def ranks():
-    server = RankServer()
-    yield server
-    server.close()
-
-
-def _outputs(out: Path, world_size: int) -> list[dict]:
-    return [torch.load(out / f"rank{r}.pt", weights_only=False) for r in range(world_size)]
-
-
-def _assert_same_tree(a, b, where: str = "") -> None:
-    if isinstance(a, torch.Tensor):
-        assert isinstance(b, torch.Tensor) and a.dtype == b.dtype and torch.equal(a, b), f"differs at {where}"
-    elif isinstance(a, dict):
-        assert a.keys() == b.keys(), f"keys differ at {where}: {sorted(a)} vs {sorted(b)}"
-        for k in a:
-            _assert_same_tree(a[k], b[k], f"{where}/{k}")
-    elif isinstance(a, list | tuple):
-        assert len(a) == len(b), f"lengths differ at {where}"
-        for i, (x, y) in enumerate(zip(a, b, strict=True)):
-            _assert_same_tree(x, y, f"{where}[{i}]")
-    else:
-        assert a == b, f"differs at {where}: {a!r} vs {b!r}"
 
 
 @pytest.fixture(scope="module")
@@ -55,7 +31,7 @@ def killed_fsdp2_job(ranks, tmp_path_factory):
         ["train", "--job", str(root / "job"), "--out", str(out), "--save-at", "4"], world_size=2
     )
     assert reply["codes"] == [-9, -9]
-    return root, _outputs(out, 2)
+    return root, rank_outputs(out, 2)
 
 
 def _resume(ranks, root: Path, world_size: int) -> list[dict]:
@@ -63,7 +39,7 @@ def _resume(ranks, root: Path, world_size: int) -> list[dict]:
     out.mkdir()
     reply = ranks.run(["resume", "--job", str(root / "job"), "--out", str(out)], world_size=world_size)
     assert reply["codes"] == [0] * world_size
-    return _outputs(out, world_size)
+    return rank_outputs(out, world_size)
 
 
 def test_fsdp2_resume_on_two_ranks_is_bit_exact(ranks, killed_fsdp2_job):
@@ -72,15 +48,15 @@ def test_fsdp2_resume_on_two_ranks_is_bit_exact(ranks, killed_fsdp2_job):
     for rank in range(2):
         assert resumed[rank]["start"] == 4
         # restored state: parameters, optimizer moments, scheduler (LR included) and this rank's RNG streams
-        _assert_same_tree(
+        assert_same_tree(
             resumed[rank]["at_load"]["scheduler"], trained[rank]["at_save"][4]["scheduler"], "scheduler"
         )
-        _assert_same_tree(resumed[rank]["at_load"]["rng"], trained[rank]["at_save"][4]["rng"], "rng")
+        assert_same_tree(resumed[rank]["at_load"]["rng"], trained[rank]["at_save"][4]["rng"], "rng")
         # next-step loss and every later loss equal the uninterrupted run's
         assert resumed[rank]["losses"] == {s: trained[rank]["losses"][s] for s in range(5, 9)}
     for part in ("model", "ema", "optim"):
-        _assert_same_tree(resumed[0]["at_load"][part], trained[0]["at_save"][4][part], part)
-    _assert_same_tree(resumed[0]["final"], trained[0]["final"], "final")
+        assert_same_tree(resumed[0]["at_load"][part], trained[0]["at_save"][4][part], part)
+    assert_same_tree(resumed[0]["final"], trained[0]["final"], "final")
     assert resumed[0]["final"]["model"]["0.weight"].abs().sum() > 0
 
 
@@ -90,14 +66,14 @@ def test_fsdp2_resume_on_other_world_sizes_restores_full_state(ranks, killed_fsd
     resumed = _resume(ranks, root, world_size)
     assert all(r["start"] == 4 for r in resumed)
     for part in ("model", "ema", "optim"):
-        _assert_same_tree(resumed[0]["at_load"][part], trained[0]["at_save"][4][part], part)
+        assert_same_tree(resumed[0]["at_load"][part], trained[0]["at_save"][4][part], part)
     for rank in range(world_size):
-        _assert_same_tree(
+        assert_same_tree(
             resumed[rank]["at_load"]["scheduler"], trained[0]["at_save"][4]["scheduler"], "scheduler"
         )
     # ranks that existed at save time get their own RNG streams back
     for rank in range(min(world_size, 2)):
-        _assert_same_tree(resumed[rank]["at_load"]["rng"], trained[rank]["at_save"][4]["rng"], "rng")
+        assert_same_tree(resumed[rank]["at_load"]["rng"], trained[rank]["at_save"][4]["rng"], "rng")
     # training goes on from the restored state
     assert set(resumed[0]["losses"]) == {5, 6, 7, 8}
     assert all(torch.isfinite(torch.tensor(list(resumed[0]["losses"].values()))))
@@ -108,7 +84,7 @@ def test_ema_replicas_and_async_failures_across_ranks(ranks, tmp_path):
     out.mkdir()
     reply = ranks.run(["replica", "--job", str(tmp_path / "job"), "--out", str(out)], world_size=2)
     assert reply["codes"] == [0, 0]
-    results = _outputs(out, 2)
+    results = rank_outputs(out, 2)
     for rank, result in enumerate(results):
         # defect 3: the replica rank reports success for iteration 1 instead of logging a false failure
         assert result["successes_after_1"] == [1]
@@ -148,29 +124,20 @@ def test_ddp_goes_through_the_same_api(ranks, tmp_path, layout):
     out.mkdir()
     argv = ["ddp", "--job", str(tmp_path / "job"), "--out", str(out), "--layout", layout]
     assert ranks.run(argv, world_size=2)["codes"] == [0, 0]
-    for result in _outputs(out, 2):
+    for result in rank_outputs(out, 2):
         assert result["start"] == 3
-        _assert_same_tree(result["loaded"], result["saved"], "ddp")
+        assert_same_tree(result["loaded"], result["saved"], "ddp")
     resolved = resolve_weights(tmp_path / "job", prefer_ema=False)
     weights = FSDPInferenceCheckpointer(resolved.path)  # one plain process, either layout
     plain = torch.nn.Sequential(torch.nn.Linear(6, 10), torch.nn.Tanh(), torch.nn.Linear(10, 2))
     weights.load_model_during_init(plain)  # strict: the names are bare (no `module.`)
-    _assert_same_tree(plain.state_dict(), _outputs(out, 2)[0]["saved"]["model"], "plain")
-
-
-def _assert_crash_trials(summary: dict, trials: int) -> None:
-    assert summary["died_before_resuming"] == 0, "a run died before resuming; see stderr"
-    assert summary["resumes"] == trials
-    assert summary["torn"] == []
-    assert summary["went_back"] == []
-    assert summary["last_published"] > trials  # the loop really saved between kills
-    assert resolve_generation(summary["job"]).generation.iteration >= summary["last_published"]
+    assert_same_tree(plain.state_dict(), rank_outputs(out, 2)[0]["saved"]["model"], "plain")
 
 
 def test_sigkill_at_random_moments_always_resumes_a_whole_generation(ranks, tmp_path):
-    _assert_crash_trials(crash_trials(ranks, tmp_path, trials=20, seed=0), trials=20)
+    assert_crash_trials(crash_trials(ranks, tmp_path, trials=20, seed=0), trials=20)
 
 
 @pytest.mark.slow
 def test_sigkill_crash_loop_many_trials(ranks, tmp_path):
-    _assert_crash_trials(crash_trials(ranks, tmp_path, trials=200, seed=1), trials=200)
+    assert_crash_trials(crash_trials(ranks, tmp_path, trials=200, seed=1), trials=200)

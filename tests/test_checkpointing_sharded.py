@@ -3,7 +3,8 @@ the generation resumes exactly on 2, 4 and 1 ranks, a truncated shard falls back
 plain process with no process group loads the weights without opening an optimizer shard, a failure on one
 rank reaches every rank, and SIGKILLs at random moments never leave a torn generation trusted.
 
-Ranks are forked from tests/ckpt_worker.py's server, as in test_checkpointing_dist.py.
+Ranks are forked from the `ranks` fixture's server (tests/ckpt_worker.py's scenarios), as in
+test_checkpointing_dist.py.
 """
 
 from __future__ import annotations
@@ -20,21 +21,14 @@ from torch import nn
 
 from checkpointing import FSDPInferenceCheckpointer, resolve_generation
 from checkpointing.__main__ import main as cli
+from checkpointing.crashtest import crash_trials
 from checkpointing.generations import list_generations
-from tests.ckpt_worker import RankServer, crash_trials
-from tests.test_checkpointing_dist import _assert_crash_trials, _assert_same_tree, _outputs
+from tests.helpers import assert_crash_trials, assert_same_tree, rank_outputs
 
 pytestmark = pytest.mark.multiprocess
 
 REPO = Path(__file__).resolve().parents[1]
 SAVES = (4, 6)
-
-
-@pytest.fixture(scope="module")
-def ranks():
-    server = RankServer()
-    yield server
-    server.close()
 
 
 def _train(ranks, root: Path, world_size: int) -> list[dict]:
@@ -44,14 +38,14 @@ def _train(ranks, root: Path, world_size: int) -> list[dict]:
     argv = ["train", "--job", str(root / "job"), "--out", str(out), "--layout", "sharded"]
     reply = ranks.run([*argv, "--save-at", ",".join(map(str, SAVES))], world_size=world_size)
     assert reply["codes"] == [-9] * world_size
-    return _outputs(out, world_size)
+    return rank_outputs(out, world_size)
 
 
 def _resume(ranks, job: Path, out: Path, world_size: int) -> list[dict]:
     out.mkdir(parents=True)
     reply = ranks.run(["resume", "--job", str(job), "--out", str(out)], world_size=world_size)
     assert reply["codes"] == [0] * world_size
-    return _outputs(out, world_size)
+    return rank_outputs(out, world_size)
 
 
 @pytest.fixture(scope="module")
@@ -64,11 +58,11 @@ def _assert_restored(resumed: list[dict], trained: list[dict], step: int) -> Non
     """Parameters, EMA and optimizer moments exact; the scheduler on every rank; each saved rank's RNG."""
     assert all(r["start"] == step for r in resumed)
     for part in ("model", "ema", "optim"):
-        _assert_same_tree(resumed[0]["at_load"][part], trained[0]["at_save"][step][part], part)
+        assert_same_tree(resumed[0]["at_load"][part], trained[0]["at_save"][step][part], part)
     for rank, result in enumerate(resumed):
-        _assert_same_tree(result["at_load"]["scheduler"], trained[0]["at_save"][step]["scheduler"], "scheduler")
+        assert_same_tree(result["at_load"]["scheduler"], trained[0]["at_save"][step]["scheduler"], "scheduler")
         if rank < len(trained):
-            _assert_same_tree(result["at_load"]["rng"], trained[rank]["at_save"][step]["rng"], "rng")
+            assert_same_tree(result["at_load"]["rng"], trained[rank]["at_save"][step]["rng"], "rng")
 
 
 def test_every_rank_writes_its_own_shards_into_one_committed_generation(four_rank_job, capsys):
@@ -101,7 +95,7 @@ def test_a_four_rank_generation_resumes_on_four_ranks_bit_exact(ranks, four_rank
     _assert_restored(resumed, trained, SAVES[-1])
     for rank in range(4):
         assert resumed[rank]["losses"] == {s: trained[rank]["losses"][s] for s in range(SAVES[-1] + 1, 9)}
-    _assert_same_tree(resumed[0]["final"], trained[0]["final"], "final")
+    assert_same_tree(resumed[0]["final"], trained[0]["final"], "final")
 
 
 def test_a_four_rank_generation_resumes_on_one_rank(ranks, four_rank_job, tmp_path):
@@ -150,13 +144,13 @@ print("\\n".join(path for path in opened if "checkpoints" in path))
 """
     run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=300)
     assert run.returncode == 0, run.stderr[-3000:]
-    _assert_same_tree(torch.load(job.parent / "plain_ema.pt"), trained[0]["at_save"][6]["ema"], "ema")
+    assert_same_tree(torch.load(job.parent / "plain_ema.pt"), trained[0]["at_save"][6]["ema"], "ema")
     opened = {Path(p).name for p in run.stdout.split()}
     assert {f"iter_000000006_ema_model_rank{r}.distcp" for r in range(4)} <= opened
     assert not [name for name in opened if "optim" in name or "reg_model" in name], opened
     regular = _plain_model()
     FSDPInferenceCheckpointer(marker).load_model_during_init(regular)  # in this process, also with no group
-    _assert_same_tree(regular.state_dict(), trained[0]["at_save"][6]["model"], "model")
+    assert_same_tree(regular.state_dict(), trained[0]["at_save"][6]["model"], "model")
 
 
 def test_fsdp1_goes_through_the_same_api_in_the_sharded_layout(ranks, tmp_path):
@@ -164,9 +158,9 @@ def test_fsdp1_goes_through_the_same_api_in_the_sharded_layout(ranks, tmp_path):
     out = tmp_path / "out"
     out.mkdir()
     assert ranks.run(["fsdp1", "--job", str(tmp_path / "job"), "--out", str(out)], world_size=2)["codes"] == [0, 0]
-    for result in _outputs(out, 2):
+    for result in rank_outputs(out, 2):
         assert result["start"] == 3
-        _assert_same_tree(result["loaded"], result["saved"], "fsdp1")
+        assert_same_tree(result["loaded"], result["saved"], "fsdp1")
     assert list_generations(tmp_path / "job" / "checkpoints")[-1].manifest.state_layout == "sharded"
 
 
@@ -175,7 +169,7 @@ def test_a_shard_failing_on_one_rank_fails_the_save_on_every_rank(ranks, tmp_pat
     out.mkdir()
     reply = ranks.run(["shardfails", "--job", str(tmp_path / "job"), "--out", str(out)], world_size=2)
     assert reply["codes"] == [0, 0]
-    for result in _outputs(out, 2):
+    for result in rank_outputs(out, 2):
         assert "iteration 2 failed" in result["next_save_error"] and "rank 1" in result["next_save_error"]
         assert result["pointer_after_failure"] == "iter_000000001.pt\n"
         assert result["pointer_after_next_save"] == "iter_000000004.pt\n"
@@ -189,9 +183,9 @@ def _sharded_crash_trials(ranks, tmp_path: Path, trials: int, seed: int) -> dict
 
 
 def test_sigkill_of_a_sharded_job_at_random_moments_never_resumes_a_torn_generation(ranks, tmp_path):
-    _assert_crash_trials(_sharded_crash_trials(ranks, tmp_path, trials=10, seed=3), trials=10)
+    assert_crash_trials(_sharded_crash_trials(ranks, tmp_path, trials=10, seed=3), trials=10)
 
 
 @pytest.mark.slow
 def test_sigkill_crash_loop_of_a_sharded_job_many_trials(ranks, tmp_path):
-    _assert_crash_trials(_sharded_crash_trials(ranks, tmp_path, trials=100, seed=4), trials=100)
+    assert_crash_trials(_sharded_crash_trials(ranks, tmp_path, trials=100, seed=4), trials=100)

@@ -15,7 +15,7 @@ from lidar.sensors import HDL64
 from lidar.sequence import NOMINAL_KITTI_TR
 from lidar.sim import make_world, plan_drive
 from lidar.sim.sequence import simulate_sequence
-from tests.test_loader import tiny_model, write_release
+from tests.helpers import tiny_model, write_release
 from training.evaluate_real import (
     LAST_MOVED,
     MODEL,

@@ -13,8 +13,7 @@ from inference.flow import (
     interpolate,
     to_velocity,
 )
-from inference.network import WorldModel, WorldModelConfig
-from lidar.sensors import VLP16
+from tests.helpers import tiny_vlp16_model
 
 
 class Oracle(nn.Module):
@@ -126,17 +125,8 @@ def test_the_bce_term_reacts_to_return_mistakes():
     assert loss.item() == pytest.approx(F.softplus(torch.tensor(0.0)).item(), rel=1e-5)
 
 
-def tiny_model() -> WorldModel:
-    config = WorldModelConfig(
-        sensor=VLP16.with_width(32).to_dict(), base_channels=8, channel_mults=(1, 2), strides=((1, 2),),
-        bottleneck_attention=False,
-    )
-    torch.manual_seed(0)
-    return WorldModel(config)
-
-
 def test_loss_of_a_world_model_is_deterministic_per_generator_seed_and_trains_its_head():
-    model = tiny_model()
+    model = tiny_vlp16_model()
     fresh = model.head[-1]
     h, w = model.sensor.shape
     gen = torch.Generator().manual_seed(1)

@@ -9,10 +9,8 @@ import subprocess
 import sys
 import time
 import zipfile
-from collections.abc import Callable
 from pathlib import Path
 
-import laspy
 import numpy as np
 import pytest
 
@@ -27,6 +25,7 @@ from lidar.formats import (
 )
 from lidar.formats.pcd import lzf_decompress
 from lidar.sensors import HDL32, HDL64, OS1_64, OS1_128, PRESETS, VLP16, Sensor
+from tests.helpers import BOMBS
 
 
 def sweep(sensor: Sensor, seed: int = 0, keep: float = 0.9) -> tuple[np.ndarray, np.ndarray]:
@@ -583,49 +582,6 @@ def test_scan_with_its_origin_on_the_ground_is_flagged_and_gets_no_sensor(tmp_pa
 
 # 7. decompression bombs: refused from their headers, before anything is inflated ---------------------------
 
-
-def npz_bomb(path: Path) -> Path:
-    """1 MB of zip holding a (16 Mi, 4) float32 'points' member: 256 MiB once inflated (a real, valid zip)."""
-    rows, chunk = 16 * 2**20, bytes(2**20)
-    with zipfile.ZipFile(path, "w", zipfile.ZIP_DEFLATED, compresslevel=1) as zf, \
-            zf.open("points.npy", "w", force_zip64=True) as f:
-        np.lib.format.write_array_header_1_0(f, {"descr": "<f4", "fortran_order": False, "shape": (rows, 4)})
-        for _ in range(rows * 16 // len(chunk)):
-            f.write(chunk)
-    return path
-
-
-def pcd_bomb(path: Path) -> Path:
-    """A binary_compressed PCD declaring 1,000 points (16,000 bytes) whose 3 MB LZF stream inflates to 264 MB:
-    one literal zero, then a million 264-byte back-references to it."""
-    header = ("VERSION 0.7\nFIELDS x y z intensity\nSIZE 4 4 4 4\nTYPE F F F F\nCOUNT 1 1 1 1\n"
-              "WIDTH 1000\nHEIGHT 1\nPOINTS 1000\nDATA binary_compressed\n")
-    stream = b"\x00\x00" + b"\xe0\xff\x00" * 1_000_000
-    path.write_bytes(header.encode() + struct.pack("<II", len(stream), 1000 * 16) + stream)
-    return path
-
-
-def laz_bomb(path: Path) -> Path:
-    """A real 1,000-point LAZ (point format 10, 67-byte records) whose header promises 4 million points:
-    laspy would size a 268 MB point buffer from that count before decompressing."""
-    las = laspy.LasData(laspy.LasHeader(point_format=10, version="1.4"))
-    las.x, las.y, las.z = np.arange(1000.0), np.zeros(1000), np.zeros(1000)
-    las.write(path)
-    blob = bytearray(path.read_bytes())
-    struct.pack_into("<Q", blob, 247, 4_000_000)  # LAS 1.4 64-bit point count
-    path.write_bytes(bytes(blob))
-    return path
-
-
-def ply_bomb(path: Path) -> Path:
-    """An ASCII PLY announcing 4 million vertices (under the point limit) followed by 20 MB of one-value lines:
-    splitting every line of the body first costs ~25x its size in Python strings."""
-    header = b"ply\nformat ascii 1.0\nelement vertex 4000000\nproperty float x\nproperty float y\nproperty float z\nend_header\n"
-    path.write_bytes(header + b"12\n" * 6_600_000)
-    return path
-
-
-BOMBS: dict[str, Callable[[Path], Path]] = {"npz": npz_bomb, "pcd": pcd_bomb, "laz": laz_bomb, "ply": ply_bomb}
 
 #: Reads each file in a fresh interpreter: (seconds, peak RSS growth in bytes, error message or None).
 _MEASURE = """

@@ -15,8 +15,7 @@ from inference import load_pipeline
 from inference.__main__ import main
 from lidar.formats import read_points
 from lidar.real_scans import real_scans_dir
-from tests.test_loader import tiny_model, write_hub_cache, write_release
-from tests.test_sequence import _patched_zip, _sweep
+from tests.helpers import patched_zip, sweep_points, tiny_model, write_hub_cache, write_release
 
 REPO = Path(__file__).resolve().parents[1]
 REAL_SCANS = real_scans_dir()
@@ -163,9 +162,9 @@ def test_info_resolves_a_hub_id_offline_in_a_fresh_process(release, tmp_path):
 
 def _hostile_inputs(tmp_path: Path) -> dict[str, list[str]]:
     """Issue 22's inputs that used to end in a traceback, as --prefix / --poses arguments."""
-    member = _sweep(0).astype(np.float32).tobytes()
+    member = sweep_points(0).astype(np.float32).tobytes()
     kinds = {"encrypted": {"flag": 1}, "method": {"method": 99}, "corrupt": {"corrupt": True}}
-    args = {kind: ["--prefix", str(_patched_zip(tmp_path / f"{kind}.zip", member, **how))] for kind, how in kinds.items()}
+    args = {kind: ["--prefix", str(patched_zip(tmp_path / f"{kind}.zip", member, **how))] for kind, how in kinds.items()}
     scans = []
     for i in range(2):
         scans.append(tmp_path / f"{i:06d}.bin")

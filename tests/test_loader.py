@@ -7,17 +7,14 @@ dirs through the real `FSDPCheckpointer.save`, and a Hub cache in the standard
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import time
 from pathlib import Path
 
 import huggingface_hub.constants as hf_constants  # imported before any test sets HF_HUB_OFFLINE
-import numpy as np
 import pytest
 import torch
-from safetensors.torch import save_file
 
 from checkpointing import CheckpointConfig, FSDPCheckpointer, JobConfig, ModelWithEMA
 from inference import loader
@@ -30,66 +27,11 @@ from inference.loader import (
     resolve_source,
     select_device,
 )
-from inference.network import WorldModel, WorldModelConfig
-from lidar.sensors import Sensor
+from inference.network import WorldModel
+from tests.helpers import TINY_SENSOR, tiny_config, tiny_model, write_hub_cache, write_release
 from tests.hub_stand_in import HubServer as _HubServer
 from tests.hub_stand_in import serve_hub
 from training.config import TrainConfig
-
-TINY_SENSOR = Sensor.from_angles(
-    "tiny8", np.linspace(10.0, -20.0, 8), width=64, max_range=60.0, mount_height=1.8
-)
-
-
-def tiny_config(**overrides) -> WorldModelConfig:
-    """A network of a few thousand parameters on an 8x64 sensor: loads and samples in milliseconds."""
-    fields = dict(
-        sensor=TINY_SENSOR.to_dict(), base_channels=8, channel_mults=(1, 1, 2, 2), bottleneck_attention=False
-    )
-    return WorldModelConfig(**{**fields, **overrides})
-
-
-def tiny_model(seed: int = 0, **overrides) -> WorldModel:
-    torch.manual_seed(seed)
-    model = WorldModel(tiny_config(**overrides))
-    with torch.no_grad():  # zero-initialised output convs would make every seed look alike
-        for p in model.parameters():
-            p.add_(0.05 * torch.randn_like(p))
-    return model
-
-
-def write_release(folder: Path, model: WorldModel, iteration: int = 123, prefix: str = "") -> Path:
-    """A release as DESIGN.md lays it out: config.json + model.safetensors (EMA, metadata) + README.md."""
-    folder.mkdir(parents=True, exist_ok=True)
-    (folder / CONFIG_NAME).write_text(json.dumps(model.config.to_dict(), indent=2))
-    state = {prefix + k: v.contiguous() for k, v in model.state_dict().items()}
-    save_file(state, str(folder / WEIGHTS_NAME), metadata={"iteration": str(iteration), "source": "test"})
-    (folder / "README.md").write_text("# tiny test model\n")
-    return folder
-
-
-def write_hub_cache(
-    cache: Path,
-    repo: str,
-    release: Path,
-    refs: tuple[str, ...] = ("main",),
-    files: tuple[str, ...] = (CONFIG_NAME, WEIGHTS_NAME, "README.md"),
-) -> str:
-    """Lay `release` out as huggingface_hub's cache does after a download; returns the commit hash."""
-    folder = cache / f"models--{repo.replace('/', '--')}"
-    commit = hashlib.sha1(f"{repo}:{sorted(files)}".encode()).hexdigest()
-    snapshot = folder / "snapshots" / commit
-    snapshot.mkdir(parents=True)
-    (folder / "blobs").mkdir(exist_ok=True)
-    for name in files:
-        data = (release / name).read_bytes()
-        blob = hashlib.sha256(data).hexdigest()
-        (folder / "blobs" / blob).write_bytes(data)
-        os.symlink(Path("..") / ".." / "blobs" / blob, snapshot / name)
-    (folder / "refs").mkdir(exist_ok=True)
-    for ref in refs:
-        (folder / "refs" / ref).write_text(commit)
-    return commit
 
 
 def params_equal(a: torch.nn.Module, b: torch.nn.Module) -> bool:

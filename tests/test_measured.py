@@ -16,7 +16,7 @@ from inference.pipeline import EgoMotion, action_poses, measured_motion
 from lidar.range_image import grid_winners, project
 from lidar.sim import make_world, plan_drive
 from lidar.vocabulary import MapView
-from tests.test_loader import tiny_model, write_release
+from tests.helpers import tiny_model, write_release
 
 
 @pytest.fixture(scope="module")

@@ -15,7 +15,7 @@ from inference.observed import MAX_OFFSET_M, check_inside, observe, shifted_path
 from lidar.metrics import chamfer_distance
 from lidar.range_image import project, unproject
 from lidar.real_scans import real_scans_dir
-from tests.test_loader import tiny_config, tiny_model, write_release
+from tests.helpers import tiny_config, tiny_model, write_release
 
 REPO = Path(__file__).resolve().parents[1]
 REAL_SCANS = real_scans_dir()

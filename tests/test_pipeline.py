@@ -20,7 +20,7 @@ from lidar.range_image import RangeImage
 from lidar.real_scans import real_scans_dir
 from lidar.sensors import HDL64
 from lidar.sim import make_world, plan_drive
-from tests.test_loader import tiny_model, write_release
+from tests.helpers import tiny_model, write_release
 
 REAL_SCANS = real_scans_dir()
 @pytest.fixture(scope="module")
@@ -241,7 +241,7 @@ def test_embedded_default_loads_with_no_arguments(monkeypatch):
 def test_map_is_a_world_or_an_hdmap_and_a_world_conditions_on_its_actor_layout(pipe, monkeypatch):
     """A World gives rollout its HD map and its boxes (10 Hz from World.time); an HDMap the map only."""
     import inference.pipeline as pipeline_module
-    from tests.test_rollout import car_world
+    from tests.helpers import car_world
 
     seen = {}
     real = pipeline_module.rollout

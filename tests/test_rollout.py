@@ -13,12 +13,8 @@ from lidar.formats import read_points
 from lidar.range_image import project, unproject
 from lidar.real_scans import real_scans_dir
 from lidar.sensors import VLP16
-from lidar.sim.actors import Actor
-from lidar.sim.hdmap import HDMap
-from lidar.sim.primitives import Shapes
-from lidar.sim.roads import RoadGraph
-from lidar.sim.world import World
-from lidar.vocabulary import MAP_CLASS_INDEX, OBJECT_CLASSES, transform_points
+from lidar.vocabulary import OBJECT_CLASSES, transform_points
+from tests.helpers import FLAT, car_world, flat_hdmap
 
 SENSOR = VLP16.with_width(64)
 
@@ -50,30 +46,11 @@ def straight_poses(frames: int, spacing: float = 1.0) -> np.ndarray:
     return poses
 
 
-def flat_hdmap() -> HDMap:
-    """An all-road map on the plane z = 0: every beam below the horizon meets ground within range."""
-    return HDMap(layers={}, raster=np.full((200, 200), MAP_CLASS_INDEX["road"], np.uint8), origin=(-100.0, -100.0),
-                 resolution=1.0, terrain=np.zeros((3, 3), np.float32), terrain_origin=(-200.0, -200.0),
-                 terrain_resolution=200.0)
-
-
-FLAT = flat_hdmap()
-
-
 def untrained(**overrides) -> WorldModel:
     config = WorldModelConfig(sensor=SENSOR.to_dict(), base_channels=8, channel_mults=(1, 2, 2),
                               strides=((1, 2), (2, 2)), **overrides)
     torch.manual_seed(0)
     return WorldModel(config).eval()
-
-
-def car_world(speed: float = 0.0) -> World:
-    """A flat world with one car 12 m ahead of the origin, facing +x (driving at `speed` m/s along x)."""
-    path = np.array([[12.0, 0.0], [200.0, 0.0]]) if speed else None
-    car = Actor(id=1, cls="car", size=(4.5, 1.9, 1.6), parts=Shapes.empty(), x=12.0, y=0.0, yaw=0.0, path=path,
-                speed=speed, s_stop=100.0)
-    graph = RoadGraph(nodes=np.zeros((0, 2)), roads=[], style="test")
-    return World(seed=0, style="test", hdmap=FLAT, graph=graph, actors=[car], scenery=Shapes.empty())
 
 
 def test_rollout_is_deterministic_per_seed_and_differs_across_seeds(model):

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import struct
 import time
 import zipfile
 from pathlib import Path
@@ -16,13 +15,7 @@ import lidar.sequence as sequence
 from lidar.errors import InputError
 from lidar.formats import PointCloudError, point_limit, write_points
 from lidar.sequence import NOMINAL_KITTI_TR, kitti_velodyne_poses, read_poses, read_sequence
-
-
-def _sweep(seed: int) -> np.ndarray:
-    rng = np.random.default_rng(seed)
-    az = rng.uniform(-np.pi, np.pi, 2000)
-    r = rng.uniform(5, 30, 2000)
-    return np.stack([r * np.cos(az), r * np.sin(az), rng.uniform(-1.7, 2.0, 2000), rng.uniform(0, 1, 2000)], 1)
+from tests.helpers import directory_only_zip, patched_zip, sweep_points
 
 
 def _yaw_pose(x: float, yaw_deg: float) -> np.ndarray:
@@ -39,7 +32,7 @@ def kitti_folder(tmp_path: Path) -> Path:
     folder = tmp_path / "seq"
     folder.mkdir()
     for frame in (4, 0, 2):
-        write_points(folder / f"{frame:06d}.bin", _sweep(frame))
+        write_points(folder / f"{frame:06d}.bin", sweep_points(frame))
     velo = np.stack([_yaw_pose(0.8 * i, 2.0 * i) for i in range(5)])
     cam = NOMINAL_KITTI_TR @ velo @ np.linalg.inv(NOMINAL_KITTI_TR)
     (folder / "poses.txt").write_text("\n".join(" ".join(f"{v:.9e}" for v in p[:3].ravel()) for p in cam) + "\n")
@@ -126,8 +119,8 @@ def test_poses_json_from_our_own_rollouts_is_matched_by_file_name(tmp_path: Path
 
 def test_a_rollout_folder_reads_its_frames_not_its_world(tmp_path: Path) -> None:
     for i in range(2):
-        write_points(tmp_path / f"frame_{i:03d}.bin", _sweep(i))
-    write_points(tmp_path / "world.bin", _sweep(9))
+        write_points(tmp_path / f"frame_{i:03d}.bin", sweep_points(i))
+    write_points(tmp_path / "world.bin", sweep_points(9))
     frames = [{"index": i, "file": f"frame_{i:03d}.bin", "pose": _yaw_pose(i, 0).tolist()} for i in range(2)]
     (tmp_path / "poses.json").write_text(json.dumps({"frames": frames, "world": "world.bin"}))
     seq = read_sequence(tmp_path)
@@ -163,22 +156,6 @@ def test_a_bad_member_is_named_inside_its_zip_not_by_a_scratch_path(tmp_path: Pa
 # Hostile archives and pose files (issue 22): refused fast, by size or shape, with a message and no internals
 
 
-def directory_only_zip(path: Path, entries: int) -> Path:
-    """A zip whose central directory lists `entries` empty entries and holds nothing else (zip64 records, as
-    past 65,535 entries): 46 bytes an entry, the cheapest way to make `zipfile` parse a huge directory."""
-    record = np.zeros(entries, dtype=np.dtype([("sig", "<u4"), ("ver", "<u2", 2), ("flag", "<u2"), ("method", "<u2"),
-                                                ("time", "<u2", 2), ("crc", "<u4"), ("sizes", "<u4", 2),
-                                                ("lengths", "<u2", 3), ("disk", "<u2"), ("attrs", "<u2"),
-                                                ("ext", "<u4"), ("offset", "<u4")]))
-    record["sig"], record["ver"] = 0x02014B50, 20
-    directory = record.tobytes()
-    zip64_end = struct.pack("<4sQ2H2L4Q", b"PK\x06\x06", 44, 45, 45, 0, 0, entries, entries, len(directory), 0)
-    locator = struct.pack("<4sLQL", b"PK\x06\x07", 0, len(directory), 1)
-    end = struct.pack("<4s4H2LH", b"PK\x05\x06", 0, 0, 0xFFFF, 0xFFFF, 0xFFFFFFFF, 0xFFFFFFFF, 0)
-    path.write_bytes(directory + zip64_end + locator + end)
-    return path
-
-
 def test_a_million_entry_zip_is_refused_from_its_end_record_before_zipfile_reads_it(tmp_path: Path) -> None:
     assert len(zipfile.ZipFile(directory_only_zip(tmp_path / "small.zip", 70_000)).infolist()) == 70_000  # real
     bomb = directory_only_zip(tmp_path / "many.zip", 1_048_575)
@@ -189,32 +166,14 @@ def test_a_million_entry_zip_is_refused_from_its_end_record_before_zipfile_reads
     assert time.perf_counter() - start < 0.5, "the directory was parsed before the entry count was checked"
 
 
-def _patched_zip(path: Path, member: bytes, flag: int = 0, method: int | None = None, corrupt: bool = False) -> Path:
-    """A one-member zip with the member's flag bits or compression method changed in both of its headers
-    (zipfile writes neither encrypted nor unknown-method members), or its deflate stream damaged."""
-    with zipfile.ZipFile(path, "w", zipfile.ZIP_DEFLATED) as zf:
-        zf.writestr("000000.bin", member)
-    data = bytearray(path.read_bytes())
-    for signature, flag_at in ((b"PK\x03\x04", 6), (b"PK\x01\x02", 8)):
-        at = data.find(signature)
-        data[at + flag_at : at + flag_at + 2] = struct.pack("<H", flag)
-        if method is not None:
-            data[at + flag_at + 2 : at + flag_at + 4] = struct.pack("<H", method)
-    if corrupt:
-        start = 30 + len("000000.bin")
-        data[start : start + 40] = bytes(range(200, 240))
-    path.write_bytes(bytes(data))
-    return path
-
-
 @pytest.mark.parametrize(("kind", "message"), [
     ("encrypted", "it is encrypted; expected an unencrypted zip"),
     ("method", "its compression method is not supported; expected stored or deflated entries"),
     ("corrupt", r"its data is corrupt \(a bad checksum or deflate stream\)"),
 ])
 def test_an_encrypted_unknown_or_corrupt_member_is_refused_with_a_message(tmp_path: Path, kind: str, message: str):
-    member = _sweep(0).astype(np.float32).tobytes()
-    archive = _patched_zip(tmp_path / f"{kind}.zip", member, flag=1 if kind == "encrypted" else 0,
+    member = sweep_points(0).astype(np.float32).tobytes()
+    archive = patched_zip(tmp_path / f"{kind}.zip", member, flag=1 if kind == "encrypted" else 0,
                            method=99 if kind == "method" else None, corrupt=kind == "corrupt")
     with pytest.raises(PointCloudError, match=rf"^{kind}\.zip: cannot unpack 000000\.bin: {message}$"):
         read_sequence(archive)
@@ -287,7 +246,7 @@ def _kitti_odometry(folder: Path, frames: int = 4) -> np.ndarray:
     """A sequence in the KITTI odometry layout (velodyne/, poses.txt, calib.txt, times.txt); its Velodyne poses."""
     (folder / "velodyne").mkdir(parents=True)
     for frame in range(frames):
-        write_points(folder / "velodyne" / f"{frame:06d}.bin", _sweep(frame))
+        write_points(folder / "velodyne" / f"{frame:06d}.bin", sweep_points(frame))
     tr = NOMINAL_KITTI_TR.copy()
     tr[:3, 3] = (-0.01, -0.05, -0.29)
     velo = np.stack([_yaw_pose(0.9 * i, 1.5 * i) for i in range(frames)])
@@ -304,14 +263,14 @@ def test_a_recording_in_the_kitti_odometry_layout_opens_with_calibrated_poses_an
     assert rec.names == [f"{i:06d}.bin" for i in range(4)] and len(rec) == 4
     np.testing.assert_allclose(rec.poses, velo, atol=1e-9)  # Tr's lever arm undone exactly
     np.testing.assert_allclose(rec.times, 0.1037 * np.arange(4), atol=1e-9)
-    np.testing.assert_allclose(rec.sweep(2).points, _sweep(2).astype(np.float32))
+    np.testing.assert_allclose(rec.sweep(2).points, sweep_points(2).astype(np.float32))
     # read_sequence (the app's bounded reader) takes the same layout
     np.testing.assert_allclose(read_sequence(tmp_path / "00").poses, velo, atol=1e-9)
 
 
 def test_a_recording_with_a_json_list_of_poses_or_none_opens(tmp_path: Path) -> None:
     for frame in range(3):
-        write_points(tmp_path / f"frame_{frame:03d}.bin", _sweep(frame))
+        write_points(tmp_path / f"frame_{frame:03d}.bin", sweep_points(frame))
     assert sequence.open_recording(tmp_path).poses is None  # bare sweeps: the caller registers them
     poses = np.stack([_yaw_pose(i, 3.0 * i) for i in range(3)])
     (tmp_path / "poses.json").write_text(json.dumps(poses.tolist()))
@@ -341,7 +300,7 @@ def test_the_shared_kitti00_frames_open_with_the_ground_truth_poses() -> None:
 def test_a_sequence_holds_at_most_four_full_clouds_of_points(tmp_path: Path) -> None:
     """50 sweeps each declaring a full cloud in a few KB (LZF back-references) cost the app 19 s and 2 GB."""
     for i in range(6):
-        write_points(tmp_path / f"{i:06d}.bin", _sweep(i))  # 2,000 points each
+        write_points(tmp_path / f"{i:06d}.bin", sweep_points(i))  # 2,000 points each
     with point_limit(2500), pytest.raises(PointCloudError, match=r"000005\.bin: the first 6 sweeps hold 12,000 points; "
                                                                    r"a sequence may hold at most 10,000"):
         read_sequence(tmp_path)

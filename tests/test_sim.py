@@ -739,7 +739,7 @@ def test_the_layout_leaves_out_the_actors_the_sweep_leaves_out(urban):
 
 def test_box_range_view_matches_brute_force_on_a_worlds_actor_layout(urban):
     from lidar.boxes import box_range_view
-    from tests.test_boxes import brute_force_view
+    from tests.helpers import brute_force_view
 
     sensor = HDL32.with_width(256)
     boxes = urban.boxes(0.0)["boxes"].astype(np.float64)

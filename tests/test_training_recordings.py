@@ -19,7 +19,7 @@ from lidar.formats import write_points
 from lidar.sensors import HDL64
 from lidar.sim import make_world, plan_drive
 from lidar.sim.sequence import simulate_sequence
-from tests.test_training import TINY_SENSOR, tiny_config
+from tests.helpers import TRAIN_SENSOR, tiny_train_config
 from training.config import AugmentConfig, TrainConfig
 from training.data import Drive, WorldModelSamples, load_recordings
 
@@ -40,11 +40,11 @@ def recording(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def test_a_recording_trains_without_map_or_layout_and_only_on_the_rows_its_sensor_saw(recording: Path) -> None:
-    cfg = TrainConfig.from_dict(tiny_config("", recordings=[str(recording)]))
-    drives = load_recordings(cfg.recordings, TINY_SENSOR)
+    cfg = TrainConfig.from_dict(tiny_train_config("", recordings=[str(recording)]))
+    drives = load_recordings(cfg.recordings, TRAIN_SENSOR)
     assert len(drives) == 1 and len(drives[0]) == 6 and drives[0].hdmap is None
     seen = drives[0].rows
-    elevations = np.degrees(TINY_SENSOR.elevations)
+    elevations = np.degrees(TRAIN_SENSOR.elevations)
     # an HDL-64E looks from +2 to -24.9 deg: the HDL-32E model's rows above +2.7 and below -25.3 are unseen
     np.testing.assert_array_equal(seen, (elevations < 2.7) & (elevations > -25.4))
     samples = WorldModelSamples([], cfg, drives)
@@ -58,9 +58,9 @@ def test_a_recording_trains_without_map_or_layout_and_only_on_the_rows_its_senso
 
 
 def test_the_loss_ignores_what_the_target_sensor_never_saw() -> None:
-    from tests.test_flow import tiny_model
+    from tests.helpers import tiny_vlp16_model
 
-    model = tiny_model()
+    model = tiny_vlp16_model()
     h, w = model.config.sensor_obj.shape
     image = torch.rand(2, 2, h, w) * 2 - 1
     cond = torch.zeros(2, model.config.cond_channels, h, w) - 1
@@ -77,9 +77,9 @@ def test_the_loss_ignores_what_the_target_sensor_never_saw() -> None:
 def _marker_drive(frames: int) -> Drive:
     """One return per frame, at range 10 + t m straight ahead, all poses at the origin: a cached point's range
     says which frame it came from."""
-    h, w = TINY_SENSOR.shape
+    h, w = TRAIN_SENSOR.shape
     rng = np.zeros((frames, h, w), np.float32)
-    row = int(np.argmin(np.abs(TINY_SENSOR.elevations)))
+    row = int(np.argmin(np.abs(TRAIN_SENSOR.elevations)))
     rng[:, row, w // 2] = 10.0 + np.arange(frames)
     return Drive(rng, np.zeros_like(rng), np.tile(np.eye(4), (frames, 1, 1)), None, None, None, None, np.ones(h, bool))
 
@@ -88,7 +88,7 @@ def _marker_drive(frames: int) -> Drive:
 def test_a_forecast_gap_ages_the_cache_by_up_to_a_second(gap: float) -> None:
     augment = AugmentConfig(dropout=0.0, range_noise=0.0, jitter_translation=0.0, jitter_rotation_deg=0.0,
                             forecast_gap=gap)
-    cfg = TrainConfig.from_dict({**tiny_config("", recordings=["unused"], cache_frames=1), "augment": augment})
+    cfg = TrainConfig.from_dict({**tiny_train_config("", recordings=["unused"], cache_frames=1), "augment": augment})
     samples = WorldModelSamples([], cfg, [_marker_drive(20)])
     ages = []
     for key in range(300):
@@ -108,7 +108,7 @@ def test_a_job_fine_tunes_on_recorded_sequences_alone(source: str, recording: Pa
     if not folder.is_dir():
         pytest.skip("the shared KITTI 00 frames are not beside the checkout")
     config = tmp_path / "rec.json"
-    config.write_text(json.dumps(tiny_config("", recordings=[str(folder)], max_iters=3, save_iter=3,
+    config.write_text(json.dumps(tiny_train_config("", recordings=[str(folder)], max_iters=3, save_iter=3,
                                                  warmup_iters=1)))
     with socket.socket() as free:  # a port of its own: another job may hold the default one
         free.bind(("127.0.0.1", 0))
