@@ -1,5 +1,7 @@
-"""Export: a job dir becomes a release that loads back to exactly the job's EMA network, is published only
-once verified, and is pushed to the Hub (a localhost stand-in) from where it loads back by revision."""
+"""Export: a job dir becomes a release that loads back to exactly the job's EMA network, carries what it takes
+to train it again (training.json: the resolved config and the data spec, whose `python -m lidar.sim` line
+writes the same dataset), is published only once verified, and is pushed to the Hub (a localhost stand-in)
+from where it loads back by revision."""
 
 from __future__ import annotations
 
@@ -7,6 +9,7 @@ import json
 from pathlib import Path
 
 import huggingface_hub.constants as hf_constants  # imported before any test sets HF_HUB_OFFLINE
+import numpy as np
 import pytest
 import torch
 from huggingface_hub import ModelCard
@@ -17,7 +20,10 @@ from checkpointing import CheckpointConfig, FSDPCheckpointer, JobConfig, ModelWi
 from inference import load_pipeline
 from inference.loader import ModelSourceError, load_model
 from inference.network import IMAGE_CHANNELS, WorldModel, WorldModelConfig
+from lidar.formats import write_points
 from lidar.sensors import HDL32
+from lidar.sim.__main__ import main as simulate
+from lidar.sim.dataset import SIMULATOR_VERSION, write_dataset
 from tests.hub_stand_in import HubServer, serve_hub
 from training.config import TrainConfig
 from training.export import ReleaseVerificationError, export, loss_curve_rows, main
@@ -30,10 +36,11 @@ ITERATION = 7
 def job(tmp_path_factory) -> tuple[Path, WorldModel, WorldModel]:
     """A job dir as training leaves it: resolved config, progress and one checkpoint generation."""
     job_dir = tmp_path_factory.mktemp("job")
+    write_dataset(job_dir / "data", HDL32.with_width(64), sequences=1, frames=2, seed=5)
     model_cfg = WorldModelConfig(sensor=HDL32.with_width(64).to_dict(), base_channels=8, channel_mults=(1, 2),
                                  strides=((1, 2),), norm_groups=4, bottleneck_attention=False, keep_gate=True,
                                  gap_fill=True)  # the shipped architecture's switches
-    cfg = TrainConfig(model=model_cfg.to_dict(), data_root=str(job_dir / "no-data"), max_iters=10, warmup_iters=2)
+    cfg = TrainConfig(model=model_cfg.to_dict(), data_root=str(job_dir / "data"), max_iters=10, warmup_iters=2)
     (job_dir / "config.json").write_text(cfg.to_json())
     torch.manual_seed(0)
     model, ema = WorldModel(model_cfg), WorldModel(model_cfg)
@@ -92,6 +99,80 @@ def test_release_is_self_describing(job, tmp_path: Path) -> None:
     assert all(f.stat().st_mode & 0o444 == 0o444 for f in release.iterdir()), "every release file readable by all"
 
 
+def test_training_json_holds_the_resolved_config_and_the_data_its_command_rebuilds(job, tmp_path: Path) -> None:
+    job_dir, _, _ = job
+    release = tmp_path / "release"
+    export(job_dir, release)
+    record = json.loads((release / "training.json").read_text())
+    assert TrainConfig.from_dict(record["config"]) == TrainConfig.from_json(job_dir / "config.json")
+    assert record["commands"] == ["torchrun --nproc_per_node 2 -m training.train --config c.json --job-dir j"]
+    simulated = record["data"]["simulated"]
+    manifest = json.loads((job_dir / "data" / "manifest.json").read_text())
+    assert (simulated["simulator"], simulated["seed"], simulated["sequences"], simulated["frames"]) == (
+        SIMULATOR_VERSION, 5, 1, 2)
+    assert simulated["sensor"] == manifest["sensor"]
+    assert record["data"]["recordings"] == [] and record["data"]["recording_fraction"] is None
+    # the card's data line, run again, writes the same drives
+    command = simulated["command"]
+    assert f"`{command}`" in (release / "README.md").read_text()
+    assert command.startswith("python -m lidar.sim ")
+    again = tmp_path / "again"
+    assert simulate([*command.split()[3:-1], str(again)]) == 0
+    rebuilt = json.loads((again / "manifest.json").read_text())
+    assert (rebuilt["sequences"], rebuilt["sensor"], rebuilt["simulator"]) == (
+        manifest["sequences"], manifest["sensor"], manifest["simulator"])
+    card = (release / "README.md").read_text()
+    assert f"made by simulator version {SIMULATOR_VERSION} (this checkout's)" in card
+    assert "`training.json` | how to train it again" in card
+
+
+def test_a_card_says_when_this_checkout_simulates_another_version(job, tmp_path, monkeypatch) -> None:
+    monkeypatch.setattr(export_module, "SIMULATOR_VERSION", SIMULATOR_VERSION + 1)
+    export(job[0], tmp_path / "release")
+    card = (tmp_path / "release" / "README.md").read_text()
+    assert f"this checkout simulates version {SIMULATOR_VERSION + 1}, so the same seeds give other drives" in card
+
+
+def test_a_config_outside_the_repository_is_named_and_training_json_offered(job, tmp_path: Path) -> None:
+    """The fixture's job ran `--config c.json`, which no clone holds; a config tracked in training/configs is fine."""
+    export(job[0], tmp_path / "release")
+    assert "The config `c.json` is not in the repository: `training.json` holds" in (
+        tmp_path / "release" / "README.md").read_text()
+    assert export_module.configs_outside_the_repository(
+        ["torchrun --nproc_per_node 1 -m training.train --config training/configs/v10.json --job-dir jobs/v10",
+         "torchrun -m training.train --config /tmp/d2/v9.json --job-dir jobs/v9",
+         "torchrun -m training.train --config training/configs/missing.json --job-dir jobs/x"]
+    ) == ["/tmp/d2/v9.json", "training/configs/missing.json"]
+
+
+def test_training_json_and_the_card_name_the_recordings_and_the_forecast_gap(job, tmp_path: Path) -> None:
+    job_dir, _, _ = job
+    drive = tmp_path / "drive"
+    drive.mkdir()
+    points = np.random.default_rng(0).uniform(-20, 20, (500, 4)).astype(np.float32)
+    for i in (0, 1, 2):
+        write_points(drive / f"{i:06d}.bin", points)
+    copy = tmp_path / "job"
+    copy.mkdir()
+    for item in job_dir.iterdir():
+        (copy / item.name).symlink_to(item)
+    (copy / "config.json").unlink()
+    cfg = json.loads(TrainConfig.from_json(job_dir / "config.json").to_json())
+    (copy / "config.json").write_text(TrainConfig.from_dict(
+        {**cfg, "recordings": [str(drive), str(tmp_path / "gone")], "recording_fraction": 0.25,
+         "augment": {**cfg["augment"], "forecast_gap": 0.5}}).to_json())
+    export(copy, tmp_path / "release")
+    card = (tmp_path / "release" / "README.md").read_text()
+    assert "50% of the time (`forecast_gap`) the cache ends 1-10 frames before the target" in card
+    assert f"Recorded drives (25% of the samples, no map and no layout): `{drive}`" in card
+    data = json.loads((tmp_path / "release" / "training.json").read_text())["data"]
+    assert data["recordings"] == [
+        {"path": str(drive), "sweeps": 3, "first": "000000.bin", "last": "000002.bin", "poses": "registered (KISS-ICP)"},
+        {"path": str(tmp_path / "gone")},
+    ]
+    assert data["recording_fraction"] == 0.25 and data["simulated"]["sequences"] == 1
+
+
 def test_a_fine_tuned_jobs_card_names_the_model_it_started_from(job, tmp_path: Path) -> None:
     job_dir, _, _ = job
     copy = tmp_path / "job"
@@ -138,7 +219,7 @@ def test_release_carries_the_evaluation_pictures_and_the_card_shows_them(job, tm
     release = tmp_path / "release"
     export(job[0], release, pictures=pictures)
     assert sorted(p.name for p in release.iterdir()) == ["README.md", "config.json", "eval_sim_bev.png",
-                                                          "model.safetensors"]
+                                                          "model.safetensors", "training.json"]
     assert Image.open(release / "eval_sim_bev.png").getpixel((0, 0)) == (10, 20, 30)
     card = (release / "README.md").read_text()
     assert "](eval_sim_bev.png)" in card and "eval_kitti_bev.png" not in card
@@ -209,7 +290,7 @@ def test_a_verified_export_replaces_the_previous_release_as_a_whole(job, tmp_pat
     out = tmp_path / "release"
     _previous_release(job_dir, out)
     export(job_dir, out)
-    assert sorted(p.name for p in out.iterdir()) == ["README.md", "config.json", "model.safetensors"]
+    assert sorted(p.name for p in out.iterdir()) == ["README.md", "config.json", "model.safetensors", "training.json"]
     assert "previous" not in json.loads((out / "config.json").read_text())
     assert oct(out.stat().st_mode & 0o777) == "0o755"
     loaded, _ = load_model(str(out), device="cpu")
@@ -256,7 +337,7 @@ def test_push_to_hub_uploads_the_release_and_it_loads_back_by_revision(job, tmp_
     assert len(hub.commits) == 2
     commit = hub.commits[-1]
     assert (commit["repo"], commit["branch"]) == ("lidarverse/tiny-release", "v1")
-    assert sorted(commit["files"]) == ["README.md", "config.json", "model.safetensors"]
+    assert sorted(commit["files"]) == ["README.md", "config.json", "model.safetensors", "training.json"]
     assert commit["files"]["model.safetensors"] == (out / "model.safetensors").read_bytes()
     assert f"iteration {ITERATION}" in commit["summary"]
     assert {auth for path, auth in hub.requests if path.startswith("POST")} == {"Bearer hf_from_the_environment"}

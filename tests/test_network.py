@@ -9,6 +9,7 @@ import torch
 
 from inference.conditioning import LayoutView, build_condition, decode_image, prior_image
 from inference.network import (
+    ARCHITECTURE_FIELDS,
     IMAGE_CHANNELS,
     KEEP,
     MAX_LEVEL_CHANNELS,
@@ -316,14 +317,26 @@ def test_a_config_written_before_prior_snap_existed_snaps_at_the_map_tolerance()
 
 
 REPO = Path(__file__).resolve().parent.parent
+CONFIGS = REPO / "training" / "configs"
+#: Lineage steps before the shipped architecture (training/configs/README.md): attention on, no gate or gap fill.
+EARLIER_STEPS = ("v4.json", "v6.json", "v6_fov_crop.json", "v8.json")
 
 
-@pytest.mark.parametrize(
-    "path", ["weights/default/config.json", *sorted(str(p.relative_to(REPO)) for p in (REPO / "training/configs").glob("*.json"))]
-)
+@pytest.mark.parametrize("path", ["weights/default/config.json", *sorted(
+    str(p.relative_to(REPO)) for p in CONFIGS.glob("*.json") if p.name not in EARLIER_STEPS)])
 def test_the_defaults_are_the_shipped_model_and_every_training_config_describes_it(path):
     model = json.loads((REPO / path).read_text())["model"]
     assert WorldModelConfig.from_dict(model) == WorldModelConfig()
+
+
+@pytest.mark.parametrize("name", EARLIER_STEPS)
+def test_an_earlier_lineage_step_differs_from_the_shipped_model_only_where_init_from_can_carry_weights(name):
+    from training.train import TRANSFERABLE_FIELDS
+
+    config = WorldModelConfig.from_dict(json.loads((CONFIGS / name).read_text())["model"])
+    shipped = WorldModelConfig()
+    differ = {field for field in ARCHITECTURE_FIELDS if getattr(config, field) != getattr(shipped, field)}
+    assert differ and differ <= set(TRANSFERABLE_FIELDS)
 
 
 def test_a_config_that_leaves_out_a_field_whose_default_changed_keeps_the_meaning_it_was_written_with():

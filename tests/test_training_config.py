@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -28,6 +29,16 @@ def test_shipped_configs_load_and_round_trip(name: str) -> None:
     assert cfg.warmup_iters < cfg.max_iters
     # the fine-tuning recipe trains the default network on the default data, starting from the release
     assert cfg.model == TrainConfig.from_dict(_default()).model and cfg.data_root == _default()["data_root"]
+
+
+CONFIGS = Path(__file__).resolve().parents[1] / "training" / "configs"
+
+
+@pytest.mark.parametrize("path", sorted(CONFIGS.glob("*.json")), ids=lambda p: p.name)
+def test_every_config_of_the_lineage_loads_round_trips_and_is_listed_in_the_configs_readme(path: Path) -> None:
+    cfg = TrainConfig.from_json(path)
+    assert TrainConfig.from_dict(json.loads(cfg.to_json())) == cfg
+    assert f"`{path.name}`" in (CONFIGS / "README.md").read_text()
 
 
 @pytest.mark.parametrize(

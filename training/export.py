@@ -1,11 +1,13 @@
 """Turn a training job into a release, and optionally publish it:
 `python -m training.export JOB_DIR OUT_DIR [--metrics EVAL.json] [--push-to-hub ORG/NAME [--revision R]]`.
 
-A release is what the app loads (DESIGN.md): `model.safetensors` holding the EMA weights with metadata
+A release is what the app loads (docs/design.md): `model.safetensors` holding the EMA weights with metadata
 naming the iteration and the source, `config.json` with the architecture, sensor and normalisation, and
-`README.md`, the model card (its YAML front matter is the Hub's metadata). The card is written from what
-the job recorded (its resolved config, `progress.json`, the dataset manifest) and, when given, an
-evaluation report, so it states facts rather than intentions.
+`README.md`, the model card (its YAML front matter is the Hub's metadata). Beside them `training.json` keeps
+how to make the release again: the job's resolved training config and the data it was trained on (the
+simulated dataset's simulator version, seed and sizes, and any recordings); nothing loads it at inference.
+The card is written from what the job recorded (its resolved config, `progress.json`, the dataset manifest)
+and, when given, an evaluation report, so it states facts rather than intentions.
 
 The release is committed like a checkpoint: it is written into a staging folder beside OUT_DIR, fsynced,
 loaded back through `inference.load_pipeline` (the path every user of the release takes) and required to
@@ -35,14 +37,21 @@ from checkpointing.atomic import atomic_write_text, fsync_dir, fsync_file
 from inference import load_pipeline
 from inference.loader import CONFIG_NAME, WEIGHTS_NAME
 from inference.network import WorldModel
-from lidar.sim.dataset import MANIFEST
-from lidar.sim.hdmap import MAP_CLASSES
+from lidar.errors import InputError
+from lidar.sequence import open_recording
+from lidar.sim.dataset import MANIFEST, SIMULATOR_VERSION
+from lidar.vocabulary import MAP_CLASSES
 from training.config import TrainConfig
+from training.data import FORECAST_FRAMES
 from training.progress import read_progress, wall_seconds
 
 logger = logging.getLogger(__name__)
 
 CARD_NAME = "README.md"
+#: How the release was trained: the resolved training config and the data spec (see `training_record`).
+TRAINING_NAME = "training.json"
+#: The repository's root: where a launch command's config must be tracked for a fresh clone to rerun it.
+REPO_ROOT = Path(__file__).resolve().parents[1]
 #: The evaluation's pictures (`training.evaluate --pictures`) a release may carry for its card.
 PICTURE_FILES = ("eval_sim_bev.png", "eval_kitti_bev.png", "real_bev_5.png", "real_range_5.png", "real_bev_10.png",
                  "real_range_10.png")
@@ -56,7 +65,7 @@ PICTURE_CAPTIONS = {
     "real_range_10.png": "real KITTI 00, 1.0 s ahead: truth / forecast / every prefix sweep moved (range images)",
 }
 #: Everything a release folder holds; exporting replaces the whole folder, so nothing else may be in it.
-RELEASE_FILES = (CONFIG_NAME, WEIGHTS_NAME, CARD_NAME, *PICTURE_FILES)
+RELEASE_FILES = (CONFIG_NAME, WEIGHTS_NAME, CARD_NAME, TRAINING_NAME, *PICTURE_FILES)
 #: The card's YAML front matter: what the Hub shows and searches (license, library, task, tags).
 CARD_METADATA: dict[str, Any] = {
     "license": "apache-2.0",
@@ -110,6 +119,8 @@ def export(
         dataset = _dataset_summary(Path(cfg.data_root)) if cfg.data_root else {}
         release_config = _release_config(cfg, progress, model, iteration, dataset)
         atomic_write_text(staging / CONFIG_NAME, json.dumps(release_config, indent=2) + "\n")
+        record = training_record(cfg, dataset, launch_commands(progress))
+        atomic_write_text(staging / TRAINING_NAME, json.dumps(record, indent=2) + "\n")
         shown = _copy_pictures(pictures, staging)
         card = model_card(cfg, progress, dataset, iteration, model, weights, metrics, notes or [], base_model, shown)
         atomic_write_text(staging / CARD_NAME, card)
@@ -152,7 +163,7 @@ def check_replaceable(out_dir: Path) -> None:
 
 
 def _weights_metadata(model: Any, iteration: int, source: str) -> dict[str, str]:
-    """The safetensors header that makes the weights file self-describing (DESIGN habit 4)."""
+    """The safetensors header that makes the weights file self-describing (docs/design.md, conventions)."""
     return {
         "format": "lidarverse-release",
         "iteration": str(iteration),
@@ -296,6 +307,7 @@ def _dataset_summary(root: Path) -> dict[str, Any]:
         actions[s["action"]] = actions.get(s["action"], 0) + 1
     return {
         "root": str(root),
+        "simulator": manifest.get("simulator", 1),  # manifests before simulator version 2 did not record it
         "seed": manifest["seed"],
         "sequences": len(seqs),
         "frames": sum(s["frames"] for s in seqs),
@@ -305,6 +317,70 @@ def _dataset_summary(root: Path) -> dict[str, Any]:
         "actions": actions,
         "world_seeds": sorted(int(s["world_seed"]) for s in seqs),
     }
+
+
+def data_command(dataset: dict[str, Any]) -> str:
+    """The `python -m lidar.sim` line that writes the dataset `_dataset_summary` describes (at its simulator
+    version), for the card and training.json."""
+    sensor = dataset["sensor"]
+    return (f"python -m lidar.sim --sensor {sensor['name']} --width {sensor['width']} --sequences {dataset['sequences']} "
+            f"--frames {dataset['frames_per_sequence'][0]} --seed {dataset['seed']} --out {dataset['root']}")
+
+
+def _recording_summary(folder: str) -> dict[str, Any]:
+    """What a recorded drive the job trained on holds, as far as this machine still has it."""
+    try:
+        recording = open_recording(folder)
+    except InputError:  # moved, or not on this machine: the path is all the job recorded
+        return {"path": folder}
+    return {"path": folder, "sweeps": len(recording), "first": recording.names[0], "last": recording.names[-1],
+            "poses": "from its poses file" if recording.poses is not None else "registered (KISS-ICP)"}
+
+
+def training_record(cfg: TrainConfig, dataset: dict[str, Any], commands: list[str]) -> dict[str, Any]:
+    """training.json: everything needed to train this release again besides the repository at `git_commit`
+    and the weights `config.init_from` names. The job dir, its logs and its data folder stay behind, so
+    the config and the data are copied here rather than referred to."""
+    simulated = None
+    if "sequences" in dataset:
+        keep = ("root", "simulator", "seed", "sequences", "frames_per_sequence", "frames", "sensor", "styles", "actions")
+        simulated = {**{k: dataset[k] for k in keep}, "command": data_command(dataset)}
+    elif cfg.data_root:
+        simulated = {"root": cfg.data_root, "manifest": "not found when exporting"}
+    return {
+        "commands": commands,
+        "git_commit": _git_commit(),
+        "config": cfg.to_dict(),
+        "data": {
+            "simulated": simulated,
+            "recordings": [_recording_summary(r) for r in cfg.recordings],
+            "recording_fraction": cfg.recording_fraction if cfg.data_root and cfg.recordings else None,
+        },
+    }
+
+
+def launch_commands(progress: dict[str, Any]) -> list[str]:
+    """The job's distinct launch commands, in launch order."""
+    return list(dict.fromkeys(launch["command"] for launch in progress["launches"]))
+
+
+def configs_outside_the_repository(commands: list[str]) -> list[str]:
+    """The `--config` files of `commands` that git does not track in this repository: a fresh clone lacks
+    them, so the card must say where the config they held is kept instead (training.json)."""
+    outside = []
+    for command in commands:
+        words = command.split()
+        if "--config" not in words or words.index("--config") + 1 == len(words):
+            continue
+        config = words[words.index("--config") + 1]
+        try:
+            tracked = subprocess.run(["git", "ls-files", "--error-unmatch", "--", config], cwd=REPO_ROOT,
+                                     capture_output=True, timeout=10).returncode == 0
+        except (OSError, subprocess.SubprocessError):  # no git here: nothing to say either way
+            continue
+        if Path(config).is_absolute() or not tracked:
+            outside.append(config)
+    return list(dict.fromkeys(outside))
 
 
 def loss_curve_rows(losses: list[list[float]], points: int = 8) -> list[tuple[int, float]]:
@@ -354,14 +430,17 @@ def card_intro(model: WorldModel, sensor: dict[str, Any]) -> list[str]:
     ]
 
 
-def card_training_data(cfg: TrainConfig, dataset: dict[str, Any], sensor: dict[str, Any]) -> list[str]:
+def card_training_data(cfg: TrainConfig, dataset: dict[str, Any]) -> list[str]:
     """Where the samples come from and how their conditions are corrupted, so a reader can rebuild the data."""
     lines = ["## Training data", ""]
     if "sequences" in dataset:
+        version = dataset["simulator"]
         lines += [
-            f"`python -m lidar.sim --sensor {sensor['name']} --width {sensor['width']} --sequences "
-            f"{dataset['sequences']} --frames {dataset['frames_per_sequence'][0]} --seed {dataset['seed']} "
-            f"--out {dataset['root']}`: {dataset['sequences']} simulated drives, {dataset['frames']} frames at 10 Hz.",
+            f"`{data_command(dataset)}`: {dataset['sequences']} simulated drives, {dataset['frames']} frames at 10 Hz, "
+            f"made by simulator version {version}"
+            + (" (this checkout's)." if version == SIMULATOR_VERSION else
+               f"; this checkout simulates version {SIMULATOR_VERSION}, so the same seeds give other drives: check out "
+               f"a commit whose `lidar.sim.dataset.SIMULATOR_VERSION` is {version} to write the same data."),
             f"Styles {dataset['styles']}, actions {dataset['actions']}. World seeds are drawn from dataset seed "
             f"{dataset['seed']}; evaluation uses worlds from other dataset seeds and checks they are disjoint.",
         ]
@@ -379,6 +458,8 @@ def card_training_data(cfg: TrainConfig, dataset: dict[str, Any], sensor: dict[s
         f"(dropout {cfg.augment.dropout}, range noise {cfg.augment.range_noise} m, pose jitter "
         f"{cfg.augment.jitter_translation} m / {cfg.augment.jitter_rotation_deg}°) and merged in a `SpatialCache`; "
         f"{cfg.augment.fov_crop:.0%} of the time (`fov_crop`) only a narrower sensor's beams are cached;",
+        *([f"{cfg.augment.forecast_gap:.0%} of the time (`forecast_gap`) the cache ends 1-{FORECAST_FRAMES} frames "
+           "before the target, as a forecast's does at its horizons;"] if cfg.augment.forecast_gap else []),
         f"the actor layout is the frame's boxes with {cfg.augment.layout_missing:.0%} missing, centres shifted by "
         f"{cfg.augment.layout_center_noise} m and, {cfg.augment.layout_stale:.0%} of the time, 1-3 frames stale.",
         f"The cache is emptied with probability {cfg.model['p_drop_cache']} (first frame), the map dropped with "
@@ -394,7 +475,11 @@ def model_card(cfg: TrainConfig, progress: dict[str, Any], dataset: dict[str, An
                base_model: str | None = None, pictures: list[str] | None = None) -> str:
     sensor = cfg.model["sensor"]
     launches = progress["launches"]
-    commands = list(dict.fromkeys(launch["command"] for launch in launches))  # in launch order
+    commands = launch_commands(progress)
+    outside = configs_outside_the_repository(commands)
+    if outside:
+        logger.warning("the job's config %s is not in the repository; the card points to %s instead",
+                       ", ".join(outside), TRAINING_NAME)
     hardware = list(dict.fromkeys(launch["hardware"] for launch in launches))
     speed = launches[-1].get("samples_per_s") if launches else None
     wall = wall_seconds(progress)
@@ -406,12 +491,14 @@ def model_card(cfg: TrainConfig, progress: dict[str, Any], dataset: dict[str, An
         "|---|---|",
         f"| `model.safetensors` | EMA weights at iteration {iteration} ({weights.stat().st_size / 1e6:.1f} MB) |",
         "| `config.json` | architecture (`model`), sensor, normalisation, map classes, training summary |",
+        f"| `{TRAINING_NAME}` | how to train it again: the resolved training config (`config`), the data "
+        "(`data`: the simulator version, seed and sizes, recordings), the launch commands and the git commit |",
         "| `README.md` | this card |",
         "",
         "Load it with `inference.load_pipeline(\"weights/default\")` (the app does this by default).",
         "",
     ]
-    lines += card_training_data(cfg, dataset, sensor)
+    lines += card_training_data(cfg, dataset)
     lines += [
         "## Training",
         "",
@@ -419,6 +506,9 @@ def model_card(cfg: TrainConfig, progress: dict[str, Any], dataset: dict[str, An
         *commands,
         "```",
         "",
+        *([f"The config {', '.join(f'`{c}`' for c in outside)} is not in the repository: `{TRAINING_NAME}` holds "
+           "the config it resolved to (`config`); write that to a file and pass it as `--config`.", ""]
+          if outside else []),
         *([f"- initialised from `{cfg.init_from}` (`init_from`: fine-tuned from that model's weights)"]
           if cfg.init_from else []),
         f"- iterations: {iteration} of {cfg.max_iters} (batch {cfg.batch_size} per rank), "
