@@ -17,7 +17,7 @@ channels, in order (K map classes, J boxed actor classes):
 Any of cache, map and layout may be absent (first frame, free generation, real-data forecasting): a dropped
 block holds -1 ranges and zero flags, exactly what `drop_map` / `build_condition(..., None, ...)` give.
 
-`prior_image` turns a condition into the deterministic sweep the network corrects (DESIGN.md): the cache
+`prior_image` turns a condition into the deterministic sweep the network corrects (docs/design.md): the cache
 where it returns, else the nearest of the map's ground and built footprints (buildings, walls, fences),
 with a layout box in front of either winning; where a cached return lies on the map's surface, the map's
 exact range replaces it. Green areas are condition only, not prior: the map knows where trees grow, not

@@ -176,7 +176,7 @@ def _resolve_release(
         weights_path=weights,
         config=config,
         iteration=_int_or_none(meta.get("iteration")),
-        ema=_ema_from_metadata(meta, default=True),  # DESIGN.md: a release holds the EMA weights
+        ema=_ema_from_metadata(meta, default=True),  # docs/design.md: a release holds the EMA weights
         revision=revision,
     )
 
@@ -566,7 +566,7 @@ def load_model(
     # 1. Resolve the source to one local weights file and its config.
     resolved = resolve_source(source, config=config, cache_dir=cache_dir, local_files_only=local_files_only)
     dev, dt = select_device(device, dtype)
-    # 2. Rebuild the architecture from the config alone (DESIGN.md: self-describing weights), checked and
+    # 2. Rebuild the architecture from the config alone (docs/design.md: self-describing weights), checked and
     #    bounded first so a hostile or mistyped config.json cannot allocate a giant network.
     model_config = _validated_config(resolved.config, resolved.source)
     model = WorldModel(model_config)

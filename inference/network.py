@@ -6,7 +6,7 @@ with zeros: beams above the top one and below the bottom one do not exist. Downs
 width, because a 32-beam image is already short; the cache, map, layout and beam/azimuth coordinates come
 in as extra input channels (see `inference.conditioning`).
 
-The network only corrects what the known geometry gets wrong (DESIGN.md). Its clean-image estimate is
+The network only corrects what the known geometry gets wrong (docs/design.md). Its clean-image estimate is
 
     range     = prior range + a log-range residual        (zero-initialised head: a fresh net is the prior)
     intensity = cached intensity (or a typical value) + a residual

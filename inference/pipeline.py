@@ -539,7 +539,7 @@ def _check_action(action: Any) -> None:
 
 
 def _check_poses(poses: Any, name: str) -> np.ndarray:
-    """(T, 4, 4) finite rigid world_from_sensor transforms (DESIGN.md), as float64."""
+    """(T, 4, 4) finite rigid world_from_sensor transforms (docs/design.md), as float64."""
     arr = np.asarray(poses, dtype=np.float64)
     if arr.ndim != 3 or arr.shape[1:] != (4, 4) or len(arr) < 1:
         raise InputError(f"{name} must be (T, 4, 4) world_from_sensor poses, got shape {arr.shape}")

@@ -1,6 +1,6 @@
 """The world rollout: generate one sweep per pose, each conditioned on the cache of everything so far.
 
-One loop serves every use (DESIGN.md): free generation starts from an empty cache; forecasting seeds the
+One loop serves every use (docs/design.md): free generation starts from an empty cache; forecasting seeds the
 cache with observed sweeps (`cache_from_scans`); re-simulation renders target poses from such a cache with
 `update_cache=False`. The HD map and the actor layout (boxes at each frame's time) condition every frame
 when given. All randomness is the sampler's initial noise, drawn from one torch.Generator, so a seed fixes

@@ -1,6 +1,6 @@
 """Range images: the (C, H, W) view every LidarVerse component shares.
 
-Layout (DESIGN.md): row 0 is the highest beam, column u = floor(0.5 * (1 - atan2(y, x) / pi) * W), so
+Layout (docs/design.md): row 0 is the highest beam, column u = floor(0.5 * (1 - atan2(y, x) / pi) * W), so
 straight ahead is the centre column and azimuth wraps around. Range 0 means no return.
 """
 
@@ -40,7 +40,7 @@ class RangeImage:
 
 
 def azimuth_columns(points_xy: np.ndarray, width: int) -> np.ndarray:
-    """Column index of each point by the DESIGN.md formula, wrapped into [0, width)."""
+    """Column index of each point by the docs/design.md formula, wrapped into [0, width)."""
     az = np.arctan2(points_xy[:, 1], points_xy[:, 0])
     u = np.floor(0.5 * (1.0 - az / np.pi) * width).astype(np.int64)
     return np.mod(u, width)

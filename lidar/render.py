@@ -2,7 +2,7 @@
 
 Everything here is pure numpy + Pillow (no matplotlib): the colour map is the Turbo polynomial, so the CLI,
 the Gradio app and the evaluation reports draw the same colours on any machine, offline.
-Frames follow DESIGN.md: x forward, y left, z up, metres.
+Frames follow docs/design.md: x forward, y left, z up, metres.
 """
 
 from __future__ import annotations

@@ -15,7 +15,7 @@ import numpy as np
 
 @dataclass(frozen=True)
 class Sensor:
-    """A spinning LiDAR. Row 0 of its range image is the highest beam (see DESIGN.md)."""
+    """A spinning LiDAR. Row 0 of its range image is the highest beam (see docs/design.md)."""
 
     name: str
     #: Beam elevations in degrees, highest first.

@@ -5,7 +5,7 @@ The model conditions on an HD map and an actor layout whatever made them (`lidar
 map or a detector), so the names it needs live here and not in the simulator: importing the model never
 imports the procedural generator.
 
-Conventions (DESIGN.md): metres and seconds; a sensor frame is x forward, y left, z up; a pose is a (4, 4)
+Conventions (docs/design.md): metres and seconds; a sensor frame is x forward, y left, z up; a pose is a (4, 4)
 float64 world_from_sensor matrix; points are (N, 3+) rows x, y, z (then intensity in [0, 1]).
 """
 

@@ -75,7 +75,7 @@ def test_several_sweeps_without_poses_are_registered(kitti_scene) -> None:
 def test_resimulation_at_zero_shift_reproduces_the_observed_sweep_within_its_resampling_noise(
     kitti_scene, tmp_path
 ) -> None:
-    """A prior-only model (zero-initialised output, DESIGN.md: it reproduces the prior) on the shipped sensor.
+    """A prior-only model (zero-initialised output, docs/design.md: it reproduces the prior) on the shipped sensor.
 
     The floor is the Chamfer distance between a raw sweep and its own resampling on the model's beams and
     columns: no frame on that grid can be closer. The re-rendered frame is drawn from the cache of all three

@@ -2,7 +2,7 @@
 
 Point counts and azimuth coverage come from the data README's table, so the test checks the loader
 against numbers measured independently of this code. The kept-fraction bounds sit a few points under the
-values reported in the project README's "LiDAR files and sensors" table.
+values in the table of docs/formats.md ("Reading and writing sweeps").
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Point-cloud files in and out: KITTI/nuScenes `.bin`, `.pcd`, `.ply`, `.npy`/`.npz`, `.las`/`.laz`.
 
-`read_points` returns a `Scan` whose points follow DESIGN.md (float32 x, y, z, intensity in [0, 1]);
+`read_points` returns a `Scan` whose points follow docs/design.md (float32 x, y, z, intensity in [0, 1]);
 `write_points` picks the format from the extension; `detect_sensor` guesses the device.
 """
 

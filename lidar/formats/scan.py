@@ -1,6 +1,6 @@
 """The `Scan` every reader returns, and the one place raw columns become LidarVerse points.
 
-Readers only decode bytes into named float64 columns; `build_scan` applies the DESIGN.md rules once for
+Readers only decode bytes into named float64 columns; `build_scan` applies the docs/design.md rules once for
 all formats (drop NaN/inf and count them, rescale intensity to [0, 1], derive the ring of an organised
 scan, flag scans whose origin is not the sensor), so a quirk is handled identically whatever the file.
 """
@@ -262,7 +262,7 @@ def build_scan(
     notes: list[str] | None = None,
     sensor: Sensor | None = None,
 ) -> Scan:
-    """Apply the DESIGN.md point rules to decoded columns (float64 or any numeric dtype)."""
+    """Apply the docs/design.md point rules to decoded columns (float64 or any numeric dtype)."""
     notes = list(notes or [])
     xyz = np.asarray(xyz, dtype=np.float64).reshape(-1, 3)
     n = len(xyz)

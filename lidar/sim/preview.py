@@ -2,7 +2,7 @@
 
     python -m lidar.sim.preview --seed 3 --style urban --action turn_left --out docs/sim_map.png
 
-Used to pick a world by eye (and by the README); the same function serves any caller that wants a PNG.
+Used to pick a world by eye (and for docs/simulator.md); the same function serves any caller that wants a PNG.
 """
 
 from __future__ import annotations

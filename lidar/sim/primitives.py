@@ -309,7 +309,7 @@ def angular_windows(
     slack = tilt + np.pi / width  # one column of slack for the column-centre sampling
     a_hi = np.where(inside, np.pi, rel.max(axis=1) + slack) + az_c - yaw0
     a_lo = np.where(inside, -np.pi, rel.min(axis=1) - slack) + az_c - yaw0
-    # Column u's ray leaves at Sensor.azimuths[u] = pi * (1 - (2u + 1) / W) (the DESIGN.md column formula at
+    # Column u's ray leaves at Sensor.azimuths[u] = pi * (1 - (2u + 1) / W) (the docs/design.md column formula at
     # column centres); solving that for u gives the first and last column whose ray lies in [a_lo, a_hi].
     # It is the inverse of the sensor's table, computed for every solid at once rather than searched.
     u_lo = np.ceil(0.5 * (1.0 - a_hi / np.pi) * width - 0.5).astype(np.int64)

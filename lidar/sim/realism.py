@@ -1,6 +1,6 @@
 """Simulated vs real sweeps: range and intensity histograms, per-beam return rates, ground-ring radii.
 
-`python -m lidar.sim.realism [--out docs/sim_real_vs_sim.png]` prints the README table: each statistic
+`python -m lidar.sim.realism [--out docs/sim_real_vs_sim.png]` prints the tables of docs/simulator.md: each statistic
 for the real scans (min-max over the scans, so the spread is visible) next to the simulator's, for
 HDL-64E (KITTI) and HDL-32E (nuScenes: the first 3 of the 10 sweeps its file stacks, split by time offset).
 """
@@ -160,7 +160,7 @@ def compare(
 
 
 def markdown_table(sensor_label: str, real_label: str, rows: list[tuple[str, str, str, str]]) -> str:
-    """The README table, printed so the numbers there can be regenerated rather than retyped."""
+    """A realism table of docs/simulator.md, printed so the numbers there can be regenerated rather than retyped."""
     lines = [
         f"| {sensor_label} | {real_label} (real, min-max) | simulated (min-max) | sim mean vs real |",
         "|---|---|---|---|",

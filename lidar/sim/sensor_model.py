@@ -41,7 +41,7 @@ for _name, _refl in {
 
 @dataclass(frozen=True)
 class SensorModelConfig:
-    """Knobs of the sensor model. `for_sensor` gives the profile tuned against real scans (README, Simulator).
+    """Knobs of the sensor model. `for_sensor` gives the profile tuned against real scans (docs/simulator.md, Realism).
 
     The return signal is physical: reflectivity x cos(incidence)^incidence_power x exp(-2 a r) x speckle.
     Devices report it on their own scale (KITTI's HDL-64E reflectance is strongly compressed, nuScenes'
