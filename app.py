@@ -98,8 +98,8 @@ from lidar.formats import (
 from lidar.real_scans import real_scans_dir
 from lidar.sensors import PRESETS, Sensor, get_sensor
 from lidar.sequence import MAX_SWEEPS
-from lidar.sim import HDMap, World, make_world, plan_drive
-from lidar.vocabulary import transform_points
+from lidar.sim import STYLES, HDMap, World, make_world, plan_drive
+from lidar.vocabulary import ACTION_LABELS, transform_points
 
 logger = logging.getLogger(__name__)
 
@@ -136,8 +136,7 @@ UPLOAD_BYTES_TOTAL = 5 * 2**30
 #: How often a running request looks for its client (seconds): a disconnected one is stopped.
 CLIENT_POLL_S = 0.2
 
-ACTIONS = {"Straight": "straight", "Turn left": "turn_left", "Turn right": "turn_right"}
-STYLES = ("urban", "suburban", "highway")
+ACTIONS = {label: action for action, label in ACTION_LABELS.items()}
 AUTO_SENSOR = "auto-detect"
 #: Re-simulation sliders: how far the new path may leave the observed one (check_inside has the last word).
 MAX_LATERAL_M = 5.0

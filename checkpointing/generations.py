@@ -69,10 +69,6 @@ class Resolution:
     def marker_path(self) -> Path:
         return self.directory / self.generation.marker
 
-    @property
-    def fell_back(self) -> bool:
-        return self.pointer != self.generation.marker
-
 
 def list_generations(directory: Path) -> list[Generation]:
     """All generations in `directory`, oldest first (ckpt_.pt by its recorded iteration)."""

@@ -34,6 +34,9 @@ logger = logging.getLogger(__name__)
 _WRAPPER_SEGMENTS = ("_fsdp_wrapped_module.", "_orig_mod.", "_checkpoint_wrapped_module.")
 _DDP_PREFIX = "module."
 _NESTED_KEYS = ("state_dict", "model")
+#: Torch pickle suffixes `read_weights` loads weights-only, and every weights file it reads.
+TORCH_WEIGHT_SUFFIXES = (".pt", ".pth", ".bin", ".ckpt")
+WEIGHT_SUFFIXES = (".safetensors", *TORCH_WEIGHT_SUFFIXES)
 
 
 def strip_wrapper_prefixes(state_dict: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -52,7 +55,7 @@ def strip_wrapper_prefixes(state_dict: dict[str, torch.Tensor]) -> dict[str, tor
 
 
 def read_weights(path: str | os.PathLike, *, trusted: bool = False) -> dict[str, torch.Tensor]:
-    """A flat name -> tensor dict from a `.safetensors` or torch `.pt`/`.pth`/`.bin` file.
+    """A flat name -> tensor dict from a `.safetensors` or torch `.pt`/`.pth`/`.bin`/`.ckpt` file.
 
     Pickles load weights-only (no code runs); a `{"model": sd}` / `{"state_dict": sd}` wrapper is
     unwrapped and wrapper prefixes are stripped.
@@ -65,10 +68,10 @@ def read_weights(path: str | os.PathLike, *, trusted: bool = False) -> dict[str,
             state = load_safetensors(path, device="cpu")
         except (SafetensorError, OSError) as e:
             raise CorruptCheckpointError(f"{path} is not a readable safetensors file ({e})") from e
-    elif path.suffix in (".pt", ".pth", ".bin", ".ckpt"):
+    elif path.suffix in TORCH_WEIGHT_SUFFIXES:
         state = safe_torch_load(path, trusted=trusted, mmap=True)  # no copy until tensors are used
     else:
-        raise ValueError(f"{path}: expected a .safetensors or torch .pt/.pth/.bin/.ckpt weights file")
+        raise ValueError(f"{path}: expected a weights file ending in {' or '.join(WEIGHT_SUFFIXES)}")
     if isinstance(state, dict) and not all(isinstance(v, torch.Tensor) for v in state.values()):
         nested = [k for k in _NESTED_KEYS if isinstance(state.get(k), dict)]
         if nested:

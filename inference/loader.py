@@ -28,7 +28,7 @@ from checkpointing import (
     layout,
     resolve_weights,
 )
-from checkpointing.weights import checkpoints_dir_of
+from checkpointing.weights import WEIGHT_SUFFIXES, checkpoints_dir_of
 from inference.network import WorldModel, WorldModelConfig
 from lidar.errors import InputError
 
@@ -41,7 +41,6 @@ DEFAULT_MODEL = REPO_ROOT / "weights" / "default"
 MODEL_ENV = "LIDARVERSE_MODEL"
 CONFIG_NAME = "config.json"
 WEIGHTS_NAME = "model.safetensors"
-WEIGHT_SUFFIXES = (".safetensors", ".pt")
 HUB_PREFIX = "hf://"
 #: Largest Hub weights file downloaded, judged from the Hub's file metadata before any byte of it is fetched
 #: (the default release is 5.2 MB; a Space must not let one id fill its disk or memory).

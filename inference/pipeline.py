@@ -31,9 +31,8 @@ from lidar.errors import InputError
 from lidar.formats import Scan, write_points
 from lidar.range_image import RangeImage, project, unproject
 from lidar.sensors import Sensor
-from lidar.sequence import check_poses
 from lidar.sim import World, make_world, plan_drive
-from lidar.vocabulary import ACTION_YAW_SIGN, ACTIONS, FRAME_RATE_HZ, MapSource
+from lidar.vocabulary import ACTION_YAW_SIGN, ACTIONS, FRAME_RATE_HZ, MapSource, check_poses
 
 logger = logging.getLogger(__name__)
 

@@ -34,7 +34,7 @@ from scipy.spatial import cKDTree
 from lidar.cancel import checkpoint
 from lidar.errors import InputError
 from lidar.formats import Scan
-from lidar.sequence import check_poses
+from lidar.vocabulary import check_poses
 
 logger = logging.getLogger(__name__)
 

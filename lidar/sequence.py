@@ -46,6 +46,7 @@ from lidar.formats import MAX_FILE_BYTES, READ_SUFFIXES, PointCloudError, Scan, 
 from lidar.formats.arrays import zip_directory
 from lidar.formats.scan import max_points
 from lidar.sensors import Sensor
+from lidar.vocabulary import check_poses
 
 logger = logging.getLogger(__name__)
 
@@ -64,8 +65,6 @@ MAX_ZIP_DIRECTORY = 1 << 20
 #: Most bytes a poses, calibration or JSON file may hold: a KITTI poses.txt takes ~160 bytes a frame, so
 #: this holds ~6,500 frames (KITTI's longest sequence, 02, has 4,661).
 MAX_TEXT_BYTES = 1 << 20
-#: Farthest a pose may lie from the world origin (m): a recorded or generated drive stays well inside it.
-MAX_POSE_TRANSLATION_M = 100_000.0
 #: Files a sequence folder may hold besides sweeps: never read as sweeps.
 POSES_FILES = ("poses.json", "poses.txt")
 CALIB_FILE = "calib.txt"
@@ -262,33 +261,6 @@ def parse_json(text: str, name: str) -> object:
         raise PointCloudError(f"{name}: JSON holds an integer too long to read; expected a poses file") from None
 
 
-def check_poses(poses: np.ndarray, name: str) -> np.ndarray:
-    """(N, 4, 4) finite rigid transforms within `MAX_POSE_TRANSLATION_M` of the origin, as float64, or an
-    `InputError` naming the first bad one."""
-    try:
-        arr = np.asarray(poses, dtype=np.float64)
-    except (TypeError, ValueError, OverflowError):
-        raise InputError(f"{name}: poses must be numbers; expected (N, 4, 4) world_from_sensor matrices") from None
-    if arr.ndim != 3 or arr.shape[1:] != (4, 4):
-        raise InputError(f"{name}: poses of shape {arr.shape}; expected (N, 4, 4) world_from_sensor")
-    far = np.flatnonzero(~(np.abs(arr[:, :3, 3]) <= MAX_POSE_TRANSLATION_M).all(axis=1) & np.isfinite(arr).all(axis=(1, 2)))
-    if len(far):
-        raise InputError(
-            f"{name}: pose {int(far[0])} lies {np.abs(arr[far[0], :3, 3]).max():.3g} m from the origin; expected "
-            f"poses within {MAX_POSE_TRANSLATION_M / 1000:.0f} km (metres, world_from_sensor)"
-        )
-    rot = arr[:, :3, :3]
-    ok = np.isfinite(arr).all(axis=(1, 2))
-    with np.errstate(invalid="ignore"):
-        ok &= np.abs(rot @ rot.transpose(0, 2, 1) - np.eye(3)).max(axis=(1, 2)) < 1e-4
-        ok &= np.abs(np.linalg.det(np.where(np.isfinite(rot), rot, 0.0)) - 1.0) < 1e-4
-        ok &= np.abs(arr[:, 3] - [0.0, 0.0, 0.0, 1.0]).max(axis=1) < 1e-9
-    if not ok.all():
-        raise InputError(
-            f"{name}: pose {int(np.flatnonzero(~ok)[0])} is not a finite rigid transform (rotation with det 1, "
-            "last row 0 0 0 1); expected world_from_sensor poses"
-        )
-    return arr
 
 
 # ----------------------------------------------------------------------------------------------------------

@@ -17,6 +17,7 @@ from typing import Protocol
 
 import numpy as np
 
+from lidar.errors import InputError
 from lidar.sensors import Sensor
 
 # ---------------------------------------------------------------------------------------------- classes
@@ -103,6 +104,9 @@ ACTION_LABELS: dict[str, str] = {"straight": "Straight", "turn_left": "Turn left
 
 # ------------------------------------------------------------------------------------------------- poses
 
+#: Farthest a pose may lie from the world origin (m): a recorded or generated drive stays well inside it.
+MAX_POSE_TRANSLATION_M = 100_000.0
+
 
 def transform_points(points: np.ndarray, transform: np.ndarray) -> np.ndarray:
     """Apply a 4x4 rigid transform to the xyz of (N, 3+) points; extra columns (intensity) ride along.
@@ -118,3 +122,32 @@ def transform_points(points: np.ndarray, transform: np.ndarray) -> np.ndarray:
     out = pts.astype(np.float32, copy=True)
     out[:, :3] = pts[:, :3].astype(np.float64) @ transform[:3, :3].T + transform[:3, 3]
     return out
+
+
+def check_poses(poses: np.ndarray, name: str) -> np.ndarray:
+    """(N, 4, 4) finite rigid transforms within `MAX_POSE_TRANSLATION_M` of the origin, as float64, or an
+    `InputError` naming the first bad one."""
+    try:
+        arr = np.asarray(poses, dtype=np.float64)
+    except (TypeError, ValueError, OverflowError):
+        raise InputError(f"{name}: poses must be numbers; expected (N, 4, 4) world_from_sensor matrices") from None
+    if arr.ndim != 3 or arr.shape[1:] != (4, 4):
+        raise InputError(f"{name}: poses of shape {arr.shape}; expected (N, 4, 4) world_from_sensor")
+    far = np.flatnonzero(~(np.abs(arr[:, :3, 3]) <= MAX_POSE_TRANSLATION_M).all(axis=1) & np.isfinite(arr).all(axis=(1, 2)))
+    if len(far):
+        raise InputError(
+            f"{name}: pose {int(far[0])} lies {np.abs(arr[far[0], :3, 3]).max():.3g} m from the origin; expected "
+            f"poses within {MAX_POSE_TRANSLATION_M / 1000:.0f} km (metres, world_from_sensor)"
+        )
+    rot = arr[:, :3, :3]
+    ok = np.isfinite(arr).all(axis=(1, 2))
+    with np.errstate(invalid="ignore"):
+        ok &= np.abs(rot @ rot.transpose(0, 2, 1) - np.eye(3)).max(axis=(1, 2)) < 1e-4
+        ok &= np.abs(np.linalg.det(np.where(np.isfinite(rot), rot, 0.0)) - 1.0) < 1e-4
+        ok &= np.abs(arr[:, 3] - [0.0, 0.0, 0.0, 1.0]).max(axis=1) < 1e-9
+    if not ok.all():
+        raise InputError(
+            f"{name}: pose {int(np.flatnonzero(~ok)[0])} is not a finite rigid transform (rotation with det 1, "
+            "last row 0 0 0 1); expected world_from_sensor poses"
+        )
+    return arr

@@ -657,7 +657,7 @@ def test_read_weights_rejects_files_that_are_not_weights(tmp_path):
     with pytest.raises(Exception, match="expected model weights"):
         read_weights(tmp_path / "list.pt")
     (tmp_path / "w.npz").write_bytes(b"x")
-    with pytest.raises(ValueError, match=r"expected a \.safetensors"):
+    with pytest.raises(ValueError, match=r"expected a weights file ending in \.safetensors or \.pt"):
         read_weights(tmp_path / "w.npz")
 
 

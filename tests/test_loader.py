@@ -342,9 +342,9 @@ def test_release_folder_without_weights_names_the_missing_file(release):
 
 
 def test_unknown_file_suffix_is_refused(tmp_path):
-    path = tmp_path / "weights.ckpt"
+    path = tmp_path / "weights.onnx"
     path.write_bytes(b"x")
-    with pytest.raises(ModelSourceError, match=r"unsupported suffix '\.ckpt'"):
+    with pytest.raises(ModelSourceError, match=r"unsupported suffix '\.onnx'.*\.pth or \.bin or \.ckpt"):
         resolve_source(path)
 
 

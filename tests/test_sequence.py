@@ -15,6 +15,7 @@ import lidar.sequence as sequence
 from lidar.errors import InputError
 from lidar.formats import PointCloudError, point_limit, write_points
 from lidar.sequence import NOMINAL_KITTI_TR, kitti_velodyne_poses, read_poses, read_sequence
+from lidar.vocabulary import check_poses
 from tests.helpers import directory_only_zip, patched_zip, sweep_points
 
 
@@ -225,9 +226,9 @@ def test_hostile_json_poses_are_refused_with_a_message_free_of_python_internals(
 def test_poses_past_100_km_are_refused_even_as_numbers(tmp_path: Path) -> None:
     far = _yaw_pose(150_000.0, 0.0)
     with pytest.raises(InputError, match=r"pose 1 lies 1\.5e\+05 m from the origin"):
-        sequence.check_poses(np.stack([np.eye(4), far]), "poses")
+        check_poses(np.stack([np.eye(4), far]), "poses")
     near = _yaw_pose(99_000.0, 30.0)
-    assert sequence.check_poses(near[None], "poses").shape == (1, 4, 4)
+    assert check_poses(near[None], "poses").shape == (1, 4, 4)
 
 
 def test_a_json_list_of_poses_in_a_folder_or_zip_poses_its_sweeps(tmp_path: Path, kitti_folder: Path) -> None:
