@@ -124,6 +124,7 @@ def rollout(
     guidance: float | None = None,
     update_cache: bool = True,
     measured: np.ndarray | None = None,
+    shadow: np.ndarray | None = None,
     sampler: FlowMatchSampler | None = None,
     callback: Callable[[Progress], None] | None = None,
 ) -> RolloutResult:
@@ -131,7 +132,8 @@ def rollout(
 
     `layout(t, pose)` gives the actor boxes at `times[i]` (default 10 Hz from 0) for the sensor at `pose`, as
     `World.boxes` does. `measured` (N, 4) world-frame points of the observed sweeps: every frame keeps their
-    ranges on the rays they see (`inference.measured`).
+    ranges on the rays they see (`inference.measured`), and `shadow` (H, W), the rays their sensor never
+    sees, stay empty.
     """
     config, sensor = model.config, model.sensor
     poses = np.asarray(poses, dtype=np.float64)
@@ -174,7 +176,7 @@ def rollout(
         # 3. keep the prior where the sample only jitters it, and what was measured where it was seen; decode,
         #    unproject, feed the sweep back into the cache
         x = model.snap_to_prior(x, prepared)
-        kept = None if measured is None else measured_view(measured, pose, sensor, map_view)
+        kept = None if measured is None else measured_view(measured, pose, sensor, map_view, shadow)
         if kept is not None:
             x = keep_measured(x, kept, sensor)
         image = decode_image(to_encoded_image(x[0]), sensor)
