@@ -18,7 +18,7 @@ beam spacing on the ground).
 
 What the sensor measured as empty is kept too: a ray with no measured return between measured returns of
 its own row (within `MISS_REACH` columns) is a miss the sensor saw: glass, dark paint, a surface beyond
-range, all still there from a nearby pose. So is the observing sensor's own shadow (`sensor_shadow`: rays
+range, all still there from a nearby pose (within `MISS_BASELINE_M`). So is the observing sensor's own shadow (`sensor_shadow`: rays
 below the horizon on which no observed sweep ever returned, the car's body seen from its roof), which moves
 with the sensor. There the frame returns nothing, unless the map puts a surface under the ray. The network, trained on a simulator whose drops are random per ray, filled such rays: on KITTI
 00 those fills made the forecast's squared Chamfer 1.14-1.24x the moved sweep's at 0.1 s (1.02-1.03x
@@ -47,6 +47,10 @@ from lidar.vocabulary import MapView, transform_points
 FOV_PERCENTILE = 0.1
 #: Radians a float32 point's elevation may sit above its beam's.
 ELEVATION_ROUNDING = 1e-4
+#: Farthest (m) a pose may lie from an observing sensor for a silent ray between measured returns to count as
+#: a miss there: the moved sweeps thin out with the distance, and on KITTI 00 at 8.6 m (1.0 s) most such rays
+#: were only gaps between their re-projected points (the truth returned on them), at 4.3 m (0.5 s) few were.
+MISS_BASELINE_M = 5.0
 #: Columns either side of a ray within which a measured return of its row makes the ray's own silence a
 #: measured miss: the gap-fill reach, along rows only.
 MISS_REACH = GAP_REACH[0]
@@ -71,8 +75,9 @@ class MeasuredView:
     image: RangeImage
     #: (H * W, 4) x, y, z, intensity of each pixel's kept point; rows of unkept pixels are zero.
     points: np.ndarray
-    #: (H, W) rays measured empty: no measured return, one within `MISS_REACH` columns of the same row (or
-    #: the observing sensor's own shadow), and no map surface under them.
+    #: (H, W) rays measured empty: no measured return, one within `MISS_REACH` columns of the same row seen
+    #: from within `MISS_BASELINE_M` of an observing sensor (or the observing sensor's own shadow), and no map
+    #: surface under them.
     misses: np.ndarray
 
     @property
@@ -93,18 +98,35 @@ def sensor_shadow(scans: list[np.ndarray], sensor: Sensor) -> np.ndarray:
     return rows[:, None] & ~seen
 
 
-def measured_view(points_world: np.ndarray, pose: np.ndarray, sensor: Sensor,
-                  map_view: MapView | None = None, shadow: np.ndarray | None = None) -> MeasuredView:
-    """What a sensor at `pose` keeps of the measured points (N, 4) world frame, every observed sweep together:
-    the nearest point per ray, as in a z-buffer of the sweeps moved to the pose; `shadow` (`sensor_shadow`)
-    adds the rays the observing sensor never sees to its misses."""
-    local = transform_points(np.asarray(points_world, dtype=np.float32), np.linalg.inv(pose))
+@dataclass
+class Observation:
+    """What observed sweeps measured, for the frames a forecast or a re-simulation renders from them."""
+
+    #: (N, 4) world-frame points of every observed sweep (`measured_points`).
+    points: np.ndarray
+    #: (K, 3) world positions of the sensor at each sweep.
+    positions: np.ndarray
+    #: (H, W) the observing sensor's own shadow (`sensor_shadow`).
+    shadow: np.ndarray
+
+
+def observation(scans: list[np.ndarray], poses: np.ndarray, sensor: Sensor) -> Observation:
+    """The `Observation` of sensor-frame scans (N, 3+) at their world_from_sensor poses."""
+    poses = np.asarray(poses, dtype=np.float64)
+    return Observation(measured_points(scans, poses), poses[:, :3, 3].copy(), sensor_shadow(scans, sensor))
+
+
+def measured_view(observed: Observation, pose: np.ndarray, sensor: Sensor,
+                  map_view: MapView | None = None) -> MeasuredView:
+    """What a sensor at `pose` keeps of the observation, every observed sweep together: the nearest measured
+    point per ray, as in a z-buffer of the sweeps moved to the pose; and the rays measured empty."""
+    local = transform_points(np.asarray(observed.points, dtype=np.float32), np.linalg.inv(pose))
     index, pixels = grid_winners(local, sensor)
     ranges = point_ranges(local[index])
-    misses = row_misses(pixels, sensor)
-    if shadow is not None:
-        misses |= shadow
-        misses.reshape(-1)[pixels] = False
+    baseline = float(np.linalg.norm(observed.positions - pose[:3, 3], axis=1).min())
+    misses = row_misses(pixels, sensor) if baseline <= MISS_BASELINE_M else np.zeros(sensor.shape, dtype=bool)
+    misses |= observed.shadow
+    misses.reshape(-1)[pixels] = False
     if map_view is not None:
         misses &= (map_view.ground <= 0) & (map_view.building <= 0)  # where the map confirms the surface, its exact range (in the prior) is better
         encoded = encode_range(ranges, sensor.max_range)

@@ -24,7 +24,7 @@ import torch
 from inference.cache import SpatialCache
 from inference.limits import LIBRARY_LIMITS
 from inference.loader import Provenance, load_model
-from inference.measured import measured_points, sensor_shadow
+from inference.measured import observation
 from inference.network import WorldModel, WorldModelConfig
 from inference.rollout import Progress, RolloutResult, cache_from_scans, frame_times, rollout
 from lidar.errors import InputError
@@ -195,8 +195,7 @@ class LidarVersePipeline:
             start,
             **_scene(map, len(poses), times),
             cache=cache,
-            measured=measured_points(points, prefix_poses),
-            shadow=sensor_shadow(points, self.sensor),
+            measured=observation(points, prefix_poses, self.sensor),
             steps=steps,
             seed=seed,
             guidance=guidance,
@@ -229,8 +228,7 @@ class LidarVersePipeline:
             start,
             **_scene(map, len(target_poses), None),
             cache=cache,
-            measured=measured_points(points, poses),
-            shadow=sensor_shadow(points, self.sensor),
+            measured=observation(points, poses, self.sensor),
             steps=steps,
             seed=seed,
             guidance=guidance,

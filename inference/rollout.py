@@ -27,7 +27,7 @@ from inference.conditioning import (
     layout_view,
 )
 from inference.flow import FlowMatchSampler, guided_velocity
-from inference.measured import keep_measured, measured_points_of, measured_view
+from inference.measured import Observation, keep_measured, measured_points_of, measured_view
 from inference.network import IMAGE_CHANNELS, WorldModel, to_encoded_image
 from lidar.range_image import RangeImage, unproject
 from lidar.sensors import Sensor
@@ -123,17 +123,15 @@ def rollout(
     seed: int | torch.Generator = 0,
     guidance: float | None = None,
     update_cache: bool = True,
-    measured: np.ndarray | None = None,
-    shadow: np.ndarray | None = None,
+    measured: Observation | None = None,
     sampler: FlowMatchSampler | None = None,
     callback: Callable[[Progress], None] | None = None,
 ) -> RolloutResult:
     """Generate a sweep at each pose (T, 4, 4) world_from_sensor, in order.
 
     `layout(t, pose)` gives the actor boxes at `times[i]` (default 10 Hz from 0) for the sensor at `pose`, as
-    `World.boxes` does. `measured` (N, 4) world-frame points of the observed sweeps: every frame keeps their
-    ranges on the rays they see (`inference.measured`), and `shadow` (H, W), the rays their sensor never
-    sees, stay empty.
+    `World.boxes` does. `measured`, what observed sweeps measured: every frame keeps their ranges on
+    the rays they see and leaves the rays they measured empty (`inference.measured`).
     """
     config, sensor = model.config, model.sensor
     poses = np.asarray(poses, dtype=np.float64)
@@ -176,7 +174,7 @@ def rollout(
         # 3. keep the prior where the sample only jitters it, and what was measured where it was seen; decode,
         #    unproject, feed the sweep back into the cache
         x = model.snap_to_prior(x, prepared)
-        kept = None if measured is None else measured_view(measured, pose, sensor, map_view, shadow)
+        kept = None if measured is None else measured_view(measured, pose, sensor, map_view)
         if kept is not None:
             x = keep_measured(x, kept, sensor)
         image = decode_image(to_encoded_image(x[0]), sensor)

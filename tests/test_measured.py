@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from inference import load_pipeline
-from inference.measured import keep_measured, measured_points, measured_view
+from inference.measured import keep_measured, measured_points, measured_view, observation
 from inference.pipeline import EgoMotion, action_poses, measured_motion
 from lidar.range_image import grid_winners, project
 from lidar.sim import make_world, plan_drive
@@ -37,7 +37,7 @@ def test_zero_shift_resimulation_returns_the_observed_sweep_exactly(pipe, observ
     scans, poses = observed
     out = pipe.resimulate(scans[:1], poses[:1], poses[:1], steps=2, seed=9)
     frame, truth = out.frames[0], project(scans[0], pipe.sensor)
-    kept = measured_view(measured_points(scans[:1], poses[:1]), poses[0], pipe.sensor)
+    kept = measured_view(observation(scans[:1], poses[:1], pipe.sensor), poses[0], pipe.sensor)
     # a float32 trip through the world frame moves a few points at a column's edge into the next column
     agree = kept.mask & truth.mask & np.isclose(kept.image.range, truth.range, rtol=1e-5)
     assert agree.sum() >= 0.995 * truth.mask.sum() > 100
@@ -64,7 +64,7 @@ def test_a_forecast_keeps_the_nearest_observed_return_of_every_sweep_on_each_ray
 
 def test_the_map_keeps_its_exact_surface_where_it_confirms_the_measurement(pipe, observed) -> None:
     scans, poses = observed
-    world = measured_points(scans[:1], poses[:1])
+    world = observation(scans[:1], poses[:1], pipe.sensor)
     plain = measured_view(world, poses[0], pipe.sensor)
     ground = np.where(plain.mask, plain.image.range * 1.01, 0.0).astype(np.float32)  # 1 % off: confirmed
     ground[:, : pipe.sensor.width // 2] = 0.0  # the map says nothing about the left half
@@ -78,7 +78,7 @@ def test_keep_measured_sets_range_intensity_and_return_only_on_kept_rays(pipe, o
     import torch
 
     scans, poses = observed
-    kept = measured_view(measured_points(scans[:1], poses[:1]), poses[0], pipe.sensor)
+    kept = measured_view(observation(scans[:1], poses[:1], pipe.sensor), poses[0], pipe.sensor)
     x = torch.full((1, 3, *pipe.sensor.shape), -0.5)
     out = keep_measured(x, kept, pipe.sensor)[0].numpy()
     assert (out[2][kept.mask] == 1.0).all() and (out[:, ~kept.mask & ~kept.misses] == -0.5).all()
@@ -157,7 +157,7 @@ def test_measured_misses_return_nothing_unless_the_map_puts_a_surface_there(pipe
     import torch
 
     scans, poses = observed
-    world = measured_points(scans[:1], poses[:1])
+    world = observation(scans[:1], poses[:1], pipe.sensor)
     kept = measured_view(world, poses[0], pipe.sensor)
     assert kept.misses.any() and not (kept.misses & kept.mask).any()
     x = torch.ones((1, 3, *pipe.sensor.shape))
@@ -195,7 +195,7 @@ def test_the_sensors_own_shadow_stays_empty_at_every_pose(pipe, monkeypatch) -> 
     pose[2, 3] = sensor.mount_height
     ahead = pose.copy()
     ahead[0, 3] += 5.0
-    kept = measured_view(measured_points([scan], pose[None]), ahead, sensor, shadow=shadow)
+    kept = measured_view(observation([scan], pose[None], sensor), ahead, sensor)
     assert (shadow & ~kept.mask).sum() > 20 and (kept.misses[shadow & ~kept.mask]).all()
     assert not kept.misses[kept.mask].any()  # a measured point landing in the shadow from a new pose is kept
     import torch
@@ -209,7 +209,21 @@ def test_the_sensors_own_shadow_stays_empty_at_every_pose(pipe, monkeypatch) -> 
     real_rollout = pipeline_module.rollout
     monkeypatch.setattr(pipeline_module, "rollout", lambda *a, **k: seen.update(k) or real_rollout(*a, **k))
     pipe.forecast([scan], prefix_poses=pose[None], poses=ahead[None], steps=1)
-    np.testing.assert_array_equal(seen["shadow"], shadow)
+    np.testing.assert_array_equal(seen["measured"].shadow, shadow)
     seen.clear()
     pipe.resimulate([scan], pose[None], ahead[None], steps=1)
-    np.testing.assert_array_equal(seen["shadow"], shadow)
+    np.testing.assert_array_equal(seen["measured"].shadow, shadow)
+
+
+def test_silent_rays_count_as_misses_only_near_an_observing_sensor(pipe, observed) -> None:
+    from inference.measured import MISS_BASELINE_M
+
+    scans, poses = observed
+    seen = observation(scans[:1], poses[:1], pipe.sensor)
+    near, far = poses[0].copy(), poses[0].copy()
+    near[:3, 3] += near[:3, 0] * (MISS_BASELINE_M - 0.5)
+    far[:3, 3] += far[:3, 0] * (MISS_BASELINE_M + 0.5)
+    assert (measured_view(seen, near, pipe.sensor).misses & ~seen.shadow).any()
+    # from farther away the moved sweep thins out: its gaps are no longer measured emptiness
+    np.testing.assert_array_equal(measured_view(seen, far, pipe.sensor).misses, seen.shadow & ~measured_view(
+        seen, far, pipe.sensor).mask)
