@@ -415,8 +415,9 @@ def test_the_rest_route_goes_through_the_queue_and_private_callbacks_have_no_rou
 
 def test_one_client_cannot_hold_more_than_its_share_of_the_queue(server):
     """Seven requests at once from one address: four are queued, three refused with a 429 naming the limit;
-    another visitor is still served meanwhile."""
-    burst = [httpx.post(f"{server.url}gradio_api/call/generate_world", json={"data": [3, "urban", "Straight", 4, 4, i, 1.0]},
+    another visitor is still served meanwhile. Each asks for 16 frames of 16 steps, so none is done before
+    the last is sent (4-frame requests finished between the posts on an idle machine)."""
+    burst = [httpx.post(f"{server.url}gradio_api/call/generate_world", json={"data": [3, "urban", "Straight", 16, 16, i, 1.0]},
                         headers=as_client("10.4.0.1"), timeout=30) for i in range(7)]
     codes = [r.status_code for r in burst]
     assert codes == [200] * app.MAX_QUEUED_PER_CLIENT + [429] * (7 - app.MAX_QUEUED_PER_CLIENT), codes
