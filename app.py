@@ -909,8 +909,10 @@ ray returns (where the model judges the prior right, or its correction is within
 the prior's exact range is kept; a ray the prior misses starts from its neighbours' range). The sweep is
 unprojected, moved into the world frame and merged into the cache. Forecasting
 seeds the cache with the uploaded scans and conditions every frame on them (its own frames are not fed back,
-so its errors do not compound); re-simulation renders them from new poses. *Guidance* trades diversity for
-fidelity to the map.
+so its errors do not compound); re-simulation renders them from new poses. Either way, every ray the uploaded
+sweeps see keeps their measured point, the rays they measured empty stay empty, and the model draws only what
+they lack. A forecast from several registered sweeps continues at the speed and turn rate they measured.
+*Guidance* trades diversity for fidelity to the map.
 """
 
 
