@@ -18,9 +18,10 @@ beam spacing on the ground).
 
 What the sensor measured as empty is kept too: a ray with no measured return between measured returns of
 its own row (within `MISS_REACH` columns) is a miss the sensor saw: glass, dark paint, a surface beyond
-range, all still there from a nearby pose (within `MISS_BASELINE_M`). So is the observing sensor's own shadow (`sensor_shadow`: rays
-below the horizon on which no observed sweep ever returned, the car's body seen from its roof), which moves
-with the sensor. There the frame returns nothing, unless the map puts a surface under the ray. The network, trained on a simulator whose drops are random per ray, filled such rays: on KITTI
+range, all still there from a nearby pose (within `MISS_BASELINE_M`). There the frame returns nothing,
+unless the map puts a surface under the ray. The observing sensor's own shadow (`sensor_shadow`: steep rays
+on which no observed sweep ever returned, the car's body seen from its roof) moves with the sensor and hides
+everything behind it: there the frame returns nothing at all. The network, trained on a simulator whose drops are random per ray, filled such rays: on KITTI
 00 those fills made the forecast's squared Chamfer 1.14-1.24x the moved sweep's at 0.1 s (1.02-1.03x
 without them), and 0.58-0.80x against 0.56-0.81x of it at 1.0 s.
 
@@ -45,6 +46,9 @@ from lidar.vocabulary import MapView, transform_points
 
 #: Elevation percentile of an observed sweep taken as the bottom of its sensor's field of view.
 FOV_PERCENTILE = 0.1
+#: Rays below this elevation (deg) meet the ground within about 10 m of a car's roof: silent ones are the
+#: car's body (`sensor_shadow`).
+SHADOW_ELEVATION_DEG = -10.0
 #: Radians a float32 point's elevation may sit above its beam's.
 ELEVATION_ROUNDING = 1e-4
 #: Farthest (m) a pose may lie from an observing sensor for a silent ray between measured returns to count as
@@ -76,8 +80,8 @@ class MeasuredView:
     #: (H * W, 4) x, y, z, intensity of each pixel's kept point; rows of unkept pixels are zero.
     points: np.ndarray
     #: (H, W) rays measured empty: no measured return, one within `MISS_REACH` columns of the same row seen
-    #: from within `MISS_BASELINE_M` of an observing sensor (or the observing sensor's own shadow), and no map
-    #: surface under them.
+    #: from within `MISS_BASELINE_M` of an observing sensor, and no map surface under them; or the observing
+    #: sensor's own shadow, which hides even what was measured and what the map holds.
     misses: np.ndarray
 
     @property
@@ -86,16 +90,20 @@ class MeasuredView:
 
 
 def sensor_shadow(scans: list[np.ndarray], sensor: Sensor) -> np.ndarray:
-    """(H, W) rays below the horizon, inside the observing sensor's field of view, on which no observed sweep
-    (N, 3+ points in its own sensor frame) returned: what the car's own body hides from a roof sensor, which
-    travels with the sensor to every pose."""
+    """(H, W) rays steeper than `SHADOW_ELEVATION_DEG`, inside the observing sensor's field of view, on which
+    no observed sweep (N, 3+ points in its own sensor frame) returned, nor on its row within `MISS_REACH`
+    columns: what the car's own body hides from a roof sensor, which travels with the sensor to every pose.
+
+    Such rays meet the ground within about 10 m, where a sensor always returns; an isolated silent ray there is
+    a dropped return, so a shadow must be wider than a row miss.
+    """
     seen = np.zeros(sensor.shape, dtype=bool)
     lowest = np.inf
     for points in scans:
         seen |= project(np.asarray(points), sensor).mask
         lowest = min(lowest, float(np.percentile(point_elevations(np.asarray(points)), FOV_PERCENTILE)))
-    rows = (sensor.elevations < 0.0) & (sensor.elevations >= lowest - ELEVATION_ROUNDING)
-    return rows[:, None] & ~seen
+    rows = (sensor.elevations < np.radians(SHADOW_ELEVATION_DEG)) & (sensor.elevations >= lowest - ELEVATION_ROUNDING)
+    return rows[:, None] & ~seen & ~row_misses(np.flatnonzero(seen), sensor)
 
 
 @dataclass
@@ -122,19 +130,22 @@ def measured_view(observed: Observation, pose: np.ndarray, sensor: Sensor,
     point per ray, as in a z-buffer of the sweeps moved to the pose; and the rays measured empty."""
     local = transform_points(np.asarray(observed.points, dtype=np.float32), np.linalg.inv(pose))
     index, pixels = grid_winners(local, sensor)
-    ranges = point_ranges(local[index])
     baseline = float(np.linalg.norm(observed.positions - pose[:3, 3], axis=1).min())
     misses = row_misses(pixels, sensor) if baseline <= MISS_BASELINE_M else np.zeros(sensor.shape, dtype=bool)
-    misses |= observed.shadow
     misses.reshape(-1)[pixels] = False
+    visible = ~observed.shadow.reshape(-1)[pixels]  # the sensor's own body hides whatever lies behind it
+    index, pixels = index[visible], pixels[visible]
+    ranges = point_ranges(local[index])
     if map_view is not None:
-        misses &= (map_view.ground <= 0) & (map_view.building <= 0)  # where the map confirms the surface, its exact range (in the prior) is better
+        misses &= (map_view.ground <= 0) & (map_view.building <= 0)
+        # where the map confirms the surface, its exact range (in the prior) is better
         encoded = encode_range(ranges, sensor.max_range)
         on_map = np.zeros(len(pixels), dtype=bool)
         for surface in (map_view.ground, map_view.building):
             mapped = encode_range(surface.reshape(-1)[pixels], sensor.max_range)
             on_map |= (mapped > -1.0) & (np.abs(encoded - mapped) < SNAP_TOLERANCE)
         index, pixels, ranges = index[~on_map], pixels[~on_map], ranges[~on_map]
+    misses |= observed.shadow
     size = sensor.height * sensor.width
     points = np.zeros((size, 4), dtype=np.float32)
     points[pixels] = local[index]
