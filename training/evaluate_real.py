@@ -40,11 +40,12 @@ import numpy as np
 import torch
 from PIL import Image
 
-from inference import ModelSourceError, load_pipeline
+from inference import load_pipeline
 from inference.pipeline import LidarVersePipeline
+from lidar.errors import InputError
 from lidar.metrics import chamfer_distance, forecast_chamfer
 from lidar.range_image import point_elevations, project
-from lidar.registration import RegistrationError, register_sweeps
+from lidar.registration import register_sweeps
 from lidar.render import range_image_png
 from lidar.sensors import Sensor
 from lidar.sequence import Recording, open_recording
@@ -90,16 +91,16 @@ class RealSequenceConfig:
 
     def __post_init__(self) -> None:
         if self.poses not in ("registered", "file"):
-            raise ValueError(f"poses must be 'registered' or 'file', got {self.poses!r}")
+            raise InputError(f"poses must be 'registered' or 'file', got {self.poses!r}")
         if not self.prefixes or min(self.prefixes) < 1 or not self.horizons or min(self.horizons) < 1:
-            raise ValueError(f"prefixes and horizons must be integers >= 1, got {self.prefixes}, {self.horizons}")
+            raise InputError(f"prefixes and horizons must be integers >= 1, got {self.prefixes}, {self.horizons}")
 
 
 def recording_poses(rec: Recording, how: str) -> tuple[np.ndarray, dict[str, Any]]:
     """World_from_sensor poses of every sweep, and how they were obtained (with the gap to the file's)."""
     if how == "file":
         if rec.poses is None:
-            raise ValueError("the recording has no poses file; use registered poses")
+            raise InputError("the recording has no poses file; use registered poses")
         return rec.poses, {"source": "file"}
     reg = register_sweeps([rec.sweep(i) for i in range(len(rec))], names=rec.names)
     info: dict[str, Any] = {"source": "registered (KISS-ICP)", "fitness_min": float(reg.fitness.min())}
@@ -216,7 +217,7 @@ def evaluate_recording(pipe: LidarVersePipeline, cfg: RealSequenceConfig, seed: 
             f"{h / FRAME_RATE_HZ:.1f} s": {m: {k: _mean([s[h][m][k] for s in per_start]) for k in COLUMNS}
                                            for m in METHODS} for h in horizons}}
     if not tables:
-        raise ValueError(f"{cfg.data}: {len(rec)} sweeps are too few for any prefix of {list(cfg.prefixes)} sweeps "
+        raise InputError(f"{cfg.data}: {len(rec)} sweeps are too few for any prefix of {list(cfg.prefixes)} sweeps "
                          f"and a horizon of {horizons[-1]} frames")
     return {"recording": Path(cfg.data).name, "sweeps": len(rec), "poses": pose_info, "protocol": asdict(cfg),
             "steps": cfg.steps or pipe.config.default_steps, "tables": tables, "bars": real_bars(tables)}
@@ -315,7 +316,7 @@ def main(argv: list[str] | None = None) -> int:
                                  horizons=tuple(args.horizons), steps=args.steps, max_starts=args.max_starts)
         pipe = load_pipeline(args.model, device="cpu")
         report = evaluate_recording(pipe, cfg, seed=args.seed, pictures=args.pictures)
-    except (ModelSourceError, RegistrationError, ValueError) as exc:
+    except InputError as exc:  # a bad model source, recording or option; anything else is a bug
         print(f"error: {exc}", file=sys.stderr)
         return 2
     report["model"] = pipe.provenance.to_dict()
