@@ -4,33 +4,30 @@ The network sees the observation through the cache (one point per 0.2 m voxel, e
 width along its row) and corrects a prior built from it; on real recordings, which come without a map, that
 rewrote the measured ranges by about 4 % each, so a forecast lost to the observed sweeps merely moved to the
 new pose on every ray they both saw (issue 19). The rollout therefore finishes every frame by writing the
-measurement back: on each ray where a measured point is the nearest return and no nearer measured surface
-covers it, the frame takes that point's range and intensity. The network's work is what the observation
-lacks: holes, disoccluded and far ground, rows outside the observing sensor's field of view.
-
-The measured point itself is kept, not only its range: a frame's point on a kept ray is where the sensor
-measured it, as the moved sweeps a forecast is compared with are.
+measurement back: on each ray where a measured point is the nearest return of all observed sweeps moved to
+the pose, the frame takes that point, where it was measured, with its range and intensity. The network's work
+is what the observation lacks: holes, disoccluded and far ground, rows outside the observing sensor's field
+of view.
 
 One exception, where the measurement is the worse estimate: where the HD map confirms the surface (the
 measured range lies within `SNAP_TOLERANCE` of the map's ground or building range), the map's exact range,
 which the prior already holds, is better than a measured point re-projected off its own ray (by up to a
 beam spacing on the ground).
 
-What the sensor measured as empty is kept too: a ray with no measured return between measured returns of
+What the sensor measured as empty is kept too. A ray with no measured return between measured returns of
 its own row (within `MISS_REACH` columns) is a miss the sensor saw: glass, dark paint, a surface beyond
 range, all still there from a nearby pose (within `MISS_BASELINE_M`). There the frame returns nothing,
-unless the map puts a surface under the ray. The observing sensor's own shadow (`sensor_shadow`: steep rays
-on which no observed sweep ever returned, the car's body seen from its roof) moves with the sensor and hides
-everything behind it: there the frame returns nothing at all. The network, trained on a simulator whose drops are random per ray, filled such rays: on KITTI
-00 those fills made the forecast's squared Chamfer 1.14-1.24x the moved sweep's at 0.1 s (1.02-1.03x
-without them), and 0.58-0.80x against 0.56-0.81x of it at 1.0 s.
+unless the map puts a surface under the ray. The network, trained on a simulator whose drops are random per
+ray, filled such rays: on KITTI 00 at 0.1 s those fills made the forecast's squared Chamfer 1.14-1.24x the
+moved sweep's, 1.02-1.03x without them. The observing sensor's own shadow (`sensor_shadow`: steep rays on
+which no observed sweep ever returned, the car's body seen from its roof) moves with the sensor and hides
+everything behind it: there the frame returns nothing at all.
 
-Measured on the shared KITTI 00 frames (issue 19): hiding measured points that show through the gaps of a
-nearer measured surface (a wall's points spread apart from the new pose) made the per-ray error worse, not
-better, since real fences, foliage and windows let the truth see through them too; a z-buffer of all observed
-sweeps beat the newest sweep alone on the common rays from 0.5 s on.
+Measured on the shared KITTI 00 frames and left out: hiding measured points that show through the gaps of a
+nearer measured surface (a wall's points spread apart from the new pose) made the per-ray error worse, since
+real fences, foliage and windows let the truth see through them too; the newest sweep alone lost to a
+z-buffer of all observed sweeps on the common rays from 0.3 s on.
 """
-
 from __future__ import annotations
 
 from dataclasses import dataclass
