@@ -47,7 +47,7 @@ import math
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -633,11 +633,36 @@ def format_report(report: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def report_arguments(parser: argparse.ArgumentParser) -> None:
+    """The options every evaluation command shares: the model, its threads and seed, and where the report goes."""
     parser.add_argument("--model", default=None, help="release folder, weights file, job dir or Hub id "
                         "(default: $LIDARVERSE_MODEL or weights/default)")
     parser.add_argument("--json", action="store_true", help="print the report as JSON instead of markdown")
+    parser.add_argument("--out", type=Path, default=None, help="also write the JSON report here")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--threads", type=int, default=None, help="torch threads (1 is fastest on a busy machine)")
+
+
+def start_run(args: argparse.Namespace) -> None:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s", stream=sys.stderr)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+
+
+def publish_report(report: dict[str, Any], pipe: LidarVersePipeline, args: argparse.Namespace,
+                   render: Callable[[dict[str, Any]], str]) -> int:
+    """Name the model in the report, write it to `--out` and print it (JSON or `render`'s markdown)."""
+    report["model"] = pipe.provenance.to_dict()
+    text = json.dumps(report, indent=2)
+    if args.out:
+        args.out.write_text(text + "\n")
+    print(text if args.json else render(report))
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    report_arguments(parser)
     parser.add_argument("--quick", action="store_true", help="a few tiny rollouts (CI smoke test)")
     parser.add_argument("--rollouts", type=int, default=None, help="override the number of held-out drives")
     parser.add_argument("--frames", type=int, default=None, help="target frames per drive (>= 10)")
@@ -646,16 +671,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--data-dir", default=None, help="where reference sets are cached (default data/eval)")
     parser.add_argument("--train-data", default=json.loads(DEFAULT_TRAIN_CONFIG.read_text())["data_root"],
                         help="training dataset to check disjointness (default: the default config's)")
-    parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--no-free-generation", action="store_true", help="skip the nothing-observed rollouts")
     parser.add_argument("--no-real", action="store_true", help="skip the KITTI pairs")
     parser.add_argument("--pictures", type=Path, default=None, help=f"write {SIM_PICTURE} and {KITTI_PICTURE} here")
-    parser.add_argument("--threads", type=int, default=None, help="torch threads (1 is fastest on a busy machine)")
-    parser.add_argument("--out", type=Path, default=None, help="also write the JSON report here")
     args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s", stream=sys.stderr)
-    if args.threads:
-        torch.set_num_threads(args.threads)
+    start_run(args)
 
     try:
         pipe = load_pipeline(args.model, device="cpu")
@@ -673,12 +693,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"error: {exc}", file=sys.stderr)
             return 2
         report = evaluate(pipe, cfg, seed=args.seed, pictures=args.pictures)
-    report["model"] = pipe.provenance.to_dict()
-    text = json.dumps(report, indent=2)
-    if args.out:
-        args.out.write_text(text + "\n")
-    print(text if args.json else format_report(report))
-    return 0
+    return publish_report(report, pipe, args, format_report)
 
 
 if __name__ == "__main__":

@@ -28,7 +28,6 @@ Protocol (issue 19), every method scored at the same poses in the same run:
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import math
 import sys
@@ -37,7 +36,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import torch
 from PIL import Image
 
 from inference import load_pipeline
@@ -50,7 +48,14 @@ from lidar.render import range_image_png
 from lidar.sensors import Sensor
 from lidar.sequence import Recording, open_recording
 from lidar.vocabulary import FRAME_RATE_HZ, transform_points
-from training.evaluate import bev_panels, in_field_of_view, thin_to_grid
+from training.evaluate import (
+    bev_panels,
+    in_field_of_view,
+    publish_report,
+    report_arguments,
+    start_run,
+    thin_to_grid,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -294,7 +299,7 @@ def format_real(report: dict[str, Any]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model", default=None, help="release folder, weights file, job dir or Hub id")
+    report_arguments(parser)
     parser.add_argument("--data", default=RealSequenceConfig.data, help="recording folder (KITTI odometry layout, "
                         "a folder with poses.json, or sweeps alone)")
     parser.add_argument("--poses", default="registered", choices=("registered", "file"))
@@ -302,15 +307,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--horizons", type=int, nargs="+", default=list(HORIZONS), help="frames ahead (10 Hz)")
     parser.add_argument("--steps", type=int, default=None)
     parser.add_argument("--max-starts", type=int, default=0, help="most starts per prefix length (0: all)")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--threads", type=int, default=None)
     parser.add_argument("--pictures", type=Path, default=None, help="write the BEV and range-image pictures here")
-    parser.add_argument("--json", action="store_true", help="print JSON instead of markdown")
-    parser.add_argument("--out", type=Path, default=None, help="also write the JSON report here")
     args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s", stream=sys.stderr)
-    if args.threads:
-        torch.set_num_threads(args.threads)
+    start_run(args)
     try:
         cfg = RealSequenceConfig(data=args.data, poses=args.poses, prefixes=tuple(args.prefixes),
                                  horizons=tuple(args.horizons), steps=args.steps, max_starts=args.max_starts)
@@ -319,12 +318,7 @@ def main(argv: list[str] | None = None) -> int:
     except InputError as exc:  # a bad model source, recording or option; anything else is a bug
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    report["model"] = pipe.provenance.to_dict()
-    text = json.dumps(report, indent=2)
-    if args.out:
-        args.out.write_text(text + "\n")
-    print(text if args.json else format_real(report))
-    return 0
+    return publish_report(report, pipe, args, format_real)
 
 
 if __name__ == "__main__":
