@@ -267,7 +267,6 @@ class _Placer:
         self.rng, self.layout, self.profile = rng, layout, profile
         self.hdmap, self.graph = layout.hdmap, layout.graph
         self.radius = [self.graph.node_radius(n) for n in range(len(self.graph.nodes))]
-        self.density = profile.density
         self.actors: list[Actor] = []
         self.static_rows: list[tuple] = []
 
@@ -294,7 +293,7 @@ class _Placer:
             while s < cum[-1] - 3:
                 cls = str(rng.choice(["car", "van"], p=[0.85, 0.15]))
                 shapes, size = vehicle(rng, cls, len(self.actors))
-                if rng.random() < 0.75 * self.density + 0.2:
+                if rng.random() < 0.75 * self.profile.density + 0.2:
                     pos, tan = point_at(lane, np.array([s + size[0] / 2]), cum)
                     yaw = float(np.arctan2(tan[0, 1], tan[0, 0]))
                     self.add_static_actor(shapes, size, cls, float(pos[0, 0]), float(pos[0, 1]), yaw)
@@ -310,7 +309,7 @@ class _Placer:
                 s_start = radius[from_node] + 2.0
                 s_end = cum[-1] - radius[r.b if from_node == r.a else r.a] - 2.0
                 speed = float(rng.uniform(6.0, 13.0) if r.kind == "street" else rng.uniform(20.0, 30.0))
-                n = rng.poisson(self.density * (s_end - s_start) / 35.0)
+                n = rng.poisson(self.profile.density * (s_end - s_start) / 35.0)
                 starts = np.sort(rng.uniform(s_start, s_end, size=n))[::-1]
                 last = np.inf
                 queued = 0
@@ -327,7 +326,7 @@ class _Placer:
     # 3. Cyclists near the right edge of the outer lane.
     def cyclist(self, r: Road) -> None:
         rng = self.rng
-        if r.kind == "street" and rng.random() < 0.35 * self.density:
+        if r.kind == "street" and rng.random() < 0.35 * self.profile.density:
             from_node = int(rng.choice([r.a, r.b]))
             line = offset_line(r.directed(from_node), -(r.carriageway - 0.6))
             cum = arc_lengths(line)
@@ -348,7 +347,7 @@ class _Placer:
         rng = self.rng
         walk = offset_line(r.centre, side * (r.half_width + r.sidewalk * 0.6))
         cum = arc_lengths(walk)
-        for _ in range(rng.poisson(self.density * 3.0 * r.length / 100.0)):
+        for _ in range(rng.poisson(self.profile.density * 3.0 * r.length / 100.0)):
             shapes, size = person(rng, len(self.actors))
             s0 = float(rng.uniform(s_lo, s_hi))
             if rng.random() < 0.6:
@@ -452,7 +451,7 @@ class _Placer:
     def crossing_pedestrians(self) -> None:
         rng = self.rng
         for line in self.layout.crossings:
-            if rng.random() < 0.3 * self.density:
+            if rng.random() < 0.3 * self.profile.density:
                 shapes, size = person(rng, len(self.actors))
                 path = line if rng.random() < 0.5 else line[::-1].copy()
                 length = float(np.linalg.norm(path[1] - path[0]))

@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 
 from lidar.sim.roads import arc_lengths, point_at
-from lidar.sim.styles import STYLE_PROFILES
+from lidar.sim.styles import style_profile
 from lidar.sim.world import World, check_seed
 from lidar.vocabulary import ACTION_YAW_SIGN, ACTIONS, FRAME_RATE_HZ
 
@@ -132,7 +132,7 @@ def plan_drive(
         if speed is not None
         else float(rng.uniform(5.0, 8.0) if action != "straight" else rng.uniform(7.0, 12.0))
     )
-    fast = STYLE_PROFILES[world.style].straight_speed if world.style in STYLE_PROFILES else None
+    fast = style_profile(world.style).straight_speed
     if fast is not None and speed is None and action == "straight":
         v = float(rng.uniform(*fast))
     travel = v * (frames - 1) / FRAME_RATE_HZ
