@@ -58,7 +58,8 @@ MISS_REACH = GAP_REACH[0]
 
 
 def measured_points(scans: list[np.ndarray], poses: np.ndarray) -> np.ndarray:
-    """(N, 4) world-frame points of observed sensor-frame scans (N, 3+) at their poses; no intensity reads 0."""
+    """(N, 4) world-frame points of observed sensor-frame scans (N, 3+) at their poses; no intensity reads 0
+    (unknown)."""
     out = []
     for points, pose in zip(scans, np.asarray(poses, dtype=np.float64), strict=True):
         pts = np.asarray(points, dtype=np.float32)

@@ -502,7 +502,6 @@ def _arc(yaw_rate: float, t: float) -> np.ndarray:
     return np.array([[s, -c], [c, s]])
 
 
-
 def action_poses(
     start: np.ndarray,
     action: str,

@@ -27,7 +27,7 @@ from inference.conditioning import (
     layout_view,
 )
 from inference.flow import FlowMatchSampler, guided_velocity
-from inference.measured import Observation, keep_measured, measured_points_of, measured_view
+from inference.measured import Observation, keep_measured, measured_points, measured_points_of, measured_view
 from inference.network import IMAGE_CHANNELS, WorldModel, to_encoded_image
 from lidar.range_image import RangeImage, unproject
 from lidar.sensors import Sensor
@@ -83,13 +83,10 @@ def cache_from_scans(scans: list[np.ndarray], poses: np.ndarray, **cache_kwargs:
     if poses.shape != (len(scans), 4, 4):
         raise ValueError(f"cache_from_scans: expected {len(scans)} poses of shape (4, 4), got {poses.shape}")
     cache = SpatialCache(**cache_kwargs)
-    for points, pose in zip(scans, poses, strict=True):
-        pts = np.asarray(points, dtype=np.float32)
-        if pts.ndim != 2 or pts.shape[1] < 3:
-            raise ValueError(f"cache_from_scans: each scan must be (N, 3+) points, got shape {pts.shape}")
-        if pts.shape[1] == 3:  # no intensity channel: treat as unknown (0)
-            pts = np.concatenate([pts, np.zeros((len(pts), 1), np.float32)], axis=1)
-        cache.add(transform_points(pts[:, :4], pose), pose, observed=True)
+    for points, pose in zip(scans, poses, strict=True):  # one sweep at a time: the newest wins its voxels
+        if np.ndim(points) != 2 or np.shape(points)[1] < 3:
+            raise ValueError(f"cache_from_scans: each scan must be (N, 3+) points, got shape {np.shape(points)}")
+        cache.add(measured_points([points], pose[None]), pose, observed=True)
     return cache
 
 

@@ -71,8 +71,6 @@ CALIB_FILE = "calib.txt"
 #: KITTI odometry keeps a sequence's sweeps in this subfolder, beside its poses.txt, calib.txt and times.txt.
 KITTI_SWEEP_FOLDER = "velodyne"
 TIMES_FILE = "times.txt"
-#: Most lines a times.txt may hold (a whole KITTI sequence has at most 4,661 frames).
-MAX_TIMES = 100_000
 #: KITTI camera 0 from Velodyne, axes only: x_cam = -y_velo, y_cam = -z_velo, z_cam = x_velo.
 NOMINAL_KITTI_TR = np.array([[0.0, -1.0, 0.0, 0.0], [0.0, 0.0, -1.0, 0.0], [1.0, 0.0, 0.0, 0.0], [0.0, 0.0, 0.0, 1.0]])
 _FRAME_NUMBER = re.compile(r"(\d+)$")
@@ -261,8 +259,6 @@ def parse_json(text: str, name: str) -> object:
         raise PointCloudError(f"{name}: JSON holds an integer too long to read; expected a poses file") from None
 
 
-
-
 # ----------------------------------------------------------------------------------------------------------
 
 
@@ -434,10 +430,9 @@ def _kitti_poses(path: Path, text: str, names: Sequence[str], calib: str | Path 
 
 def _kitti_times(path: Path, names: Sequence[str]) -> np.ndarray:
     """Seconds of each sweep from a KITTI times.txt (one number per frame, matched by frame number)."""
-    if path.stat().st_size > MAX_FILE_BYTES:
-        raise PointCloudError(f"{path}: too large for a times.txt (over {MAX_FILE_BYTES / 1e6:.0f} MB)")
+    text = read_text_file(path, "times.txt", "a KITTI times.txt (one number of seconds per line)")
     try:
-        values = np.array([float(v) for v in path.read_text(errors="replace").split()[:MAX_TIMES]])
+        values = np.array([float(v) for v in text.split()])
     except ValueError:
         raise PointCloudError(f"{path}: not a KITTI times.txt (one number of seconds per line)") from None
     numbers = frame_numbers(names) or list(range(len(names)))
