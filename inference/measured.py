@@ -37,12 +37,10 @@ import torch
 
 from inference.conditioning import GAP_REACH, SNAP_TOLERANCE
 from inference.network import RETURN
-from lidar.range_image import RangeImage, encode_range, grid_winners, point_elevations, point_ranges, project
+from lidar.range_image import RangeImage, elevation_span, encode_range, grid_winners, point_ranges, project
 from lidar.sensors import Sensor
 from lidar.vocabulary import MapView, transform_points
 
-#: Elevation percentile of an observed sweep taken as the bottom of its sensor's field of view.
-FOV_PERCENTILE = 0.1
 #: Rays below this elevation (deg) meet the ground within about 10 m of a car's roof: silent ones are the
 #: car's body (`sensor_shadow`).
 SHADOW_ELEVATION_DEG = -10.0
@@ -99,7 +97,7 @@ def sensor_shadow(scans: list[np.ndarray], sensor: Sensor) -> np.ndarray:
     lowest = np.inf
     for points in scans:
         seen |= project(np.asarray(points), sensor).mask
-        lowest = min(lowest, float(np.percentile(point_elevations(np.asarray(points)), FOV_PERCENTILE)))
+        lowest = min(lowest, elevation_span(points)[0])
     rows = (sensor.elevations < np.radians(SHADOW_ELEVATION_DEG)) & (sensor.elevations >= lowest - ELEVATION_ROUNDING)
     return rows[:, None] & ~seen & ~row_misses(np.flatnonzero(seen), sensor)
 

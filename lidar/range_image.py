@@ -58,6 +58,17 @@ def point_elevations(points: np.ndarray) -> np.ndarray:
     return np.arctan2(points[:, 2], np.hypot(points[:, 0], points[:, 1]))
 
 
+#: Elevation percentiles that bound a sweep's vertical field of view: robust to a few stray returns.
+FOV_PERCENTILES = (0.1, 99.9)
+
+
+def elevation_span(points: np.ndarray) -> tuple[float, float]:
+    """(lowest, highest) elevation (rad) of a sweep's (N, 3+) points in its sensor frame: the vertical field of
+    view of the sensor that recorded it, wherever its beams lie."""
+    low, high = np.percentile(point_elevations(np.asarray(points)), FOV_PERCENTILES)
+    return float(low), float(high)
+
+
 def beam_rows(points: np.ndarray, sensor: Sensor) -> np.ndarray:
     """Nearest beam row per point from its elevation; -1 where it lies outside the sensor's beams.
 

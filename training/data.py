@@ -34,7 +34,7 @@ from inference.conditioning import (
     layout_view,
 )
 from inference.network import WorldModelConfig
-from lidar.range_image import RangeImage, point_elevations, project, unproject
+from lidar.range_image import RangeImage, elevation_span, project, unproject
 from lidar.registration import register_sweeps
 from lidar.sensors import Sensor
 from lidar.sequence import open_recording
@@ -49,9 +49,8 @@ logger = logging.getLogger(__name__)
 #: from a KITTI HDL-64E's +2 / -24.9 and a VLP-16's +-15 to the model sensor's own.
 FOV_TOP_DEG = (0.0, 11.0)
 FOV_BOTTOM_DEG = (-31.0, -15.0)
-#: Elevation percentiles that bound a recording's field of view, and the margin (rad) a model beam may lie
-#: beyond them and still count as seen (half a beam spacing of a 32-beam sensor).
-FOV_PERCENTILES = (0.1, 99.9)
+#: The margin (rad) a model beam may lie beyond a recording's field of view and still count as seen (half a
+#: beam spacing of a 32-beam sensor).
 BEAM_MARGIN = np.radians(0.67)
 #: Longest forecast horizon a training cache is aged by (`AugmentConfig.forecast_gap`): 1.0 s at 10 Hz.
 FORECAST_FRAMES = 10
@@ -116,8 +115,7 @@ def load_recordings(folders: tuple[str, ...], sensor: Sensor) -> list[Drive]:
         sweeps = [rec.sweep(i).points for i in range(len(rec))]
         poses = rec.poses if rec.poses is not None else register_sweeps(sweeps, names=rec.names).poses
         images = [project(points, sensor) for points in sweeps]
-        elevations = np.concatenate([point_elevations(points) for points in sweeps])
-        low, high = np.percentile(elevations, FOV_PERCENTILES)
+        low, high = elevation_span(np.concatenate([points[:, :3] for points in sweeps]))
         rows = (sensor.elevations >= low - BEAM_MARGIN) & (sensor.elevations <= high + BEAM_MARGIN)
         drives.append(Drive(np.stack([im.range for im in images]), np.stack([im.intensity for im in images]),
                             np.asarray(poses), None, None, None, None, rows))

@@ -60,7 +60,7 @@ from inference import ModelSourceError, load_pipeline
 from inference.pipeline import LidarVersePipeline
 from lidar.formats import read_points
 from lidar.metrics import bev_jsd, bev_mmd, chamfer_distance, forecast_chamfer, per_ray_errors
-from lidar.range_image import RangeImage, grid_winners, point_elevations, project, unproject
+from lidar.range_image import RangeImage, elevation_span, grid_winners, point_elevations, project, unproject
 from lidar.real_scans import real_scans_dir
 from lidar.registration import RegistrationError, register_sweeps
 from lidar.render import bev_image
@@ -422,13 +422,12 @@ def thin_to_grid(points: np.ndarray, sensor: Sensor) -> np.ndarray:
     return np.asarray(points)[grid_winners(points, sensor)[0]]
 
 
-def in_field_of_view(points: np.ndarray, truth: np.ndarray) -> np.ndarray:
-    """The points within the real sensor's vertical field of view (the truth's elevation span).
+def in_field_of_view(points: np.ndarray, span: tuple[float, float]) -> np.ndarray:
+    """The points within the real sensor's vertical field of view (`span`: the truth's `elevation_span`).
 
     The model's beams reach +10.7 deg where KITTI's stop at +2 deg: what it draws above has no ground truth
     to be scored against, and a moved KITTI sweep has nothing there either.
     """
-    span = np.percentile(point_elevations(np.asarray(truth)), [0.1, 99.9])
     elevations = point_elevations(np.asarray(points))
     return np.asarray(points)[(elevations >= span[0]) & (elevations <= span[1])]
 
@@ -454,7 +453,7 @@ def real_pairs(pipe: LidarVersePipeline, cfg: EvalConfig, seed: int) -> RealResu
         moved = thin_to_grid(transform_points(sweeps[a], a_to_b), sensor)
         forecast = pipe.forecast(prefix_scans=[sweeps[a]], prefix_poses=reg.poses[a][None], poses=reg.poses[b][None],
                                  steps=cfg.steps, seed=seed, guidance=cfg.guidance).frames[0].points
-        clouds = {MODEL_FORECAST: in_field_of_view(forecast, sweeps[b]), MOVED_FIRST: moved}
+        clouds = {MODEL_FORECAST: in_field_of_view(forecast, elevation_span(sweeps[b])), MOVED_FIRST: moved}
         pairs.append({"pair": f"{KITTI_FRAMES[a]:06d}->{KITTI_FRAMES[b]:06d}",
                       "gap_s": (KITTI_FRAMES[b] - KITTI_FRAMES[a]) / FRAME_RATE_HZ,
                       "methods": {m: frame_scores(c, truth, truth_points, sensor) for m, c in clouds.items()}})

@@ -28,9 +28,11 @@ Protocol (issue 19), every method scored at the same poses in the same run:
 from __future__ import annotations
 
 import argparse
+import functools
 import logging
 import math
 import sys
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -42,7 +44,7 @@ from inference import load_pipeline
 from inference.pipeline import LidarVersePipeline
 from lidar.errors import InputError
 from lidar.metrics import chamfer_distance, forecast_chamfer
-from lidar.range_image import point_elevations, project
+from lidar.range_image import elevation_span, project
 from lidar.registration import register_sweeps
 from lidar.render import range_image_png
 from lidar.sensors import Sensor
@@ -68,8 +70,6 @@ KEPT_WITHIN = 0.02
 L1_TOLERANCE = 1e-3
 #: Horizontal radius (m) of the plain-metre Chamfer: beyond it a sweep is too sparse to compare point sets.
 NEAR_RADIUS = 40.0
-#: Elevation percentiles that bound the truth's field of view (robust to a few stray returns).
-FOV_PERCENTILES = (0.1, 99.9)
 MODEL = "model forecast"
 LAST_MOVED = "last sweep moved"
 PREFIX_MOVED = "every prefix sweep moved"
@@ -126,10 +126,9 @@ def starts(count: int, prefix: int, horizon: int, limit: int) -> list[int]:
     return ends
 
 
-def fov_rows(truth: np.ndarray, sensor: Sensor) -> np.ndarray:
+def fov_rows(span: tuple[float, float], sensor: Sensor) -> np.ndarray:
     """(H,) bool: the model's rows inside the truth sweep's elevation span."""
-    lo, hi = np.percentile(point_elevations(truth), FOV_PERCENTILES)
-    return (sensor.elevations >= lo) & (sensor.elevations <= hi)
+    return (sensor.elevations >= span[0]) & (sensor.elevations <= span[1])
 
 
 def near(points: np.ndarray) -> np.ndarray:
@@ -139,12 +138,13 @@ def near(points: np.ndarray) -> np.ndarray:
 def frame_scores(truth: np.ndarray, model_image: np.ndarray, model_points: np.ndarray,
                  moved: dict[str, np.ndarray], sensor: Sensor) -> dict[str, dict[str, float]]:
     """Every metric of the protocol for one target: `moved` holds each baseline's points at the target pose."""
-    rows = fov_rows(truth, sensor)[:, None]
+    span = elevation_span(truth)
+    rows = fov_rows(span, sensor)[:, None]
     truth_img = np.where(rows, project(truth, sensor).range, 0.0)
     images = {MODEL: np.where(rows, model_image, 0.0)}
     images.update({m: np.where(rows, project(p, sensor).range, 0.0) for m, p in moved.items()})
-    clouds = {MODEL: in_field_of_view(model_points, truth)}
-    clouds.update({m: in_field_of_view(thin_to_grid(p, sensor), truth) for m, p in moved.items()})
+    clouds = {MODEL: in_field_of_view(model_points, span)}
+    clouds.update({m: in_field_of_view(thin_to_grid(p, sensor), span) for m, p in moved.items()})
     truth_pts = thin_to_grid(truth, sensor)
     query = truth_img > 0
     common = query & np.logical_and.reduce([img > 0 for img in images.values()])
@@ -174,17 +174,18 @@ class Forecast:
     prefix_points: np.ndarray
 
 
-def forecast_start(pipe: LidarVersePipeline, rec: Recording, poses: np.ndarray, end: int, prefix: int,
-                   horizons: tuple[int, ...], cfg: RealSequenceConfig, seed: int
-                   ) -> tuple[dict[int, dict[str, dict[str, float]]], dict[int, Forecast]]:
-    """Forecast every horizon from the prefix ending at `end`; score it and both baselines."""
+def forecast_start(pipe: LidarVersePipeline, sweep: Callable[[int], np.ndarray], times_s: np.ndarray | None,
+                   poses: np.ndarray, end: int, prefix: int, horizons: tuple[int, ...], cfg: RealSequenceConfig,
+                   seed: int) -> tuple[dict[int, dict[str, dict[str, float]]], dict[int, Forecast]]:
+    """Forecast every horizon from the prefix ending at `end`; score it and both baselines. `sweep(i)` gives
+    sweep i's points, `times_s` the recording's seconds (None: 10 Hz)."""
     # 1. the prefix and its world points
-    sweeps = [rec.sweep(i).points for i in range(end - prefix + 1, end + 1)]
+    sweeps = [sweep(i) for i in range(end - prefix + 1, end + 1)]
     prefix_poses = poses[end - prefix + 1 : end + 1]
     world = [transform_points(s, p) for s, p in zip(sweeps, prefix_poses, strict=True)]
     # 2. the model, at every target pose in one rollout (frames are independent: nothing is fed back)
     targets = [end + h for h in horizons]
-    times = None if rec.times is None else rec.times[targets] - rec.times[end]
+    times = None if times_s is None else times_s[targets] - times_s[end]
     result = pipe.forecast(prefix_scans=sweeps, prefix_poses=prefix_poses, poses=poses[targets],
                            times=times, steps=cfg.steps, seed=seed, guidance=cfg.guidance)
     # 3. score against the truth beside both baselines
@@ -193,7 +194,7 @@ def forecast_start(pipe: LidarVersePipeline, rec: Recording, poses: np.ndarray, 
         into = np.linalg.inv(poses[target])
         moved = {LAST_MOVED: transform_points(world[-1], into),
                  PREFIX_MOVED: transform_points(np.concatenate(world), into)}
-        truth = rec.sweep(target).points
+        truth = sweep(target)
         scores[h] = frame_scores(truth, frame.range_image.range, frame.points, moved, pipe.sensor)
         kept[h] = Forecast(truth, frame.points, frame.range_image.range, moved[PREFIX_MOVED])
     return scores, kept
@@ -205,6 +206,8 @@ def evaluate_recording(pipe: LidarVersePipeline, cfg: RealSequenceConfig, seed: 
     rec = open_recording(cfg.data)
     poses, pose_info = recording_poses(rec, cfg.poses)
     horizons = tuple(sorted(cfg.horizons))
+    # neighbouring starts share their sweeps: keep a start's worth in memory rather than read them again
+    sweep = functools.lru_cache(maxsize=max(cfg.prefixes) + horizons[-1])(lambda i: rec.sweep(i).points)
     tables: dict[str, Any] = {}
     for prefix in cfg.prefixes:
         ends = starts(len(rec), prefix, horizons[-1], cfg.max_starts)
@@ -214,7 +217,7 @@ def evaluate_recording(pipe: LidarVersePipeline, cfg: RealSequenceConfig, seed: 
             continue
         per_start = []
         for end in ends:
-            scores, kept = forecast_start(pipe, rec, poses, end, prefix, horizons, cfg, seed)
+            scores, kept = forecast_start(pipe, sweep, rec.times, poses, end, prefix, horizons, cfg, seed)
             per_start.append(scores)
             if pictures is not None and prefix == max(cfg.prefixes) and end == ends[0]:
                 write_pictures(pictures, kept, rec.names[end], pipe.sensor)
@@ -255,11 +258,12 @@ def write_pictures(out_dir: Path, kept: dict[int, Forecast], start: str, sensor:
     out_dir.mkdir(parents=True, exist_ok=True)
     for h in sorted(kept)[-2:]:
         f, label = kept[h], f"{h / FRAME_RATE_HZ:.1f} s after {Path(start).stem}"
+        span = elevation_span(f.truth)
         panels = [(f"truth, {label}", thin_to_grid(f.truth, sensor)),
-                  ("model forecast", in_field_of_view(f.model_points, f.truth)),
-                  ("every prefix sweep moved", in_field_of_view(thin_to_grid(f.prefix_points, sensor), f.truth))]
+                  ("model forecast", in_field_of_view(f.model_points, span)),
+                  ("every prefix sweep moved", in_field_of_view(thin_to_grid(f.prefix_points, sensor), span))]
         bev_panels(panels).save(out_dir / f"real_bev_{h}.png")
-        rows = fov_rows(f.truth, sensor)[:, None]
+        rows = fov_rows(span, sensor)[:, None]
         images = [np.where(rows, project(f.truth, sensor).range, 0.0), np.where(rows, f.model_image, 0.0),
                   np.where(rows, project(f.prefix_points, sensor).range, 0.0)]
         strips = [range_image_png(img, max_range=sensor.max_range, scale=4) for img in images]
