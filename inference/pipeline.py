@@ -24,7 +24,7 @@ import torch
 from inference.cache import SpatialCache
 from inference.limits import LIBRARY_LIMITS
 from inference.loader import Provenance, load_model
-from inference.measured import observation
+from inference.measured import observation, without_ego_body
 from inference.network import WorldModel, WorldModelConfig
 from inference.rollout import Progress, RolloutResult, cache_from_scans, frame_times, rollout
 from lidar.errors import InputError
@@ -189,7 +189,7 @@ class LidarVersePipeline:
             poses = action_poses(prefix_poses[-1], action, frames, motion=motion)
         if not isinstance(feedback, bool):
             raise InputError(f"feedback must be True or False, got {feedback!r}")
-        cache = cache_from_scans(points, prefix_poses)
+        cache = cache_from_scans(without_ego_body(points, prefix_poses), prefix_poses)
         return self._rollout(
             poses,
             start,
@@ -222,7 +222,7 @@ class LidarVersePipeline:
         poses = self._scan_poses(poses, len(points), "poses")
         target_poses = _check_poses(target_poses, "target_poses")
         LIBRARY_LIMITS.check_frames(len(target_poses), "len(target_poses)")
-        cache = cache_from_scans(points, poses)
+        cache = cache_from_scans(without_ego_body(points, poses), poses)
         return self._rollout(
             target_poses,
             start,

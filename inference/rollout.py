@@ -27,7 +27,14 @@ from inference.conditioning import (
     layout_view,
 )
 from inference.flow import FlowMatchSampler, guided_velocity
-from inference.measured import Observation, keep_measured, measured_points, measured_points_of, measured_view
+from inference.measured import (
+    Observation,
+    keep_measured,
+    measured_points,
+    measured_points_of,
+    measured_view,
+    settle_additions,
+)
 from inference.network import IMAGE_CHANNELS, WorldModel, to_encoded_image
 from lidar.range_image import RangeImage, unproject
 from lidar.sensors import Sensor
@@ -178,6 +185,8 @@ def rollout(
         points = unproject(image, sensor)
         if kept is not None:
             points = measured_points_of(image, points, kept)
+            if map_view is None and boxes is None:  # a map or a layout is what the network's additions rest on
+                image, points = settle_additions(image, points, kept)
         if update_cache:
             cache.add(transform_points(points, pose), pose)
         frame = Frame(index, pose, points, image, time.perf_counter() - frame_start)

@@ -130,16 +130,17 @@ def register_sweeps(
     error messages point at the offending file.
     """
     config = config or RegisterConfig()
-    clouds = [_xyz(sweep, _name(names, i)) for i, sweep in enumerate(_check_sweeps(sweeps))]
+    sweeps = _check_sweeps(sweeps)
     icp = KissICP(config.kiss_config())
     if initial_pose is not None:
         icp.last_pose = check_poses(np.asarray(initial_pose)[None], "initial_pose")[0]
-    n = len(clouds)
+    n = len(sweeps)
     poses, fitness, rmse = np.empty((n, 4, 4)), np.ones(n), np.zeros(n)
     sigma, seconds = np.empty(n), np.empty(n)
-    for i, cloud in enumerate(clouds):
+    for i in range(n):  # one sweep at a time: a lazy `lidar.sequence.Recording` never holds the drive in memory
         checkpoint()  # a cancelled request stops between sweeps
         start = time.perf_counter()
+        cloud = _xyz(sweeps[i], _name(names, i))
         previous_map = icp.local_map.point_cloud()
         sigma[i] = icp.adaptive_threshold.get_threshold()
         _, keypoints = icp.register_frame(cloud, np.empty(0))

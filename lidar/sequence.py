@@ -135,9 +135,10 @@ def _sweeps_in(folder: Path) -> list[Path]:
 
 
 @dataclass
-class Recording:
+class Recording(Sequence[Scan]):
     """A recorded drive on disk, read one sweep at a time: a lab's log holds thousands of sweeps, more than
-    fit in memory, so training and evaluation keep only the file list and the poses."""
+    fit in memory, so training and evaluation keep only the file list and the poses. As a sequence of
+    `Scan`s, each read when indexed, it registers sweep by sweep (`lidar.registration.register_sweeps`)."""
 
     files: list[Path]
     #: (N, 4, 4) world_from_sensor from the folder's poses file, or None (then register the sweeps).
@@ -155,6 +156,11 @@ class Recording:
 
     def sweep(self, index: int) -> Scan:
         return read_points(self.files[index], self.sensor)
+
+    def __getitem__(self, index: int) -> Scan:  # type: ignore[override]  # no slices: each item is a file read
+        if not isinstance(index, int | np.integer):
+            raise TypeError(f"a Recording is indexed by sweep number, got {type(index).__name__}")
+        return self.sweep(index)
 
 
 def open_recording(folder: str | Path, *, sensor: Sensor | None = None) -> Recording:

@@ -65,10 +65,12 @@ def test_the_protocol_scores_the_model_beside_both_baselines_on_the_same_rays(re
     one, two = report["tables"]["K=1"], report["tables"]["K=2"]
     assert len(one["starts"]) == 4 and len(two["starts"]) == 3
     for table in (one, two):
-        for rows in table["horizons"].values():
-            # the model keeps what was measured: on the common rays it is the moved prefix, to float rounding
-            assert rows[MODEL]["kept"] == pytest.approx(1.0)
-            assert rows[MODEL]["l1_median"] == pytest.approx(rows[PREFIX_MOVED]["l1_median"], abs=1e-3)
+        for horizon, rows in table["horizons"].items():
+            # the model keeps what was measured: on the common rays it is the moved prefix, to float rounding;
+            # but one frame after two sweeps it sees with the last sweep's eyes (`inference.measured.own_sweep`)
+            eyes = LAST_MOVED if table is two and horizon == "0.1 s" else PREFIX_MOVED
+            assert rows[MODEL]["l1_median"] == pytest.approx(rows[eyes]["l1_median"], abs=1e-3)
+            assert rows[MODEL]["kept"] == pytest.approx(1.0) if eyes == PREFIX_MOVED else rows[MODEL]["kept"] < 1.0
             assert rows[PREFIX_MOVED]["kept"] == 1.0
             for method in (MODEL, LAST_MOVED, PREFIX_MOVED):
                 assert 0.0 < rows[method]["iou"] <= 1.0 and rows[method]["chamfer"] > 0.0

@@ -26,7 +26,7 @@ def pipe(tmp_path_factory: pytest.TempPathFactory):
 
 @pytest.fixture(scope="module")
 def observed(pipe):
-    """Two sweeps of a simulated street (generated with its map) and their poses, 0.5 m apart."""
+    """Two sweeps of a simulated street (generated with its map) and their poses, 5 frames apart."""
     world = make_world(4, "urban")
     poses = plan_drive(world, "straight", 6, seed=0, mount_height=pipe.sensor.mount_height)[[0, 5]]
     frames = pipe.generate_world(map=world, poses=poses, seed=2).frames
@@ -52,14 +52,42 @@ def test_zero_shift_resimulation_returns_the_observed_sweep_exactly(pipe, observ
     np.testing.assert_allclose(kept.points[where[same], :3], scans[0][index[same], :3], atol=1e-4)
 
 
+def _moved(points: np.ndarray, pose: np.ndarray, sensor):
+    return project(np.c_[(points[:, :3] - pose[:3, 3]) @ pose[:3, :3], points[:, 3]], sensor)
+
+
 def test_a_forecast_keeps_the_nearest_observed_return_of_every_sweep_on_each_ray(pipe, observed) -> None:
     scans, poses = observed
-    target = poses[1].copy()
-    target[:3, 3] += target[:3, 0] * 3.0  # 3 m further along the road
+    target = poses[0].copy()
+    target[:3, 3] = poses[:, :3, 3].mean(axis=0)  # as far from one sweep as from the other
     out = pipe.forecast(scans, prefix_poses=poses, poses=target[None], steps=2, seed=1)
-    world = measured_points(scans, poses)
-    moved = project(np.c_[(world[:, :3] - target[:3, 3]) @ target[:3, :3], world[:, 3]], pipe.sensor)
+    moved = _moved(measured_points(scans, poses), target, pipe.sensor)
     np.testing.assert_allclose(out.frames[0].range_image.range[moved.mask], moved.range[moved.mask], rtol=1e-5)
+
+
+def test_a_pose_next_to_one_sweep_keeps_that_sweeps_returns_and_fills_from_the_others(pipe, observed) -> None:
+    from inference.measured import OWN_SWEEP_RATIO, own_sweep
+
+    scans, poses = observed
+    target = poses[1].copy()
+    target[:3, 3] += target[:3, 0] * 0.5
+    seen = observation(scans, poses, pipe.sensor)
+    gaps = np.linalg.norm(poses[:, :3, 3] - target[:3, 3], axis=1)
+    assert gaps[1] < OWN_SWEEP_RATIO * gaps[0] and own_sweep(seen, target) == 1
+    out = pipe.forecast(scans, prefix_poses=poses, poses=target[None], steps=2, seed=1).frames[0].range_image.range
+    own = _moved(measured_points(scans[1:], poses[1:]), target, pipe.sensor)
+    other = _moved(measured_points(scans[:1], poses[:1]), target, pipe.sensor)
+    np.testing.assert_allclose(out[own.mask], own.range[own.mask], rtol=1e-5)
+    fill = other.mask & ~own.mask
+    np.testing.assert_allclose(out[fill], other.range[fill], rtol=1e-5)
+    # where the other sweep's point lies nearer on a ray the near sweep returns on, the near sweep still wins
+    assert (own.mask & other.mask & (other.range < own.range - 0.1)).any()
+    # halfway between the sweeps neither sees for the pose
+    middle = target.copy()
+    middle[:3, 3] = poses[:, :3, 3].mean(axis=0)
+    assert own_sweep(seen, middle) is None and own_sweep(observation(scans[:1], poses[:1], pipe.sensor), poses[0]) is None
+    # re-simulated at a pose observed twice (a car standing still), the newer sweep is the one seen
+    assert own_sweep(observation([scans[0], scans[1]], poses[[0, 0]], pipe.sensor), poses[0]) == 1
 
 
 def test_the_map_keeps_its_exact_surface_where_it_confirms_the_measurement(pipe, observed) -> None:
@@ -232,3 +260,57 @@ def test_silent_rays_count_as_misses_only_near_an_observing_sensor(pipe, observe
     # from farther away the moved sweep thins out: its gaps are no longer measured emptiness
     np.testing.assert_array_equal(measured_view(seen, far, pipe.sensor).misses, seen.shadow & ~measured_view(
         seen, far, pipe.sensor).mask)
+
+
+def test_the_vehicles_own_returns_travel_with_the_sensor_not_with_the_world(pipe) -> None:
+    from inference.measured import ego_body, measured_view, without_ego_body
+
+    sensor = pipe.sensor
+    rng = np.random.default_rng(0)
+    # the car's boot and mirrors: the same sensor-frame points in every sweep, 1.2 m above a flat road
+    body = np.c_[rng.uniform(-2.0, -1.0, 40), rng.uniform(-1.0, 1.0, 40), np.full(40, -0.5), np.full(40, 0.3)]
+    road = np.c_[rng.uniform(-30, 30, (4000, 2)), np.full(4000, -sensor.mount_height), np.full(4000, 0.5)]
+    road = road[np.hypot(road[:, 0], road[:, 1]) > 4.0]
+    wall = np.c_[rng.uniform(-20, 20, 800), np.full(800, 8.0), rng.uniform(-1.5, 2.0, 800), np.full(800, 0.7)]
+    poses = np.repeat(np.eye(4)[None], 2, axis=0)
+    poses[1, 0, 3] = 1.0  # one metre on
+    world = np.concatenate([road, wall])
+    scans = [np.concatenate([body, world - np.r_[p[:3, 3], 0.0]]).astype(np.float32) for p in poses]
+    marks = ego_body(scans, poses)
+    assert [m[:40].all() and not m[40:].any() for m in marks] == [True, True]
+    assert not ego_body(scans[:1], poses[:1])[0].any()  # one sweep cannot tell the body from the world
+    assert [len(s) for s in without_ego_body(scans, poses)] == [len(world)] * 2
+    seen = observation(scans, poses, sensor)
+    assert len(seen.points) == 2 * len(world) and len(seen.body) == 40
+    # from 5 m on, the body is where it was on the car, not 5 m behind
+    ahead = poses[1].copy()
+    ahead[0, 3] += 5.0
+    kept = measured_view(seen, ahead, sensor)
+    where = project(body, sensor)
+    np.testing.assert_allclose(kept.image.range[where.mask], where.range[where.mask], rtol=1e-5)
+
+
+def test_what_the_network_adds_settles_against_the_measurement(pipe) -> None:
+    from inference.measured import BEHIND_RATIO, MeasuredView, settle_additions
+    from lidar.range_image import RangeImage, unproject
+
+    sensor = pipe.sensor
+    row = sensor.height - 3
+    measured = np.zeros(sensor.shape, np.float32)
+    measured[row - 1 : row + 2, 10:21] = 10.0  # a measured wall with one column of rays through it
+    measured[:, 15] = 0.0
+    added = np.zeros(sensor.shape, np.float32)
+    added[row - 1 : row + 2, 15] = 18.0  # the network's ground behind the wall
+    added[row - 1 : row + 2, 30:36] = 15.0  # a patch of its own, beside nothing measured
+    added[1, 50] = 40.0  # and one lone return in the sky
+    image = RangeImage(np.maximum(measured, added), np.full(sensor.shape, 0.5, np.float32))
+    points = unproject(image, sensor)
+    view = MeasuredView(RangeImage(measured, np.full(sensor.shape, 0.5, np.float32)), np.zeros((measured.size, 4)),
+                        np.zeros(sensor.shape, bool))
+    out, kept = settle_additions(image, points, view)
+    np.testing.assert_allclose(out.range[row - 1 : row + 2, 15], 10.0)
+    assert 18.0 * BEHIND_RATIO > 10.0
+    assert out.range[1, 50] == 0.0  # the lone return is gone
+    assert (out.range[row - 1 : row + 2, 30:36] == 15.0).all()
+    np.testing.assert_array_equal(out.range[view.mask], measured[view.mask])  # the measurement is untouched
+    np.testing.assert_allclose(kept, unproject(out, sensor), atol=1e-4)  # points follow their rays

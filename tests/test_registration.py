@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import numpy as np
 import pytest
 
@@ -70,3 +72,33 @@ def test_bad_inputs_name_what_was_expected() -> None:
         register_sweeps([np.zeros((5, 3))], initial_pose=np.ones((4, 4)))
     with pytest.raises(ValueError, match=r"RegisterConfig\.min_fitness"):
         RegisterConfig(min_fitness=2.0)
+
+
+def test_a_recording_registers_one_sweep_in_memory_at_a_time(tmp_path) -> None:
+    import weakref
+
+    from lidar.sequence import Recording
+
+    files = []
+    for i, name in enumerate(KITTI_SEQ00):
+        files.append(tmp_path / f"{i:06d}.bin")
+        files[-1].write_bytes((REAL_SCANS / name).read_bytes())
+    rec = Recording(files, None, None)
+    alive: list[weakref.ref] = []
+
+    class Watched(Sequence):
+        def __len__(self) -> int:
+            return len(rec)
+
+        def __getitem__(self, index: int):
+            # by the time a sweep is read, the one before the previous is gone
+            assert all(ref() is None for ref in alive[:-1])
+            alive.append(weakref.ref(scan := rec[index]))
+            return scan
+
+    streamed = register_sweeps(Watched(), names=rec.names)
+    listed = register_sweeps([read_points(f) for f in files])
+    np.testing.assert_allclose(streamed.poses, listed.poses, atol=1e-9)
+    np.testing.assert_allclose(register_sweeps(rec).poses, listed.poses, atol=1e-9)
+    with pytest.raises(TypeError, match="sweep number"):
+        rec[0:2]

@@ -112,10 +112,12 @@ def load_recordings(folders: tuple[str, ...], sensor: Sensor) -> list[Drive]:
     for folder in folders:
         start = time.perf_counter()
         rec = open_recording(folder)
-        sweeps = [rec.sweep(i).points for i in range(len(rec))]
-        poses = rec.poses if rec.poses is not None else register_sweeps(sweeps, names=rec.names).poses
-        images = [project(points, sensor) for points in sweeps]
-        low, high = elevation_span(np.concatenate([points[:, :3] for points in sweeps]))
+        poses = rec.poses if rec.poses is not None else register_sweeps(rec, names=rec.names).poses
+        images, spans = [], []
+        for scan in rec:  # one sweep in memory at a time: only its range image stays
+            images.append(project(scan.points, sensor))
+            spans.append(elevation_span(scan.points))
+        low, high = np.median(spans, axis=0)  # one sensor: the same field of view in every sweep
         rows = (sensor.elevations >= low - BEAM_MARGIN) & (sensor.elevations <= high + BEAM_MARGIN)
         drives.append(Drive(np.stack([im.range for im in images]), np.stack([im.intensity for im in images]),
                             np.asarray(poses), None, None, None, None, rows))

@@ -107,7 +107,7 @@ def recording_poses(rec: Recording, how: str) -> tuple[np.ndarray, dict[str, Any
         if rec.poses is None:
             raise InputError("the recording has no poses file; use registered poses")
         return rec.poses, {"source": "file"}
-    reg = register_sweeps([rec.sweep(i) for i in range(len(rec))], names=rec.names)
+    reg = register_sweeps(rec, names=rec.names)  # read sweep by sweep
     info: dict[str, Any] = {"source": "registered (KISS-ICP)", "fitness_min": float(reg.fitness.min())}
     if rec.poses is not None:  # both start at the first sweep, so positions compare directly
         gap = np.linalg.norm(reg.poses[:, :3, 3] - rec.poses[:, :3, 3], axis=1)
