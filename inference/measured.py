@@ -213,6 +213,13 @@ def own_sweep(observed: Observation, pose: np.ndarray) -> int | None:
     rays. On KITTI 00 with three sweeps, the newest alone at 0.1 s (0.5x as far as the next) had 0.90x the
     z-buffer's per-ray error against the truth; at 0.3 s (0.75x) it had 1.03x, the older sweeps seeing what
     it could not. At zero shift a re-simulation gives that sweep back exactly.
+
+    Not settled: on two simulated HDL-64E drives (exact poses, flat ground, thin poles) the per-ray error at
+    0.1 s fell too (0.97x) but the squared Chamfer rose, 0.97x -> 1.24x and 1.01x -> 0.98x the better
+    baseline. A model pixel holds 2-3 beams of a 64-beam sensor, and the nearest of all sweeps' beams there
+    is what the truth's own nearest beam sees of a thin pole; requiring the other sweep's nearer point to be
+    unconfirmed by the own sweep, or within a few percent of its range, lost the gain on KITTI without
+    closing that gap.
     """
     if len(observed.positions) < 2:
         return None
