@@ -24,7 +24,7 @@ import torch
 from inference.cache import SpatialCache
 from inference.limits import LIBRARY_LIMITS
 from inference.loader import Provenance, load_model
-from inference.measured import observation, without_ego_body
+from inference.measured import ego_body, observation, without_ego_body
 from inference.network import WorldModel, WorldModelConfig
 from inference.rollout import Progress, RolloutResult, cache_from_scans, frame_times, rollout
 from lidar.errors import InputError
@@ -189,13 +189,14 @@ class LidarVersePipeline:
             poses = action_poses(prefix_poses[-1], action, frames, motion=motion)
         if not isinstance(feedback, bool):
             raise InputError(f"feedback must be True or False, got {feedback!r}")
-        cache = cache_from_scans(without_ego_body(points, prefix_poses), prefix_poses)
+        bodies = ego_body(points, prefix_poses)
+        cache = cache_from_scans(without_ego_body(points, bodies), prefix_poses)
         return self._rollout(
             poses,
             start,
             **_scene(map, len(poses), times),
             cache=cache,
-            measured=observation(points, prefix_poses, self.sensor),
+            measured=observation(points, prefix_poses, self.sensor, bodies),
             steps=steps,
             seed=seed,
             guidance=guidance,
@@ -222,13 +223,14 @@ class LidarVersePipeline:
         poses = self._scan_poses(poses, len(points), "poses")
         target_poses = _check_poses(target_poses, "target_poses")
         LIBRARY_LIMITS.check_frames(len(target_poses), "len(target_poses)")
-        cache = cache_from_scans(without_ego_body(points, poses), poses)
+        bodies = ego_body(points, poses)
+        cache = cache_from_scans(without_ego_body(points, bodies), poses)
         return self._rollout(
             target_poses,
             start,
             **_scene(map, len(target_poses), None),
             cache=cache,
-            measured=observation(points, poses, self.sensor),
+            measured=observation(points, poses, self.sensor, bodies),
             steps=steps,
             seed=seed,
             guidance=guidance,
