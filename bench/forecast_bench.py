@@ -4,7 +4,7 @@ A forecast from K posed sweeps runs the network on each target pose and then wri
 the observed sweeps moved to the pose and z-buffered, their misses and shadow, the car's own returns, and
 (without a map) the network's additions settled against them. Timed in the same run, alternating: the
 pipeline's forecast, and the same rollout from the same cache without the measurement (`measured=None`, the
-cache-only forecast the network alone would give).
+cache-only forecast the network alone would give; the car's own returns stay in its cache).
 
     python -m bench.forecast_bench [--data DIR] [--prefixes 1 3] [--frames 10] [--repeats 2] [--threads 1]
 
@@ -27,15 +27,17 @@ from training.evaluate_real import RealSequenceConfig
 
 def time_forecast(pipe, scans: list[np.ndarray], poses: np.ndarray, frames: int, keep: bool) -> float:
     """Frames/s of one forecast of `frames` frames at 10 Hz from `scans` at `poses`."""
-    real = pipeline_module.rollout
-    if not keep:  # the same rollout, handed no measurement
-        pipeline_module.rollout = lambda *a, **k: real(*a, **{**k, "measured": None})
+    real = pipeline_module.rollout, pipeline_module.observation, pipeline_module.ego_body
+    if not keep:  # the same rollout from every observed point, with no measurement gathered or handed to it
+        pipeline_module.rollout = lambda *a, **k: real[0](*a, **{**k, "measured": None})
+        pipeline_module.observation = lambda *a, **k: None
+        pipeline_module.ego_body = lambda scans, _poses: [np.zeros(len(s), dtype=bool) for s in scans]
     try:
         start = time.perf_counter()
         pipe.forecast(scans, prefix_poses=poses, frames=frames, seed=0)
         return frames / (time.perf_counter() - start)
     finally:
-        pipeline_module.rollout = real
+        pipeline_module.rollout, pipeline_module.observation, pipeline_module.ego_body = real
 
 
 def main() -> None:

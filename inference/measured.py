@@ -69,8 +69,8 @@ MISS_BASELINE_M = 5.0
 #: Columns either side of a ray within which a measured return of its row makes the ray's own silence a
 #: measured miss: the gap-fill reach, along rows only.
 MISS_REACH = GAP_REACH[0]
-#: A pose this many times nearer one observing sensor than any other sees with that sweep's eyes: the sweep
-#: wins every ray it returns on, the others only fill its silent rays (`measured_view`).
+#: A pose at most this fraction as far from one observing sensor as from any other sees with that sweep's eyes:
+#: the sweep wins every ray it returns on, the others only fill its silent rays (`measured_view`).
 OWN_SWEEP_RATIO = 0.6
 #: The observing vehicle's own returns (`ego_body`): points within this many metres of their sensor, above the
 #: ground (`EGO_CLEARANCE_M`), that another sweep, taken at least `EGO_TRAVEL_M` away, measured within
@@ -115,6 +115,8 @@ class MeasuredView:
     #: from within `MISS_BASELINE_M` of an observing sensor, and no map surface under them; or the observing
     #: sensor's own shadow, which hides even what was measured and what the map holds.
     misses: np.ndarray
+    #: (H, W) kept rays that meet the observing car itself (`Observation.body`): no part of the world.
+    body: np.ndarray
 
     @property
     def mask(self) -> np.ndarray:
@@ -222,7 +224,8 @@ def observation(scans: list[np.ndarray], poses: np.ndarray, sensor: Sensor,
 
 def own_sweep(observed: Observation, pose: np.ndarray) -> int | None:
     """The sweep whose eyes a sensor at `pose` sees with, if any: the nearest observing sensor's, when the pose
-    is at most `OWN_SWEEP_RATIO` times as far from it as from any other.
+    is at most `OWN_SWEEP_RATIO` times as far from it as from any sweep taken elsewhere (`EGO_TRAVEL_M` or
+    more away); of sweeps taken from one place, the newest.
 
     Re-projected from afar, a sweep's points sit off the new rays, and where sweeps overlap the nearest-wins
     z-buffer picks the shortest of their noisy ranges; from (nearly) its own pose a sweep's points lie on the
@@ -240,8 +243,12 @@ def own_sweep(observed: Observation, pose: np.ndarray) -> int | None:
     if len(observed.positions) < 2:
         return None
     gaps = np.linalg.norm(observed.positions - pose[:3, 3], axis=1)
-    first, second = np.lexsort((-np.arange(len(gaps)), gaps))[:2]  # of sweeps from one place, the newest
-    return int(first) if gaps[first] <= OWN_SWEEP_RATIO * gaps[second] else None
+    first = int(np.lexsort((-np.arange(len(gaps)), gaps))[0])  # of sweeps from one place, the newest
+    # the others: sweeps taken elsewhere (a car standing still takes all of its sweeps from one place)
+    elsewhere = np.linalg.norm(observed.positions - observed.positions[first], axis=1) >= EGO_TRAVEL_M
+    if not elsewhere.any():
+        return first
+    return first if gaps[first] <= OWN_SWEEP_RATIO * gaps[elsewhere].min() else None
 
 
 def _winners(local: np.ndarray, observed: Observation, pose: np.ndarray, sensor: Sensor) -> tuple[np.ndarray, np.ndarray]:
@@ -255,8 +262,8 @@ def _winners(local: np.ndarray, observed: Observation, pose: np.ndarray, sensor:
     own_index, own_pixels = grid_winners(local[mine], sensor)
     winner = np.full(sensor.height * sensor.width, -1)
     winner[pixels] = index
-    winner[own_pixels] = mine[own_index]
-    pixels = np.flatnonzero(winner >= 0)
+    onto = winner[own_pixels] < len(observed.points)  # the car's own body (after the world points) keeps its rays
+    winner[own_pixels[onto]] = mine[own_index[onto]]
     return winner[pixels], pixels
 
 
@@ -289,8 +296,11 @@ def measured_view(observed: Observation, pose: np.ndarray, sensor: Sensor,
     points[pixels] = local[index]
     range_ = np.zeros(size, dtype=np.float32)
     range_[pixels] = ranges
+    body = np.zeros(size, dtype=bool)
+    body[pixels] = index >= len(observed.points)
     intensity = np.clip(points[:, 3], 0.0, 1.0)
-    return MeasuredView(RangeImage(range_.reshape(sensor.shape), intensity.reshape(sensor.shape)), points, misses)
+    return MeasuredView(RangeImage(range_.reshape(sensor.shape), intensity.reshape(sensor.shape)), points, misses,
+                        body.reshape(sensor.shape))
 
 
 def row_misses(pixels: np.ndarray, sensor: Sensor) -> np.ndarray:
@@ -341,8 +351,8 @@ def settle_additions(image: RangeImage, points: np.ndarray, measured: MeasuredVi
        `LONE_SLOPE` of its range, the rays' own spread) of its point stands where nothing was seen (a speckle
        in the sky, a streak through a gap). On KITTI 00 at 1.0 s they were about 1 % of the points, most with
        no truth within a metre.
-    2. An addition behind a measured surface that borders it (farther than `BEHIND_RATIO` x a measured range
-       within `GAP_REACH` of it) takes that surface's range: a surface seen from a new angle spreads its
+    2. An addition behind a measured surface that borders it (farther than a measured range within `GAP_REACH`
+       of it divided by `BEHIND_RATIO`) takes that surface's range: a surface seen from a new angle spreads its
        points apart, and the rays between them meet it, not the ground the network drew behind it. On KITTI
        00 at 1.0 s that was ground drawn through parked cars.
     """
@@ -359,7 +369,8 @@ def settle_additions(image: RangeImage, points: np.ndarray, measured: MeasuredVi
     # 2. additions behind a bordering measured surface continue it, along their own rays
     mask = image.mask
     nearest = np.full(mask.shape, np.inf, dtype=np.float32)
-    for other in _neighbours(np.where(measured.mask, measured.image.range, np.inf), np.inf, GAP_REACH):
+    world = measured.mask & ~measured.body  # the car's own body borders everything near it, and hides nothing
+    for other in _neighbours(np.where(world, measured.image.range, np.inf), np.inf, GAP_REACH):
         nearest = np.minimum(nearest, other)
     behind = mask & ~measured.mask & (nearest < BEHIND_RATIO * image.range)
     if not behind.any():

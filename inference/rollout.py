@@ -28,6 +28,7 @@ from inference.conditioning import (
 )
 from inference.flow import FlowMatchSampler, guided_velocity
 from inference.measured import (
+    MeasuredView,
     Observation,
     keep_measured,
     measured_points,
@@ -104,6 +105,24 @@ def _layout(source: LayoutSource | None, time_s: float, pose: np.ndarray, sensor
     return layout_view(boxes["boxes"], boxes["box_class"], pose, sensor)
 
 
+def _finish(x: torch.Tensor, kept: MeasuredView | None, pose: np.ndarray, sensor: Sensor,
+            settle: bool) -> tuple[RangeImage, np.ndarray, np.ndarray]:
+    """A sampled flow image -> the frame's range image, its sensor-frame points and its world-frame points: with
+    `kept`, the measurement written back (and with `settle`, the additions settled against it, for frames
+    without a map or a layout, on which they rest on nothing else); the car's own body is no world point."""
+    if kept is not None:
+        x = keep_measured(x, kept, sensor)
+    image = decode_image(to_encoded_image(x[0]), sensor)
+    points = unproject(image, sensor)
+    if kept is None:
+        return image, points, transform_points(points, pose)
+    points = measured_points_of(image, points, kept)
+    if settle:
+        image, points = settle_additions(image, points, kept)
+    body = kept.body[image.mask]
+    return image, points, transform_points(points[~body], pose)
+
+
 def frame_times(count: int, times: np.ndarray | None, start: float = 0.0) -> np.ndarray:
     """Seconds of each frame: `times` as given (checked), else 10 Hz from `start`."""
     if times is None:
@@ -155,6 +174,7 @@ def rollout(
     param = next(model.parameters())
     sampler.set_timesteps(steps, device=param.device)
     frames: list[Frame] = []
+    in_world: list[np.ndarray] = []  # each frame's world-frame points
     start = time.perf_counter()
     for index, pose in enumerate(poses):
         frame_start = time.perf_counter()
@@ -176,26 +196,20 @@ def rollout(
             if callback is not None:
                 callback(Progress(index, len(poses), i + 1, steps))
         # 3. keep the prior where the sample only jitters it, and what was measured where it was seen; decode,
-        #    unproject, feed the sweep back into the cache
-        x = model.snap_to_prior(x, prepared)
+        #    unproject, feed the sweep (less the observing car's own body) back into the cache
         kept = None if measured is None else measured_view(measured, pose, sensor, map_view)
-        if kept is not None:
-            x = keep_measured(x, kept, sensor)
-        image = decode_image(to_encoded_image(x[0]), sensor)
-        points = unproject(image, sensor)
-        if kept is not None:
-            points = measured_points_of(image, points, kept)
-            if map_view is None and boxes is None:  # a map or a layout is what the network's additions rest on
-                image, points = settle_additions(image, points, kept)
+        image, points, world_points = _finish(model.snap_to_prior(x, prepared), kept, pose, sensor,
+                                              settle=map_view is None and boxes is None)
+        in_world.append(world_points)
         if update_cache:
-            cache.add(transform_points(points, pose), pose)
+            cache.add(world_points, pose)
         frame = Frame(index, pose, points, image, time.perf_counter() - frame_start)
         frames.append(frame)
         if callback is not None:
             callback(Progress(index, len(poses), steps, steps, frame))
     total = time.perf_counter() - start
     world = SpatialCache(radius=np.inf, voxel_size=WORLD_VOXEL, max_points=2**31 - 1)
-    world.add(np.concatenate([transform_points(f.points, f.pose) for f in reversed(frames)]))
+    world.add(np.concatenate(in_world[::-1]))
     timings = {
         "per_frame": [f.seconds for f in frames],
         "total": total,

@@ -71,6 +71,10 @@ CALIB_FILE = "calib.txt"
 #: KITTI odometry keeps a sequence's sweeps in this subfolder, beside its poses.txt, calib.txt and times.txt.
 KITTI_SWEEP_FOLDER = "velodyne"
 TIMES_FILE = "times.txt"
+#: A KITTI raw drive (`<date>_drive_<n>_sync`) keeps its sweeps here, with one clock time per sweep in
+#: `velodyne_points/timestamps.txt` ("2011-09-26 13:02:25.964389445") and no poses file.
+KITTI_RAW_SWEEP_FOLDER = Path("velodyne_points") / "data"
+KITTI_RAW_TIMES_FILE = Path("velodyne_points") / "timestamps.txt"
 #: KITTI camera 0 from Velodyne, axes only: x_cam = -y_velo, y_cam = -z_velo, z_cam = x_velo.
 NOMINAL_KITTI_TR = np.array([[0.0, -1.0, 0.0, 0.0], [0.0, 0.0, -1.0, 0.0], [1.0, 0.0, 0.0, 0.0], [0.0, 0.0, 0.0, 1.0]])
 _FRAME_NUMBER = re.compile(r"(\d+)$")
@@ -115,13 +119,15 @@ def read_sequence(
 def sweep_files(folder: Path) -> list[Path]:
     """The sweep files of `folder`, in frame order; hidden files and poses/calibration are skipped.
 
-    A folder in the KITTI odometry layout holds no sweeps itself but a `velodyne/` subfolder of them.
+    A folder in the KITTI odometry layout holds no sweeps itself but a `velodyne/` subfolder of them; a KITTI
+    raw drive, a `velodyne_points/data/` subfolder.
     """
     if not folder.is_dir():
         raise PointCloudError(f"{folder}: not a folder; expected a folder of sweep files")
     files = _sweeps_in(folder)
-    if not files and (folder / KITTI_SWEEP_FOLDER).is_dir():
-        files = _sweeps_in(folder / KITTI_SWEEP_FOLDER)
+    for sub in (KITTI_SWEEP_FOLDER, KITTI_RAW_SWEEP_FOLDER):
+        if not files and (folder / sub).is_dir():
+            files = _sweeps_in(folder / sub)
     return files
 
 
@@ -132,6 +138,9 @@ def _sweeps_in(folder: Path) -> list[Path]:
         if p.is_file() and not p.name.startswith(".") and p.suffix.lower() in READ_SUFFIXES
     ]
     return sorted(files, key=_frame_order)
+
+
+NOT_SEARCHABLE = "a Recording cannot be searched for a sweep; compare its names or files instead"
 
 
 @dataclass
@@ -158,14 +167,25 @@ class Recording(Sequence[Scan]):
         return read_points(self.files[index], self.sensor)
 
     def __getitem__(self, index: int) -> Scan:  # type: ignore[override]  # no slices: each item is a file read
-        if not isinstance(index, int | np.integer):
+        if isinstance(index, bool) or not isinstance(index, int | np.integer):
             raise TypeError(f"a Recording is indexed by sweep number, got {type(index).__name__}")
         return self.sweep(index)
+
+    # Sequence's search methods would read every file and compare point arrays: not what a recording is for
+    def __contains__(self, value: object) -> bool:
+        raise TypeError(NOT_SEARCHABLE)
+
+    def index(self, value: object, start: int = 0, stop: int | None = None) -> int:
+        raise TypeError(NOT_SEARCHABLE)
+
+    def count(self, value: object) -> int:
+        raise TypeError(NOT_SEARCHABLE)
 
 
 def open_recording(folder: str | Path, *, sensor: Sensor | None = None) -> Recording:
     """A recorded sequence folder: KITTI odometry (`velodyne/*.bin`, `poses.txt`, `calib.txt`, `times.txt`),
-    a folder of sweeps with a poses.txt or a poses.json, or sweeps alone (poses None).
+    a KITTI raw drive (`velodyne_points/data/*.bin` and `velodyne_points/timestamps.txt`; its poses come from
+    registration), a folder of sweeps with a poses.txt or a poses.json, or sweeps alone (poses None).
 
     Unlike `read_sequence` it reads no sweep and has no sweep limit: its callers are training and evaluation
     jobs reading a lab's own logs, not uploads.
@@ -177,12 +197,15 @@ def open_recording(folder: str | Path, *, sensor: Sensor | None = None) -> Recor
     if listed:
         files = [folder / n for n in listed]
     if not files:
-        raise PointCloudError(f"{folder}: no sweep files ({', '.join(READ_SUFFIXES)}) here or in {KITTI_SWEEP_FOLDER}/")
+        raise PointCloudError(f"{folder}: no sweep files ({', '.join(READ_SUFFIXES)}) here, in {KITTI_SWEEP_FOLDER}/ "
+                              f"or in {KITTI_RAW_SWEEP_FOLDER}/")
     names = [f.name for f in files]
     poses_file = next((folder / n for n in POSES_FILES if (folder / n).is_file()), None)
     calib = folder / CALIB_FILE
     poses = None if poses_file is None else read_poses(poses_file, names, calib if calib.is_file() else None)
     times = _kitti_times(folder / TIMES_FILE, names) if (folder / TIMES_FILE).is_file() else None
+    if times is None and (folder / KITTI_RAW_TIMES_FILE).is_file():
+        times = _kitti_raw_times(folder / KITTI_RAW_TIMES_FILE, names)
     logger.info("opened a recording of %d sweeps in %s (%s)", len(files), folder.name,
                 "with poses" if poses is not None else "no poses")
     return Recording(files, poses, times, sensor)
@@ -445,6 +468,21 @@ def _kitti_times(path: Path, names: Sequence[str]) -> np.ndarray:
     if max(numbers) >= len(values) or not np.isfinite(values).all():
         raise PointCloudError(f"{path}: {len(values)} finite times, but the sweeps need frame {max(numbers)}")
     return values[numbers]
+
+
+def _kitti_raw_times(path: Path, names: Sequence[str]) -> np.ndarray:
+    """Seconds of each sweep from a KITTI raw `timestamps.txt` (one clock time per frame, matched by frame
+    number), counted from the first line."""
+    expected = "a KITTI raw timestamps.txt (one 'YYYY-MM-DD HH:MM:SS.fffffffff' per line)"
+    lines = [line.strip() for line in read_text_file(path, "timestamps.txt", expected).splitlines() if line.strip()]
+    try:
+        clock = np.array([np.datetime64(line.replace(" ", "T"), "ns") for line in lines])
+    except ValueError:
+        raise PointCloudError(f"{path}: not {expected}") from None
+    numbers = frame_numbers(names) or list(range(len(names)))
+    if not len(clock) or np.isnat(clock).any() or max(numbers) >= len(clock):
+        raise PointCloudError(f"{path}: {len(clock)} clock times, but the sweeps need frame {max(numbers)}")
+    return (clock[numbers] - clock[0]).astype(np.int64) / 1e9
 
 
 def _kitti_tr(calib: str | Path | None) -> np.ndarray:

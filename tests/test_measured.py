@@ -9,6 +9,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from scipy.spatial import cKDTree
 
 from inference import load_pipeline
 from inference.measured import keep_measured, measured_points, measured_view, observation
@@ -86,8 +87,17 @@ def test_a_pose_next_to_one_sweep_keeps_that_sweeps_returns_and_fills_from_the_o
     middle = target.copy()
     middle[:3, 3] = poses[:, :3, 3].mean(axis=0)
     assert own_sweep(seen, middle) is None and own_sweep(observation(scans[:1], poses[:1], pipe.sensor), poses[0]) is None
-    # re-simulated at a pose observed twice (a car standing still), the newer sweep is the one seen
-    assert own_sweep(observation([scans[0], scans[1]], poses[[0, 0]], pipe.sensor), poses[0]) == 1
+    # just past the ratio, no sweep sees for the pose
+    past = target.copy()
+    span = poses[1][:3, 3] - poses[0][:3, 3]
+    along = np.dot(span, span) ** 0.5
+    # the point on the line beyond sweep 1 where its gap is just over OWN_SWEEP_RATIO times sweep 0's
+    d = OWN_SWEEP_RATIO * along / (1 - OWN_SWEEP_RATIO) * 1.05
+    past[:3, 3] = poses[1][:3, 3] + span / along * d
+    assert own_sweep(seen, past) is None
+    # a car standing still took both sweeps from one place: from there and from anywhere near, the newer
+    standing = observation([scans[0], scans[1]], poses[[0, 0]], pipe.sensor)
+    assert own_sweep(standing, poses[0]) == 1 and own_sweep(standing, target) == 1
 
 
 def test_the_map_keeps_its_exact_surface_where_it_confirms_the_measurement(pipe, observed) -> None:
@@ -293,6 +303,17 @@ def test_the_vehicles_own_returns_travel_with_the_sensor_not_with_the_world(pipe
     kept = measured_view(seen, ahead, sensor)
     where = project(body, sensor)
     np.testing.assert_allclose(kept.image.range[where.mask], where.range[where.mask], rtol=1e-5)
+    assert kept.body[where.mask].all() and kept.body.sum() == where.mask.sum()
+    # fed back frame by frame, the body stays on the car: neither the cache nor the world union holds it
+    targets = np.repeat(poses[1:], 3, axis=0)
+    targets[:, 0, 3] += [1.0, 2.0, 3.0]
+    out = pipe.forecast(scans, prefix_poses=poses, poses=targets, steps=1, feedback=True)
+    trail = np.concatenate([body[:, :3] + p[:3, 3] for p in np.concatenate([poses, targets])])
+    for cloud in (out.cache.points(), out.world):
+        assert cKDTree(cloud[:, :3]).query(trail)[0].min() > 0.05
+    nearest_on_ray = body[grid_winners(body, sensor)[0], :3]
+    for frame in out.frames:  # while every frame draws it where it is on the car
+        assert cKDTree(frame.points[:, :3]).query(nearest_on_ray)[0].max() < 1e-4
 
 
 def test_what_the_network_adds_settles_against_the_measurement(pipe) -> None:
@@ -307,15 +328,29 @@ def test_what_the_network_adds_settles_against_the_measurement(pipe) -> None:
     added = np.zeros(sensor.shape, np.float32)
     added[row - 1 : row + 2, 15] = 18.0  # the network's ground behind the wall
     added[row - 1 : row + 2, 30:36] = 15.0  # a patch of its own, beside nothing measured
-    added[1, 50] = 40.0  # and one lone return in the sky
+    added[1, 50] = 40.0  # one lone return in the sky
+    added[row - 1 : row + 2, 21] = 10.5  # the wall going on, a little farther (the same surface)
+    measured[1, 58] = 30.0  # a lone measured return, which stays
+    added[4, 40] = 20.0  # an added pair, each other's neighbour only by row, but 1.5 m apart in range
+    added[5, 40] = 21.5
+    image = RangeImage(np.maximum(measured, added), np.full(sensor.shape, 0.5, np.float32))
+    points = unproject(image, sensor)
+    measured[row, 45] = 2.0  # the car's own bonnet ...
+    body = np.zeros(sensor.shape, bool)
+    body[row, 45] = True
+    added[row - 1 : row + 2, 46] = 15.0  # ... beside ground the network drew: the car hides nothing
     image = RangeImage(np.maximum(measured, added), np.full(sensor.shape, 0.5, np.float32))
     points = unproject(image, sensor)
     view = MeasuredView(RangeImage(measured, np.full(sensor.shape, 0.5, np.float32)), np.zeros((measured.size, 4)),
-                        np.zeros(sensor.shape, bool))
+                        np.zeros(sensor.shape, bool), body)
     out, kept = settle_additions(image, points, view)
     np.testing.assert_allclose(out.range[row - 1 : row + 2, 15], 10.0)
     assert 18.0 * BEHIND_RATIO > 10.0
     assert out.range[1, 50] == 0.0  # the lone return is gone
     assert (out.range[row - 1 : row + 2, 30:36] == 15.0).all()
+    np.testing.assert_allclose(out.range[row - 1 : row + 2, 21], 10.5)  # not behind the wall: kept as drawn
+    assert out.range[1, 58] == 30.0
+    assert out.range[4, 40] == 0.0 and out.range[5, 40] == 0.0
+    assert (out.range[row - 1 : row + 2, 46] == 15.0).all() and out.range[row, 45] == 2.0
     np.testing.assert_array_equal(out.range[view.mask], measured[view.mask])  # the measurement is untouched
     np.testing.assert_allclose(kept, unproject(out, sensor), atol=1e-4)  # points follow their rays

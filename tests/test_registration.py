@@ -74,9 +74,8 @@ def test_bad_inputs_name_what_was_expected() -> None:
         RegisterConfig(min_fitness=2.0)
 
 
-def test_a_recording_registers_one_sweep_in_memory_at_a_time(tmp_path) -> None:
-    import weakref
-
+def test_a_recording_registers_one_sweep_in_memory_at_a_time(tmp_path, monkeypatch) -> None:
+    import lidar.registration as registration
     from lidar.sequence import Recording
 
     files = []
@@ -84,21 +83,30 @@ def test_a_recording_registers_one_sweep_in_memory_at_a_time(tmp_path) -> None:
         files.append(tmp_path / f"{i:06d}.bin")
         files[-1].write_bytes((REAL_SCANS / name).read_bytes())
     rec = Recording(files, None, None)
-    alive: list[weakref.ref] = []
+    events: list[str] = []
+
+    class Logged(registration.KissICP):
+        def register_frame(self, *args, **kwargs):
+            events.append("register")
+            return super().register_frame(*args, **kwargs)
 
     class Watched(Sequence):
         def __len__(self) -> int:
             return len(rec)
 
         def __getitem__(self, index: int):
-            # by the time a sweep is read, the one before the previous is gone
-            assert all(ref() is None for ref in alive[:-1])
-            alive.append(weakref.ref(scan := rec[index]))
-            return scan
+            events.append(f"read {index}")
+            return rec[index]
 
+    monkeypatch.setattr(registration, "KissICP", Logged)
     streamed = register_sweeps(Watched(), names=rec.names)
+    # each sweep is read only once the one before it is registered, so one is held at a time
+    assert events == [e for i in range(len(rec)) for e in (f"read {i}", "register")]
     listed = register_sweeps([read_points(f) for f in files])
     np.testing.assert_allclose(streamed.poses, listed.poses, atol=1e-9)
     np.testing.assert_allclose(register_sweeps(rec).poses, listed.poses, atol=1e-9)
-    with pytest.raises(TypeError, match="sweep number"):
-        rec[0:2]
+    for bad in (slice(0, 2), True):
+        with pytest.raises(TypeError, match="sweep number"):
+            rec[bad]
+    with pytest.raises(TypeError, match="cannot be searched"):
+        rec[0] in rec  # noqa: B015

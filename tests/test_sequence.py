@@ -306,3 +306,23 @@ def test_a_sequence_holds_at_most_four_full_clouds_of_points(tmp_path: Path) -> 
                                                                    r"a sequence may hold at most 10,000"):
         read_sequence(tmp_path)
     assert len(read_sequence(tmp_path).scans) == 6  # the default limit: 4 x 5 M points
+
+
+def test_a_kitti_raw_drive_opens_with_its_clock_times_and_no_poses(tmp_path: Path) -> None:
+    drive = tmp_path / "2011_09_26_drive_0005_sync"
+    data = drive / "velodyne_points" / "data"
+    data.mkdir(parents=True)
+    for frame in (2, 0, 1):
+        write_points(data / f"{frame:010d}.bin", sweep_points(frame))
+    clock = ["2011-09-26 13:02:25.964389445", "2011-09-26 13:02:26.068074710", "2011-09-26 13:02:26.171721110"]
+    (drive / "velodyne_points" / "timestamps.txt").write_text("\n".join(clock) + "\n")
+    rec = sequence.open_recording(drive)
+    assert rec.names == [f"{i:010d}.bin" for i in range(3)] and rec.poses is None  # registered by the caller
+    np.testing.assert_allclose(rec.times, [0.0, 0.103685265, 0.207331665], atol=1e-9)
+    np.testing.assert_array_equal(rec[1].points, sweep_points(1).astype(np.float32))
+    (drive / "velodyne_points" / "timestamps.txt").write_text("\n".join(clock[:2]) + "\n")
+    with pytest.raises(InputError, match="2 clock times, but the sweeps need frame 2"):
+        sequence.open_recording(drive)
+    (drive / "velodyne_points" / "timestamps.txt").write_text("yesterday\n" * 3)
+    with pytest.raises(InputError, match=r"timestamps\.txt"):
+        sequence.open_recording(drive)
