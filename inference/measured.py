@@ -144,7 +144,9 @@ def sensor_shadow(scans: list[np.ndarray], sensor: Sensor) -> np.ndarray:
 class Observation:
     """What observed sweeps measured, for the frames a forecast or a re-simulation renders from them."""
 
-    #: (N, 4) world-frame points of every observed sweep (`measured_points`).
+    #: (N, 4) points of every observed sweep in the frame of `origin` (the newest sweep's sensor): near that
+    #: frame's origin float32 keeps them to the sensor's precision, and moving them to a pose is a float32
+    #: product, a quarter of the float64 one on the 370 k points of three KITTI sweeps.
     points: np.ndarray
     #: (K, 3) world positions of the sensor at each sweep.
     positions: np.ndarray
@@ -155,6 +157,15 @@ class Observation:
     #: (M, 4) the observing vehicle's own returns in the sensor frame (`ego_body` of the newest sweep): they
     #: travel with the sensor to every pose.
     body: np.ndarray
+    #: (4, 4) world_from_points: the newest sweep's pose.
+    origin: np.ndarray
+
+    def seen_from(self, pose: np.ndarray) -> np.ndarray:
+        """`points` in the sensor frame of a world_from_sensor `pose`."""
+        into = (np.linalg.inv(pose) @ self.origin).astype(np.float32)
+        out = self.points.copy()
+        out[:, :3] = self.points[:, :3] @ into[:3, :3].T + into[:3, 3]
+        return out
 
 
 def ego_body(scans: list[np.ndarray], poses: np.ndarray) -> list[np.ndarray]:
@@ -218,8 +229,9 @@ def observation(scans: list[np.ndarray], poses: np.ndarray, sensor: Sensor,
     world = without_ego_body(scans, bodies)
     sweep = np.repeat(np.arange(len(scans), dtype=np.int32), [len(points) for points in world])
     body = measured_points(scans[-1:], np.eye(4)[None])[bodies[-1]] if scans else np.zeros((0, 4), np.float32)
-    return Observation(measured_points(world, poses), poses[:, :3, 3].copy(), sensor_shadow(scans, sensor), sweep,
-                       body)
+    origin = poses[-1] if len(poses) else np.eye(4)
+    return Observation(measured_points(world, np.linalg.inv(origin) @ poses), poses[:, :3, 3].copy(),
+                       sensor_shadow(scans, sensor), sweep, body, origin)
 
 
 def own_sweep(observed: Observation, pose: np.ndarray) -> int | None:
@@ -272,8 +284,7 @@ def measured_view(observed: Observation, pose: np.ndarray, sensor: Sensor,
     """What a sensor at `pose` keeps of the observation, every observed sweep together: the nearest measured
     point per ray, as in a z-buffer of the sweeps moved to the pose, or the `own_sweep`'s point on the rays it
     returns on; and the rays measured empty."""
-    local = transform_points(np.asarray(observed.points, dtype=np.float32), np.linalg.inv(pose))
-    local = np.concatenate([local, observed.body])  # the vehicle's own body travels with the sensor
+    local = np.concatenate([observed.seen_from(pose), observed.body])  # the vehicle's own body travels with the sensor
     index, pixels = _winners(local, observed, pose, sensor)
     baseline = float(np.linalg.norm(observed.positions - pose[:3, 3], axis=1).min())
     misses = row_misses(pixels, sensor) if baseline <= MISS_BASELINE_M else np.zeros(sensor.shape, dtype=bool)

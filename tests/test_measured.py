@@ -354,3 +354,14 @@ def test_what_the_network_adds_settles_against_the_measurement(pipe) -> None:
     assert (out.range[row - 1 : row + 2, 46] == 15.0).all() and out.range[row, 45] == 2.0
     np.testing.assert_array_equal(out.range[view.mask], measured[view.mask])  # the measurement is untouched
     np.testing.assert_allclose(kept, unproject(out, sensor), atol=1e-4)  # points follow their rays
+
+
+def test_an_observation_far_from_the_world_origin_keeps_its_points_to_a_tenth_of_a_millimetre(pipe, observed) -> None:
+    scans, poses = observed
+    far = poses[:1].copy()
+    far[0, :3, 3] += [60_000.0, -40_000.0, 120.0]  # UTM-sized coordinates: float32 there is 4-8 mm coarse
+    kept = measured_view(observation(scans[:1], far, pipe.sensor), far[0], pipe.sensor)
+    index, pixels = grid_winners(scans[0], pipe.sensor)
+    same = kept.mask.reshape(-1)[pixels]
+    assert same.mean() > 0.99
+    np.testing.assert_allclose(kept.points[pixels[same], :3], scans[0][index[same], :3], atol=1e-4)
