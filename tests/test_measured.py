@@ -365,3 +365,20 @@ def test_an_observation_far_from_the_world_origin_keeps_its_points_to_a_tenth_of
     same = kept.mask.reshape(-1)[pixels]
     assert same.mean() > 0.99
     np.testing.assert_allclose(kept.points[pixels[same], :3], scans[0][index[same], :3], atol=1e-4)
+
+
+def test_an_actor_box_in_front_of_a_measured_point_hides_it(pipe, observed) -> None:
+    from inference.conditioning import LayoutView
+
+    scans, poses = observed
+    seen = observation(scans[:1], poses[:1], pipe.sensor)
+    plain = measured_view(seen, poses[0], pipe.sensor)
+    half = pipe.sensor.width // 2
+    box = np.where(plain.mask, plain.image.range * 0.5, 0.0).astype(np.float32)  # an actor moved in front ...
+    box[:, half:] = np.where(plain.mask, plain.image.range * 2.0, 0.0)[:, half:]  # ... and one behind the wall
+    box[plain.misses & ~seen.shadow] = 5.0  # and actors on rays measured empty
+    boxes = LayoutView(box, np.where(box > 0, 0, -1).astype(np.int64))
+    kept = measured_view(seen, poses[0], pipe.sensor, boxes=boxes)
+    assert plain.mask[:, :half].any() and not kept.mask[:, :half].any()
+    np.testing.assert_array_equal(kept.image.range[:, half:], plain.image.range[:, half:])
+    assert plain.misses[~seen.shadow].any() and not (kept.misses & ~seen.shadow).any()
