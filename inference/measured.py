@@ -80,6 +80,8 @@ OWN_SWEEP_RATIO = 0.6
 EGO_RANGE_M = 3.0
 EGO_TRAVEL_M = 0.3
 EGO_TOLERANCE_M = 0.05
+#: Other sweeps (the nearest in time taken elsewhere) a sweep's points are checked against.
+EGO_WITNESSES = 2
 #: The ground is the sweep's `GROUND_PERCENTILE`-th percentile height; a body stands `EGO_CLEARANCE_M` above it.
 GROUND_PERCENTILE = 5.0
 EGO_CLEARANCE_M = 0.3
@@ -185,22 +187,24 @@ def ego_body(scans: list[np.ndarray], poses: np.ndarray) -> list[np.ndarray]:
     scans = [np.asarray(points) for points in scans]
     near = [_above_ground_nearby(points) for points in scans]
     sensor_trees = [cKDTree(points[mask, :3]) for points, mask in zip(scans, near, strict=True)]
-    world_trees: dict[int, cKDTree] = {}
     masks = []
     for i, points in enumerate(scans):
         body = np.zeros(len(points), dtype=bool)
         candidates = np.flatnonzero(near[i])
-        for j in range(len(scans)):
-            if j == i or not len(candidates) or not near[j].any():
+        # the sweeps nearest in time that were taken elsewhere: two witnesses, so 50 sweeps cost 100 checks
+        elsewhere = [j for j in sorted(range(len(scans)), key=lambda j: abs(j - i))
+                     if j != i and np.linalg.norm(poses[i, :3, 3] - poses[j, :3, 3]) >= EGO_TRAVEL_M]
+        for j in elsewhere[:EGO_WITNESSES]:
+            if not len(candidates) or not near[j].any():
                 continue
-            if np.linalg.norm(poses[i, :3, 3] - poses[j, :3, 3]) < EGO_TRAVEL_M:
-                continue
-            if j not in world_trees:
-                world_trees[j] = cKDTree(transform_points(scans[j][:, :3], poses[j])[:, :3])
             local = points[candidates, :3]
             stayed, _ = sensor_trees[j].query(local, distance_upper_bound=2 * EGO_TOLERANCE_M)
-            world, _ = world_trees[j].query(transform_points(local, poses[i])[:, :3],
-                                            distance_upper_bound=2 * EGO_TOLERANCE_M)
+            # what sweep j measured of the world around sweep i's sensor, in sweep i's frame
+            into_i = np.linalg.inv(poses[i]) @ poses[j]
+            centre = np.linalg.inv(into_i)[:3, 3]
+            around = np.linalg.norm(scans[j][:, :3] - centre, axis=1) <= EGO_RANGE_M + EGO_TOLERANCE_M
+            seen = cKDTree(transform_points(scans[j][around, :3], into_i)[:, :3])
+            world, _ = seen.query(local, distance_upper_bound=2 * EGO_TOLERANCE_M)
             body[candidates[(stayed <= EGO_TOLERANCE_M) & (world > EGO_TOLERANCE_M)]] = True
         masks.append(body)
     return masks
