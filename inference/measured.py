@@ -190,14 +190,17 @@ def ego_body(scans: list[np.ndarray], poses: np.ndarray) -> list[np.ndarray]:
     masks = []
     for i, points in enumerate(scans):
         body = np.zeros(len(points), dtype=bool)
+        masks.append(body)
         candidates = np.flatnonzero(near[i])
+        if not len(candidates):
+            continue
+        local = points[candidates, :3]
         # the sweeps nearest in time that were taken elsewhere: two witnesses, so 50 sweeps cost 100 checks
         elsewhere = [j for j in sorted(range(len(scans)), key=lambda j: abs(j - i))
                      if j != i and np.linalg.norm(poses[i, :3, 3] - poses[j, :3, 3]) >= EGO_TRAVEL_M]
         for j in elsewhere[:EGO_WITNESSES]:
-            if not len(candidates) or not near[j].any():
+            if not near[j].any():
                 continue
-            local = points[candidates, :3]
             stayed, _ = sensor_trees[j].query(local, distance_upper_bound=2 * EGO_TOLERANCE_M)
             # what sweep j measured of the world around sweep i's sensor, in sweep i's frame
             into_i = np.linalg.inv(poses[i]) @ poses[j]
@@ -206,7 +209,6 @@ def ego_body(scans: list[np.ndarray], poses: np.ndarray) -> list[np.ndarray]:
             seen = cKDTree(transform_points(scans[j][around, :3], into_i)[:, :3])
             world, _ = seen.query(local, distance_upper_bound=2 * EGO_TOLERANCE_M)
             body[candidates[(stayed <= EGO_TOLERANCE_M) & (world > EGO_TOLERANCE_M)]] = True
-        masks.append(body)
     return masks
 
 

@@ -24,7 +24,7 @@ import torch
 from inference.cache import SpatialCache
 from inference.limits import LIBRARY_LIMITS
 from inference.loader import Provenance, load_model
-from inference.measured import ego_body, observation, without_ego_body
+from inference.measured import Observation, ego_body, observation, without_ego_body
 from inference.network import WorldModel, WorldModelConfig
 from inference.rollout import Progress, RolloutResult, cache_from_scans, frame_times, rollout
 from lidar.errors import InputError
@@ -189,14 +189,13 @@ class LidarVersePipeline:
             poses = action_poses(prefix_poses[-1], action, frames, motion=motion)
         if not isinstance(feedback, bool):
             raise InputError(f"feedback must be True or False, got {feedback!r}")
-        bodies = ego_body(points, prefix_poses)
-        cache = cache_from_scans(without_ego_body(points, bodies), prefix_poses)
+        cache, observed = self._observed(points, prefix_poses)
         return self._rollout(
             poses,
             start,
             **_scene(map, len(poses), times),
             cache=cache,
-            measured=observation(points, prefix_poses, self.sensor, bodies),
+            measured=observed,
             steps=steps,
             seed=seed,
             guidance=guidance,
@@ -223,14 +222,13 @@ class LidarVersePipeline:
         poses = self._scan_poses(poses, len(points), "poses")
         target_poses = _check_poses(target_poses, "target_poses")
         LIBRARY_LIMITS.check_frames(len(target_poses), "len(target_poses)")
-        bodies = ego_body(points, poses)
-        cache = cache_from_scans(without_ego_body(points, bodies), poses)
+        cache, observed = self._observed(points, poses)
         return self._rollout(
             target_poses,
             start,
             **_scene(map, len(target_poses), None),
             cache=cache,
-            measured=observation(points, poses, self.sensor, bodies),
+            measured=observed,
             steps=steps,
             seed=seed,
             guidance=guidance,
@@ -313,6 +311,13 @@ class LidarVersePipeline:
                 f"this model generates {model.name} sweeps ({model.height}x{model.width}); got sensor {sensor.name} "
                 f"({sensor.height}x{sensor.width}). Load a model trained for {sensor.name}, or omit the sensor"
             )
+
+    def _observed(self, points: list[np.ndarray], poses: np.ndarray) -> tuple[SpatialCache, Observation]:
+        """The cache and the measurement of observed sweeps at their poses; the car's own returns (`ego_body`,
+        found once for both) are in neither's world."""
+        bodies = ego_body(points, poses)
+        return cache_from_scans(without_ego_body(points, bodies), poses), observation(points, poses, self.sensor,
+                                                                                      bodies)
 
     def _observed_points(self, scans: Sequence[ScanLike], name: str) -> list[np.ndarray]:
         """Each scan as sensor-frame points for the cache, checked to be a sweep the model's beams can see."""
