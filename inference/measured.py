@@ -46,6 +46,7 @@ added rays), so a threshold on it removes nothing.
 """
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import numpy as np
@@ -352,7 +353,7 @@ def measured_points_of(image: RangeImage, points: np.ndarray, measured: Measured
     return out
 
 
-def _neighbours(values: np.ndarray, outside: float, reach: tuple[int, int] = (1, 1)):
+def _neighbours(values: np.ndarray, outside: float, reach: tuple[int, int] = (1, 1)) -> Iterator[np.ndarray]:
     """Each neighbouring ray's `values` (H, W, ...) within `reach` (columns, rows), aligned with the ray: rows
     end at the field of view (`outside` beyond), columns wrap in azimuth."""
     height = values.shape[0]
