@@ -12,6 +12,8 @@ import hashlib
 import json
 import os
 import struct
+import subprocess
+import sys
 import zipfile
 from collections.abc import Callable
 from pathlib import Path
@@ -324,3 +326,17 @@ def assert_crash_trials(summary: dict, trials: int) -> None:
     assert summary["went_back"] == []
     assert summary["last_published"] > trials  # the loop really saved between kills
     assert resolve_generation(summary["job"]).generation.iteration >= summary["last_published"]
+
+
+def run_cli_with_a_bug(module: str, replaced: str, argv: list[str], timeout: float = 120) -> subprocess.CompletedProcess:
+    """Run `module.main(argv)` in a fresh interpreter with `module.replaced` raising a RuntimeError (a bug, not
+    bad input), and return the finished process: a CLI must show it as a traceback with exit status 1."""
+    code = (f"import sys, {module} as cli\n"
+            "def boom(*_, **__): raise RuntimeError('a bug, not bad input')\n"
+            f"cli.{replaced} = boom\n"
+            f"sys.exit(cli.main({argv!r}))\n")
+    result = subprocess.run([sys.executable, "-c", code], cwd=Path(__file__).resolve().parents[1],
+                            capture_output=True, text=True, timeout=timeout)
+    assert result.returncode == 1
+    assert "Traceback" in result.stderr and "RuntimeError: a bug, not bad input" in result.stderr
+    return result

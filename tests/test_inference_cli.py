@@ -15,7 +15,14 @@ from inference import load_pipeline
 from inference.__main__ import main
 from lidar.formats import read_points
 from lidar.real_scans import real_scans_dir
-from tests.helpers import patched_zip, sweep_points, tiny_model, write_hub_cache, write_release
+from tests.helpers import (
+    patched_zip,
+    run_cli_with_a_bug,
+    sweep_points,
+    tiny_model,
+    write_hub_cache,
+    write_release,
+)
 
 REPO = Path(__file__).resolve().parents[1]
 REAL_SCANS = real_scans_dir()
@@ -206,11 +213,5 @@ def test_an_unwritable_out_is_refused_before_the_model_loads(release, tmp_path, 
 
 
 def test_a_bug_is_a_traceback_with_exit_status_1(release, tmp_path):
-    code = ("import sys, inference.__main__ as cli\n"
-            "def boom(*_, **__): raise RuntimeError('a bug, not bad input')\n"
-            "cli.load_pipeline = boom\n"
-            f"sys.exit(cli.main(['info', '--model', {str(release)!r}]))\n")
-    result = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
-    assert result.returncode == 1
-    assert "Traceback" in result.stderr and "RuntimeError: a bug, not bad input" in result.stderr
+    result = run_cli_with_a_bug("inference.__main__", "load_pipeline", ["info", "--model", str(release)])
     assert "error: a bug" not in result.stderr

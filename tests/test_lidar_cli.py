@@ -17,6 +17,7 @@ from lidar.formats import read_points, write_points
 from lidar.range_image import beam_rows
 from lidar.real_scans import real_scans_dir
 from lidar.sensors import HDL32, HDL64
+from tests.helpers import run_cli_with_a_bug
 
 REPO = Path(__file__).resolve().parents[1]
 REAL_SCANS = real_scans_dir()
@@ -174,13 +175,7 @@ def test_points_at_3e38_are_refused_by_convert_to_las_in_one_line(tmp_path):
 
 def test_a_bug_is_a_traceback_with_exit_status_1_not_a_user_error(hdl32_bin):
     """Only an InputError is the user's mistake; anything else must surface as the bug it is."""
-    code = ("import sys, lidar.cli as cli\n"
-            "def boom(*_): raise RuntimeError('a bug, not bad input')\n"
-            "cli.summarize = boom\n"
-            f"sys.exit(cli.main(['info', {str(hdl32_bin)!r}]))\n")
-    result = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=60)
-    assert result.returncode == 1
-    assert "Traceback" in result.stderr and "RuntimeError: a bug, not bad input" in result.stderr
+    result = run_cli_with_a_bug("lidar.cli", "summarize", ["info", str(hdl32_bin)], timeout=60)
     assert "lidar: error:" not in result.stderr
 
 
