@@ -1,4 +1,4 @@
-"""How much one generation request may ask for: frames, sampler steps and classifier-free guidance.
+"""How much one generation request may ask for: frames, sampler steps, classifier-free guidance and rays.
 
 One home for the bounds that the library, a public app and a release's config each apply. The library's
 `LIBRARY_LIMITS` keep a call from queueing minutes of accelerator time; an app serving strangers applies
@@ -28,6 +28,9 @@ class Limits:
     max_steps: int
     #: Largest classifier-free guidance scale (1 = no guidance; beyond about 20 samples saturate).
     max_guidance: float
+    #: Most rays (beams x columns) of the grid a frame is drawn on: a 128-beam sensor at 4,096 columns. The
+    #: network's cost grows with the pixels, so this bounds a frame's time and memory.
+    max_rays: int = 128 * 4096
 
     def check_frames(self, frames: Any, name: str = "frames") -> int:
         """`frames` as an int, or an InputError naming `name` and the bounds."""
@@ -40,6 +43,14 @@ class Limits:
         if isinstance(steps, bool) or not isinstance(steps, int | np.integer) or not 1 <= steps <= self.max_steps:
             raise InputError(f"steps must be an integer in [1, {self.max_steps}], got {steps!r}")
         return int(steps)
+
+    def check_rays(self, height: int, width: int, name: str = "sensor") -> None:
+        """An InputError naming `name` when a grid of `height` beams by `width` columns exceeds `max_rays`."""
+        if height * width > self.max_rays:
+            raise InputError(
+                f"{name} has {height} x {width} = {height * width:,} rays; expected at most {self.max_rays:,} "
+                f"(for example {self.max_rays // 2048} beams x 2048 columns)"
+            )
 
     def check_guidance(self, guidance: Any) -> float:
         """`guidance` as a float, or an InputError with the bounds."""
@@ -58,7 +69,7 @@ class Limits:
 LIBRARY_LIMITS = Limits(max_frames=32, max_steps=50, max_guidance=20.0)
 #: What a public app accepts from its visitors: guidance past 10 only saturates samples, and a visitor's
 #: request should not.
-APP_LIMITS = Limits(max_frames=32, max_steps=50, max_guidance=10.0)
+APP_LIMITS = Limits(max_frames=32, max_steps=50, max_guidance=10.0, max_rays=128 * 2048)
 #: The largest default sampler steps and guidance a model's config may state (`WorldModelConfig`).
 CONFIG_MAX_STEPS = 1000
 CONFIG_MAX_GUIDANCE = 100.0

@@ -31,6 +31,7 @@ from inference.conditioning import (
     CACHE_INTENSITY,
     CACHE_MASK,
     SNAP_TOLERANCE,
+    ConditionLayout,
     condition_channels,
     fill_gaps,
     prior_image,
@@ -57,6 +58,8 @@ MAX_LEVEL_CHANNELS = 1024
 MAX_LEVELS = 6
 MAX_BLOCKS = 8
 MAX_SENSOR_SHAPE = (256, 8192)
+#: Narrowest image the network takes: the total width stride of the shipped architecture.
+MIN_WIDTH = 8
 #: Largest `prior_snap`: 0.2 in log-range is about half the range, beyond any "small correction".
 MAX_PRIOR_SNAP = 0.2
 
@@ -240,20 +243,24 @@ class RingConv(nn.Conv2d):
         super().__init__(cin, cout, kernel, stride=stride, padding=(kernel // 2, 0))
         self.wrap = kernel // 2
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return super().forward(self._wrap(x))
+    def forward(self, x: torch.Tensor, circular: bool = True) -> torch.Tensor:
+        return super().forward(self._wrap(x, circular))
 
-    def partial(self, x: torch.Tensor, first: int, bias: bool) -> torch.Tensor:
+    def partial(self, x: torch.Tensor, first: int, bias: bool, circular: bool = True) -> torch.Tensor:
         """The response to input channels `first`, `first` + 1, ... only (x holds just those).
 
         A conv is linear, so the responses to a split of its input channels sum to the whole: a part that
         does not change between calls can be computed once.
         """
         weight = self.weight[:, first : first + x.shape[1]]
-        return F.conv2d(self._wrap(x), weight, self.bias if bias else None, self.stride, self.padding)
+        return F.conv2d(self._wrap(x, circular), weight, self.bias if bias else None, self.stride, self.padding)
 
-    def _wrap(self, x: torch.Tensor) -> torch.Tensor:
-        return F.pad(x, (self.wrap, self.wrap, 0, 0), mode="circular") if self.wrap else x
+    def _wrap(self, x: torch.Tensor, circular: bool) -> torch.Tensor:
+        """Pad the width: around the ring for a full sweep; with zeros for an azimuth crop, whose edges have no
+        neighbours in the image (training cuts crops from full rings)."""
+        if not self.wrap:
+            return x
+        return F.pad(x, (self.wrap, self.wrap, 0, 0), mode="circular" if circular else "constant")
 
 
 class ResBlock(nn.Module):
@@ -270,13 +277,13 @@ class ResBlock(nn.Module):
         nn.init.zeros_(self.conv2.bias)
         self.skip = nn.Conv2d(cin, cout, 1) if cin != cout else nn.Identity()
 
-    def forward(self, x: torch.Tensor, temb: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, temb: torch.Tensor, circular: bool = True) -> torch.Tensor:
         # in place where a fresh tensor is overwritten (autograd keeps what it needs): fewer allocations, 5 %
         # less time a step when another job shares the CPU, no measurable change on an idle one
-        h = self.conv1(F.silu(self.norm1(x), inplace=True))
+        h = self.conv1(F.silu(self.norm1(x), inplace=True), circular)
         scale, shift = self.film(temb)[:, :, None, None].chunk(2, dim=1)
         h = torch.addcmul(shift, self.norm2(h), 1 + scale)
-        h = self.conv2(F.silu(h, inplace=True))
+        h = self.conv2(F.silu(h, inplace=True), circular)
         return h.add_(self.skip(x))
 
 
@@ -316,6 +323,8 @@ class PreparedCondition:
     stem: torch.Tensor
     #: `base_range` in float32, whatever the model's dtype: what `WorldModel.snap_to_prior` keeps.
     exact_range: torch.Tensor
+    #: The condition covers the whole revolution (`full_ring`): convolutions wrap around in azimuth.
+    circular: bool = True
 
 
 def timestep_embedding(t: torch.Tensor, dim: int) -> torch.Tensor:
@@ -336,8 +345,6 @@ class WorldModel(nn.Module):
     def __init__(self, config: WorldModelConfig) -> None:
         super().__init__()
         self.config = config
-        # not saved: derived from the sensor, so releases made before it existed load unchanged
-        self.register_buffer("range_fill", flat_ground_range(config.sensor_obj), persistent=False)
         chans = config.level_channels
         temb = 4 * config.base_channels
         groups = config.norm_groups
@@ -386,7 +393,11 @@ class WorldModel(nn.Module):
     def base_image(self, cond: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """What the residuals are added to: (B, H, W) range and intensity bases and the prior's returns."""
         prior, returns = prior_image(cond, self.config.num_map_classes)
-        base = self.range_fill.to(prior.dtype).expand_as(prior)
+        sensor = self.sensor
+        # each row's elevation (the channel is constant along a row): the beams of whatever sensor this is
+        elevation = cond[:, ConditionLayout(self.config.num_map_classes).coords_start, :, 0] * (math.pi / 2.0)
+        rows = flat_ground_fill(elevation.detach().cpu().double().numpy(), sensor.mount_height, sensor.max_range)
+        base = torch.from_numpy(rows).to(device=prior.device, dtype=prior.dtype)[:, :, None].expand_as(prior)
         if self.config.gap_fill:
             filled, found = fill_gaps(prior, returns)
             base = torch.where(found, filled, base)
@@ -397,10 +408,10 @@ class WorldModel(nn.Module):
 
     def prepare(self, cond: torch.Tensor) -> PreparedCondition:
         """The condition-only part of `forward` for a (B, C, H, W) condition, to reuse across sampler steps."""
-        expected = (self.config.cond_channels, *self.config.sensor_obj.shape)
-        if cond.dim() != 4 or tuple(cond.shape[1:]) != expected:
+        channels = self.config.cond_channels
+        if cond.dim() != 4 or cond.shape[1] != channels or cond.shape[2] < 1 or cond.shape[3] < MIN_WIDTH:
             raise ValueError(
-                f"WorldModel expects cond (B, {expected[0]}, {expected[1]}, {expected[2]}), got {tuple(cond.shape)}"
+                f"WorldModel expects cond (B, {channels}, H, W) with W >= {MIN_WIDTH}, got {tuple(cond.shape)}"
             )
         dtype = self.stem.weight.dtype
         # the prior from the float32 condition: rounded to bfloat16 a range 50 m away moves by 0.2 m, and a
@@ -408,38 +419,41 @@ class WorldModel(nn.Module):
         exact_range, base_intensity, returns = self.base_image(cond.float())
         cond, base_range = cond.to(dtype), exact_range.to(dtype)
         prior = torch.stack([base_range, returns.to(dtype)], dim=1)
-        stem = self.stem.partial(torch.cat([cond, prior], dim=1), IMAGE_CHANNELS, bias=True)
-        return PreparedCondition(base_range, base_intensity.to(dtype), returns, stem, exact_range)
+        circular = full_ring(cond, self.config.num_map_classes)
+        stem = self.stem.partial(torch.cat([cond, prior], dim=1), IMAGE_CHANNELS, bias=True, circular=circular)
+        return PreparedCondition(base_range, base_intensity.to(dtype), returns, stem, exact_range, circular)
 
     def forward(self, x_t: torch.Tensor, t: torch.Tensor, cond: torch.Tensor | PreparedCondition) -> torch.Tensor:
         """x_t (B, 3, H, W), t (B,) in [0, 1], cond (B, C, H, W) or its `prepare`d form -> (B, 3, H, W)
         range, intensity and return logit, and the keep logit as a fourth channel with `keep_gate`."""
         prepared = cond if isinstance(cond, PreparedCondition) else self.prepare(cond)
         b = x_t.shape[0]
-        expected = (IMAGE_CHANNELS, *self.config.sensor_obj.shape)
+        expected = (IMAGE_CHANNELS, *prepared.base_range.shape[-2:])
         if tuple(x_t.shape[1:]) != expected or prepared.stem.shape[0] != b:
             raise ValueError(
                 f"WorldModel expects x_t (B, {expected[0]}, {expected[1]}, {expected[2]}) and a condition of the "
                 f"same batch; got x_t {tuple(x_t.shape)} and a condition of batch {prepared.stem.shape[0]}"
             )
         base_range, base_intensity, returns = prepared.base_range, prepared.base_intensity, prepared.returns
+        ring = prepared.circular
         temb = self.time_mlp(timestep_embedding(t.expand(b), self.config.base_channels).to(x_t.dtype))
-        hx = self.stem.partial(x_t, 0, bias=False) + prepared.stem
+        hx = self.stem.partial(x_t, 0, bias=False, circular=ring) + prepared.stem
         skips = []
         for level, blocks in enumerate(self.enc):
             if level > 0:
-                hx = self.down[level - 1](hx)
+                hx = self.down[level - 1](hx, ring)
             for block in blocks:
-                hx = block(hx, temb)
+                hx = block(hx, temb, ring)
                 skips.append(hx)
-        hx = self.mid_attn(self.mid(hx, temb))
+        hx = self.mid_attn(self.mid(hx, temb, ring))
         for i, blocks in enumerate(self.dec):
             for block in blocks:
-                hx = block(hx + skips.pop(), temb)
+                hx = block(hx + skips.pop(), temb, ring)
             if i < len(self.up):
                 skip_shape = skips[-1].shape[-2:]
-                hx = F.interpolate(self.up[i](hx), size=skip_shape, mode="nearest")
-        out = self.head(hx)
+                hx = F.interpolate(self.up[i](hx, ring), size=skip_shape, mode="nearest")
+        out = self.head[1](self.head[0](hx))
+        out = self.head[2](out, ring)
         bias = RETURN_PRIOR_LOGIT * (2.0 * returns.to(out.dtype) - 1.0)
         return torch.cat(
             [(base_range + out[:, RANGE]).unsqueeze(1), (base_intensity + out[:, INTENSITY]).unsqueeze(1),
@@ -510,18 +524,40 @@ class WorldModel(nn.Module):
         return sum(p.numel() for p in self.parameters())
 
 
-def flat_ground_range(sensor: Sensor) -> torch.Tensor:
-    """(H, W) encoded range at which each beam meets flat ground `mount_height` below it; RANGE_FILL above.
+def flat_ground_fill(elevation: np.ndarray, mount_height: float, max_range: float) -> np.ndarray:
+    """Encoded range at which a ray of `elevation` (rad, any shape) meets flat ground `mount_height` below the
+    sensor; RANGE_FILL for a ray that meets none within `max_range`.
 
     Where nothing is known the ground is still most likely there: with a constant base, the residual at a
     blind pixel would be large while at its cached neighbour it is zero, and a small conv net blurs the two
-    (without a map it drew cached ground rings 30-45 % short).
+    (without a map it drew cached ground rings 30-45 % short). The network reads it off the condition's own
+    elevation channel, so one network serves any beam table; the mount height is the model sensor's, in
+    training and sampling alike, so a sensor mounted elsewhere only shifts a base the residual corrects.
     """
-    down = -np.sin(sensor.elevations)
-    ground = np.where(down > 1e-3, sensor.mount_height / np.maximum(down, 1e-3), np.inf)
-    ground = np.where(ground <= sensor.max_range, ground, np.nan)
-    rows = np.where(np.isfinite(ground), encode_range(np.nan_to_num(ground), sensor.max_range), RANGE_FILL)
-    return torch.from_numpy(np.repeat(rows[:, None], sensor.width, axis=1).astype(np.float32))
+    down = -np.sin(np.asarray(elevation, dtype=np.float64))
+    ground = np.where(down > 1e-3, mount_height / np.maximum(down, 1e-3), np.inf)
+    ground = np.where(ground <= max_range, ground, np.nan)
+    return np.where(np.isfinite(ground), encode_range(np.nan_to_num(ground), max_range), RANGE_FILL).astype(np.float32)
+
+
+def flat_ground_range(sensor: Sensor) -> torch.Tensor:
+    """(H, W) `flat_ground_fill` of every pixel of a sensor's range image."""
+    rows = flat_ground_fill(sensor.elevations, sensor.mount_height, sensor.max_range)
+    return torch.from_numpy(np.repeat(rows[:, None], sensor.width, axis=1))
+
+
+def full_ring(cond: torch.Tensor, num_map_classes: int = len(MAP_CLASSES)) -> bool:
+    """Whether a (B, C, H, W) condition covers the whole revolution, read off its azimuth channels: the step
+    from its last column back to its first is one column's, as on a ring; an azimuth crop (training cuts them
+    from full rings) has a wide gap there instead. Every condition of a batch shares one geometry."""
+    start = ConditionLayout(num_map_classes).coords_start
+    sin, cos = cond[0, start + 1, 0].double(), cond[0, start + 2, 0].double()
+    azimuth = torch.atan2(sin, cos)
+    if azimuth.numel() < 2:
+        return True
+    step = torch.remainder(azimuth[0] - azimuth[1], 2 * math.pi)
+    wrap = torch.remainder(azimuth[-1] - azimuth[0], 2 * math.pi)
+    return bool(torch.abs(wrap - step) < 0.01 * step)
 
 
 def to_encoded_image(x: torch.Tensor) -> torch.Tensor:

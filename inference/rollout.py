@@ -149,14 +149,18 @@ def rollout(
     measured: Observation | None = None,
     sampler: FlowMatchSampler | None = None,
     callback: Callable[[Progress], None] | None = None,
+    sensor: Sensor | None = None,
 ) -> RolloutResult:
     """Generate a sweep at each pose (T, 4, 4) world_from_sensor, in order.
 
     `layout(t, pose)` gives the actor boxes at `times[i]` (default 10 Hz from 0) for the sensor at `pose`, as
     `World.boxes` does. `measured`, what observed sweeps measured: every frame keeps their ranges on
-    the rays they see and leaves the rays they measured empty (`inference.measured`).
+    the rays they see and leaves the rays they measured empty (`inference.measured`). `sensor` is the grid the
+    frames are drawn on (default: the model's own); the network is fully convolutional and reads each pixel's
+    elevation and azimuth from the condition, so any beam table and width serve.
     """
-    config, sensor = model.config, model.sensor
+    config = model.config
+    sensor = model.sensor if sensor is None else sensor
     poses = np.asarray(poses, dtype=np.float64)
     if poses.ndim != 3 or poses.shape[1:] != (4, 4) or len(poses) < 1:
         raise ValueError(f"rollout: poses must be (T, 4, 4) world_from_sensor with T >= 1, got {poses.shape}")

@@ -1,13 +1,22 @@
 """The range-image UNet: shapes, config round trip and validation, azimuth wrap-around, and the prior anchor."""
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 
-from inference.conditioning import LayoutView, build_condition, decode_image, prior_image
+from inference.conditioning import (
+    COORD_CHANNELS,
+    LayoutView,
+    build_condition,
+    coordinate_channels,
+    decode_image,
+    empty_condition,
+    prior_image,
+)
 from inference.network import (
     ARCHITECTURE_FIELDS,
     IMAGE_CHANNELS,
@@ -18,6 +27,7 @@ from inference.network import (
     RETURN,
     WorldModel,
     WorldModelConfig,
+    flat_ground_range,
     to_encoded_image,
 )
 from lidar.range_image import decode_range
@@ -117,7 +127,9 @@ def test_a_prepared_condition_gives_the_same_output_as_the_whole_stem_on_every_s
             param.add_(0.1 * torch.randn_like(param))  # a trained-looking net: the head is not zero
     h, w = config.sensor_obj.shape
     cond = torch.randn(2, config.cond_channels, h, w)
+    cond[:, -COORD_CHANNELS:] = torch.from_numpy(coordinate_channels(config.sensor_obj))  # a full ring
     prepared = model.prepare(cond)
+    assert prepared.circular
     base_range, _, returns = model.base_image(cond)
     prior = torch.stack([base_range, returns.float()], dim=1)
     for _ in range(2):
@@ -136,12 +148,43 @@ def test_rolling_input_in_azimuth_rolls_the_output_by_the_same_amount():
         torch.nn.init.normal_(p, std=0.1)
     h, w = config.sensor_obj.shape
     x, cond, t = torch.randn(1, IMAGE_CHANNELS, h, w), torch.randn(1, config.cond_channels, h, w), torch.rand(1)
+    cond[:, -COORD_CHANNELS:] = torch.from_numpy(coordinate_channels(config.sensor_obj))  # a full ring
     shift = 4 * 3  # a multiple of the total width stride (4)
     with torch.no_grad():
         out = model(x, t, cond)
         rolled = model(x.roll(shift, dims=-1), t, cond.roll(shift, dims=-1))
     assert out.abs().mean() > 1e-3
     torch.testing.assert_close(rolled, out.roll(shift, dims=-1), atol=1e-4, rtol=1e-4)
+
+
+def test_one_network_draws_any_beam_table_and_an_azimuth_crop_pads_its_edges_with_zeros():
+    """The network reads each pixel's elevation and azimuth from the condition: the model sensor's grid is only
+    a default. A full ring wraps around; a crop of one (training cuts them) does not, so what lies beyond one
+    edge never reaches the other."""
+    config = tiny_config()
+    torch.manual_seed(0)
+    model = WorldModel(config).eval()
+    for p in model.parameters():
+        torch.nn.init.normal_(p, std=0.1)
+    other = VLP16.with_width(96)
+    cond = torch.from_numpy(empty_condition(other, config.num_map_classes))[None]
+    prepared = model.prepare(cond)
+    assert prepared.circular
+    with torch.no_grad():
+        out = model(torch.randn(1, IMAGE_CHANNELS, *other.shape), torch.rand(1), prepared)
+    assert out.shape[-2:] == other.shape
+    # the flat-ground base follows the condition's beams, not the model sensor's
+    expected = flat_ground_range(replace(other, mount_height=config.sensor_obj.mount_height,
+                                         max_range=config.sensor_obj.max_range))
+    torch.testing.assert_close(prepared.base_range[0], expected, atol=1e-5, rtol=0)
+    crop = cond[..., 10:42]
+    assert not model.prepare(crop).circular
+    x = torch.randn(1, model.stem.in_channels, *crop.shape[-2:])
+    far_edge = x.clone()
+    far_edge[..., -1] += 5.0  # the last column changes: on a ring, column 0 feels it
+    with torch.no_grad():
+        assert torch.equal(model.stem(far_edge, circular=False)[..., 0], model.stem(x, circular=False)[..., 0])
+        assert not torch.allclose(model.stem(far_edge)[..., 0], model.stem(x)[..., 0])
 
 
 def tiny_condition(config: WorldModelConfig, seed: int = 0) -> torch.Tensor:

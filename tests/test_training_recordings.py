@@ -81,7 +81,8 @@ def _marker_drive(frames: int) -> Drive:
     rng = np.zeros((frames, h, w), np.float32)
     row = int(np.argmin(np.abs(TRAIN_SENSOR.elevations)))
     rng[:, row, w // 2] = 10.0 + np.arange(frames)
-    return Drive(rng, np.zeros_like(rng), np.tile(np.eye(4), (frames, 1, 1)), None, None, None, None, np.ones(h, bool))
+    return Drive(TRAIN_SENSOR, rng, np.zeros_like(rng), np.tile(np.eye(4), (frames, 1, 1)), None, None, None, None,
+                 np.ones(h, bool))
 
 
 @pytest.mark.parametrize("gap", [0.0, 0.9])

@@ -70,6 +70,12 @@ class TrainConfig:
     #: Dataset folder written by `python -m lidar.sim ... --out DIR` (relative to the working directory); ""
     #: trains on `recordings` alone.
     data_root: str
+    #: More simulated datasets, each at its own sensor and width (`python -m lidar.sim --sensor S --width W`):
+    #: the network learns every beam table they hold at its native grid. Each batch comes from one of them.
+    data_roots: tuple[str, ...] = ()
+    #: Azimuth crops of about this many pixels (beams x columns) are cut from the full rings of `data_roots`
+    #: (0: full rings): the step's cost stays flat whatever the sensor, and the angular resolution is native.
+    crop_pixels: int = 0
     #: Samples per rank per step.
     batch_size: int = 8
     #: Peak learning rate of AdamW.
@@ -136,11 +142,16 @@ class TrainConfig:
         if not isinstance(self.init_from, str):
             raise ValueError(f"init_from must be a model source string ('' for random init), got {self.init_from!r}")
         self.recordings = tuple(self.recordings)
-        if not isinstance(self.data_root, str) or not all(isinstance(r, str) and r for r in self.recordings):
-            raise ValueError(f"data_root must be a folder path and recordings folder paths, got {self.data_root!r} "
-                             f"and {self.recordings!r}")
-        if not self.data_root and not self.recordings:
-            raise ValueError("no training data: give data_root (a simulated dataset), recordings, or both")
+        self.data_roots = tuple(self.data_roots)
+        if not isinstance(self.data_root, str) or not all(
+            isinstance(r, str) and r for r in (*self.recordings, *self.data_roots)
+        ):
+            raise ValueError(f"data_root must be a folder path, and data_roots and recordings folder paths; got "
+                             f"{self.data_root!r}, {self.data_roots!r} and {self.recordings!r}")
+        if not self.data_root and not self.data_roots and not self.recordings:
+            raise ValueError("no training data: give data_root or data_roots (simulated datasets), recordings, or both")
+        if isinstance(self.crop_pixels, bool) or not isinstance(self.crop_pixels, int) or self.crop_pixels < 0:
+            raise ValueError(f"crop_pixels must be an integer >= 0 (0: full rings), got {self.crop_pixels!r}")
         if not 0.0 <= self.recording_fraction <= 1.0:
             raise ValueError(f"recording_fraction must be in [0, 1], got {self.recording_fraction!r}")
         positive_ints = ("batch_size", "max_iters", "save_iter", "log_iter", "cache_frames", "torch_threads")
