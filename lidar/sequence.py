@@ -90,6 +90,8 @@ class SweepSequence:
     names: list[str]
     #: (N, 4, 4) world_from_sensor, or None when the sequence came without poses (then register it).
     poses: np.ndarray | None = None
+    #: (N,) seconds from the first sweep when the container recorded them, else None (frame numbers at 10 Hz).
+    times: np.ndarray | None = None
 
 
 def read_sequence(
@@ -97,14 +99,20 @@ def read_sequence(
     *,
     sensor: Sensor | None = None,
     poses: str | Path | None = None,
+    topic: str | None = None,
 ) -> SweepSequence:
-    """Read a folder, a zip (one path) or a list of sweep files; poses from `poses`, else from the folder/zip.
+    """Read a folder, a zip (one path), a list of sweep files, or one recording container (a bag, a pcap, a
+    dataset log: `lidar.recordings`, its `topic`); poses from `poses`, else from the folder/zip/container.
 
     Raises `PointCloudError` (a `ValueError`) naming what was wrong and what was expected.
     """
+    from lidar.recordings import is_container  # the container readers build on this module
+
     paths = [Path(source)] if isinstance(source, str | Path) else [Path(p) for p in source]
     if not paths:
         raise PointCloudError("no sweep files given; expected sweep files, a folder of them or a zip")
+    if len(paths) == 1 and is_container(paths[0]):
+        return _read_container(paths[0], sensor, poses, topic)
     if len(paths) == 1 and zipfile.is_zipfile(paths[0]) and paths[0].suffix.lower() == ".zip":
         with tempfile.TemporaryDirectory(prefix="lidarverse_zip_") as tmp:
             try:
@@ -182,14 +190,20 @@ class Recording(Sequence[Scan]):
         raise TypeError(NOT_SEARCHABLE)
 
 
-def open_recording(folder: str | Path, *, sensor: Sensor | None = None) -> Recording:
+def open_recording(folder: str | Path, *, sensor: Sensor | None = None, topic: str | None = None) -> Recording:
     """A recorded sequence folder: KITTI odometry (`velodyne/*.bin`, `poses.txt`, `calib.txt`, `times.txt`),
     a KITTI raw drive (`velodyne_points/data/*.bin` and `velodyne_points/timestamps.txt`; its poses come from
-    registration), a folder of sweeps with a poses.txt or a poses.json, or sweeps alone (poses None).
+    registration), a folder of sweeps with a poses.txt or a poses.json, or sweeps alone (poses None); or a
+    recording container (a ROS bag, an MCAP, a Velodyne or Ouster pcap, a nuScenes root, an Argoverse 2
+    log: `lidar.recordings`, reading `topic` where it holds several).
 
     Unlike `read_sequence` it reads no sweep and has no sweep limit: its callers are training and evaluation
     jobs reading a lab's own logs, not uploads.
     """
+    from lidar.recordings import is_container, open_container  # the container readers build on this module
+
+    if is_container(folder):
+        return open_container(folder, topic=topic, sensor=sensor)
     folder = Path(folder)
     files = sweep_files(folder)
     own = folder / "poses.json"
@@ -325,6 +339,23 @@ def _read_files(files: list[Path], sensor: Sensor | None, poses: str | Path | No
         pose_array = read_poses(poses, names, calib if calib.is_file() else None)
     logger.info("read a sequence of %d sweeps (%s)", len(scans), "with poses" if pose_array is not None else "no poses")
     return SweepSequence(scans=scans, names=names, poses=pose_array)
+
+
+def _read_container(path: Path, sensor: Sensor | None, poses: str | Path | None, topic: str | None) -> SweepSequence:
+    """Every sweep of a container, within `MAX_SWEEPS` (counted from its index, before any is decoded) and the
+    sequence's point limit; its own poses unless `poses` names a file."""
+    from lidar.recordings import open_container
+
+    rec = open_container(path, topic=topic, sensor=sensor)
+    _check_count(len(rec), f"{path}{f' ({rec.topic})' if rec.topic else ''}")
+    scans: list[Scan] = []
+    for i in range(len(rec)):
+        checkpoint()
+        scans.append(rec[i])
+        _check_points(scans)
+    pose_array = rec.poses if poses is None else read_poses(poses, rec.names)
+    logger.info("read %d sweeps of %s (%s)", len(scans), path.name, rec.kind)
+    return SweepSequence(scans=scans, names=rec.names, poses=pose_array, times=rec.times)
 
 
 def _check_points(scans: list[Scan]) -> None:
