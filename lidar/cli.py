@@ -1,7 +1,7 @@
 """`python -m lidar`: inspect, convert and picture LiDAR files from the shell.
 
-    python -m lidar info FILE [--json]
-    python -m lidar convert IN OUT [--sensor S]
+    python -m lidar info FILE [--json] [--topic T]
+    python -m lidar convert IN OUT [--sensor S] [--topic T] [--sweeps START:STOP]
     python -m lidar render FILE --out PNG [--view bev|range] [--sensor S]
 
 Bad input (an `InputError`: a file that is not a sweep, an unknown sensor, an unwritable output) prints one
@@ -30,6 +30,8 @@ from lidar.formats import (
 )
 from lidar.formats.io import format_for
 from lidar.range_image import beam_rows, point_elevations, project
+from lidar.recordings import is_container, open_container
+from lidar.recordings.convert import BAG_SUFFIXES, convert_recording, print_recording, summarize_recording
 from lidar.sensors import PRESETS, Sensor, get_sensor
 
 EXIT_USAGE = 2
@@ -129,6 +131,10 @@ def _print_notes(scan: Scan) -> None:
 
 def cmd_info(args: argparse.Namespace) -> int:
     sensor = _sensor_arg(args.sensor)
+    if is_container(args.file):  # a bag, pcap or dataset log: the recording, and its first sweep
+        summary = summarize_recording(open_container(args.file, topic=args.topic, sensor=sensor))
+        print(json.dumps(summary, indent=2)) if args.json else print_recording(summary)
+        return 0
     info = summarize(read_points(args.file, sensor=sensor), sensor)
     if args.json:
         print(json.dumps(info, indent=2))
@@ -138,6 +144,8 @@ def cmd_info(args: argparse.Namespace) -> int:
 
 
 def cmd_convert(args: argparse.Namespace) -> int:
+    if is_container(args.input) or args.output.suffix.lower() in BAG_SUFFIXES:
+        return _convert_recording(args)
     format_for(args.output, None)  # an unwritable extension fails before the input is read
     sensor = _sensor_arg(args.sensor)
     scan = read_points(args.input, sensor=sensor)
@@ -157,6 +165,16 @@ def cmd_convert(args: argparse.Namespace) -> int:
     _print_notes(scan)
     out = write_points(args.output, points, ring=ring)
     print(f"wrote {out} ({len(points):,} points{'' if ring is None else ', with ring'}) from {scan.format}")
+    return 0
+
+
+def _convert_recording(args: argparse.Namespace) -> int:
+    """A container to a bag, or one sweep file to a bag of one sweep."""
+    sensor = _sensor_arg(args.sensor)
+    single = None if is_container(args.input) else read_points(args.input, sensor=sensor)
+    count, points = convert_recording(args.input, args.output, topic=args.topic, sweeps=args.sweeps, sensor=sensor,
+                                      single=single)
+    print(f"wrote {args.output} ({count} sweeps, {points:,} points)")
     return 0
 
 
@@ -205,12 +223,16 @@ def build_parser() -> argparse.ArgumentParser:
     info.add_argument("file", type=Path)
     info.add_argument("--json", action="store_true", help="print JSON instead of text")
     info.add_argument("--sensor", help=f"use this {sensors} instead of detecting it")
+    info.add_argument("--topic", help="the PointCloud2 topic of a bag (or the log of a nuScenes root) to read")
     info.set_defaults(func=cmd_info)
 
     convert = sub.add_parser("convert", help="rewrite a file in the format of OUT's extension")
     convert.add_argument("input", type=Path)
-    convert.add_argument("output", type=Path, help=".bin, .pcd.bin (nuScenes), .pcd, .ply, .npy, .npz, .las, .laz")
+    convert.add_argument("output", type=Path, help=".bin, .pcd.bin (nuScenes), .pcd, .ply, .npy, .npz, .las, .laz; "
+                         "a recording (bag, pcap, dataset log) to .mcap, .db3 or .bag")
     convert.add_argument("--sensor", help=f"{sensors}; derives a ring column (nearest beam) when the file has none")
+    convert.add_argument("--topic", help="the PointCloud2 topic of a bag (or the log of a nuScenes root) to read")
+    convert.add_argument("--sweeps", help="START:STOP, the sweeps of a recording to write (default: all)")
     convert.set_defaults(func=cmd_convert)
 
     render = sub.add_parser("render", help="draw a bird's-eye or range-image PNG")
