@@ -48,11 +48,15 @@ class ObservedScene:
     pose_source: str
     #: The registration, when the poses came from one.
     registration: Registration | None = None
+    #: Seconds of each sweep from the first, when a recording container stamped them.
+    recorded_times: np.ndarray | None = None
 
     @property
     def times(self) -> np.ndarray | None:
-        """Seconds of each sweep from the frame numbers in their names at 10 Hz (KITTI's 000000, 000002, 000004
-        are 0.2 s apart), or None when a name has no number."""
+        """Seconds of each sweep: as a container recorded them, else from the frame numbers in their names at
+        10 Hz (KITTI's 000000, 000002, 000004 are 0.2 s apart), or None when a name has no number."""
+        if self.recorded_times is not None:
+            return self.recorded_times
         numbers = frame_numbers(self.names)
         return None if numbers is None else np.asarray(numbers, dtype=np.float64) / FRAME_RATE_HZ
 
@@ -79,8 +83,10 @@ def observe(
     poses: str | Path | None = None,
     register: bool | None = None,
     sensor: Sensor | None = None,
+    topic: str | None = None,
 ) -> ObservedScene:
-    """Read and pose a scene; `register=None` registers several sweeps that came without poses.
+    """Read and pose a scene; `register=None` registers several sweeps that came without poses. `topic` picks
+    what a recording container holding several streams is read for (a bag's PointCloud2 topic).
 
     `poses` and `register=True` exclude each other. Raises an `InputError` (a `PointCloudError` for files, a
     `RegistrationError` for sweeps that do not belong together) naming what was wrong.
@@ -88,15 +94,15 @@ def observe(
     if poses is not None and register:
         raise InputError("give either a poses file or ask for registration, not both")
     # 1. read, in frame order (a folder or zip may bring its own poses file)
-    seq = read_sequence(sources, sensor=sensor, poses=poses)
+    seq = read_sequence(sources, sensor=sensor, poses=poses, topic=topic)
     # 2. pose
     if seq.poses is not None and not register:
-        return ObservedScene(seq.scans, seq.names, seq.poses, "file")
+        return ObservedScene(seq.scans, seq.names, seq.poses, "file", recorded_times=seq.times)
     if len(seq.scans) == 1 and not register:
-        return ObservedScene(seq.scans, seq.names, np.eye(4)[None], "single")
+        return ObservedScene(seq.scans, seq.names, np.eye(4)[None], "single", recorded_times=seq.times)
     registration = register_sweeps(seq.scans, names=seq.names)
     logger.info("registered %d sweeps in %.2f s", len(seq.scans), registration.seconds.sum())
-    return ObservedScene(seq.scans, seq.names, registration.poses, "registered", registration)
+    return ObservedScene(seq.scans, seq.names, registration.poses, "registered", registration, seq.times)
 
 
 def shifted_path(
