@@ -3,15 +3,17 @@
     python -m inference generate --model SRC --map-seed 3 --style urban --action turn_left --frames 8 \\
         --steps 4 --seed 0 --out DIR --format bin
     python -m inference forecast --model SRC --prefix FILE [FILE ...] [--poses FILE | --register] \\
-        --action straight --frames 8 --out DIR
+        [--topic T] --action straight --frames 8 --out DIR
     python -m inference resimulate --model SRC --scan FILE [FILE ...] [--poses FILE | --register] \\
         --shift DX DY --yaw DEG [--frames N] --out DIR
     python -m inference info --model SRC [--json]
 
-`--prefix` / `--scan` take sweep files, a folder of them or one zip (`lidar.sequence`); several sweeps
-without `--poses` are registered with KISS-ICP (`lidar.registration`). Output folders hold one point file
-per frame (sensor frame), `world.<ext>` (the accumulated world, world frame) and `poses.json`, whose
-`prefix` list gives each observed sweep's file and pose. Bad input (an `InputError`: a file, pose file,
+`--prefix` / `--scan` take sweep files, a folder of them, one zip, or one recording (a ROS bag, an MCAP, a
+Velodyne or Ouster pcap, a nuScenes root, an Argoverse 2 log; `--topic` picks a bag's PointCloud2 topic;
+`lidar.sequence`); several sweeps without `--poses` are registered with KISS-ICP (`lidar.registration`).
+Output folders hold one point file per frame (sensor frame), `world.<ext>` (the accumulated world, world
+frame), `poses.json`, whose `prefix` list gives each observed sweep's file and pose, and the rollout with
+its observed sweeps as `result.rrd` (Rerun) and `result.mcap` (PointCloud2 and /tf; `inference.results4d`). Bad input (an `InputError`: a file, pose file,
 model source or argument the user can fix) ends with one `error:` line on stderr and exit status 2; any
 other exception is a bug and ends in a traceback with exit status 1.
 """
@@ -38,9 +40,11 @@ from inference.pipeline import (
     load_pipeline,
     write_rollout,
 )
+from inference.results4d import BoxSource, write_views
 from inference.rollout import Progress, RolloutResult
 from lidar.errors import InputError
-from lidar.sim import ACTIONS, STYLES
+from lidar.sim import ACTIONS, STYLES, make_world
+from lidar.sim.world import World
 
 FORMATS = ("bin", "pcd", "ply", "npz")
 
@@ -63,8 +67,9 @@ def _generate(args: argparse.Namespace, started: float) -> int:
     _check_out(args)
     pipe = _load(args)
     ready = time.perf_counter() - started
+    world = make_world(args.map_seed, args.style) if args.map_seed >= 0 else None  # its boxes go in the views
     out = pipe.generate_world(
-        map=args.map_seed,
+        map=world if world is not None else args.map_seed,
         style=args.style,
         action=args.action,
         frames=args.frames,
@@ -73,8 +78,21 @@ def _generate(args: argparse.Namespace, started: float) -> int:
         guidance=args.guidance,
         callback=_progress_printer(args.quiet),
     )
-    _write(args, pipe, out, ready, {"map_seed": args.map_seed, "style": args.style, "action": args.action})
+    _write(args, pipe, out, ready, {"map_seed": args.map_seed, "style": args.style, "action": args.action},
+           boxes=_world_boxes(world))
     return 0
+
+
+def _world_boxes(world: World | None) -> BoxSource | None:
+    """The actors' boxes a frame of `world` shows at its time (counted from `World.time`) and pose."""
+    if world is None:
+        return None
+
+    def boxes(t: float, pose: Any) -> tuple[Any, Any]:
+        shown = world.boxes(world.time + t, pose)
+        return shown["boxes"], shown["box_class"]
+
+    return boxes
 
 
 def _forecast(args: argparse.Namespace, started: float) -> int:
@@ -96,7 +114,7 @@ def _forecast(args: argparse.Namespace, started: float) -> int:
     )
     request = {"prefix": [str(p) for p in args.prefix], "poses": scene.pose_source, "action": args.action,
                "feedback": args.feedback}
-    _write(args, pipe, out, ready, request)
+    _write(args, pipe, out, ready, request, scene)
     record_prefix(args.out, scene)
     return 0
 
@@ -123,14 +141,14 @@ def _resimulate(args: argparse.Namespace, started: float) -> int:
         "shift": list(args.shift),
         "yaw_deg": args.yaw,
     }
-    _write(args, pipe, out, ready, request)
+    _write(args, pipe, out, ready, request, scene)
     record_prefix(args.out, scene)
     return 0
 
 
 def _observe(args: argparse.Namespace, sources: list[Path]) -> ObservedScene:
     """The sweeps posed from --poses, by registration, or (one sweep) at the identity."""
-    scene = observe(sources, poses=args.poses, register=args.register or None)
+    scene = observe(sources, poses=args.poses, register=args.register or None, topic=args.topic)
     if scene.registration is not None and not args.quiet:
         for name, row in zip(scene.names, scene.registration.summary(), strict=True):
             print(f"registered {name}: xyz {row['xyz']} yaw {row['yaw_deg']} deg, fitness {row['fitness']}",
@@ -190,8 +208,11 @@ def _write(
     out: RolloutResult,
     ready: float,
     request: dict[str, Any],
+    scene: ObservedScene | None = None,
+    boxes: BoxSource | None = None,
 ) -> None:
-    """Frame files, world and poses.json (`write_rollout`), then the timing table on stdout."""
+    """Frame files, world and poses.json (`write_rollout`), the 4D views (`write_views`), then the timing
+    table on stdout."""
     request = {
         "command": args.command,
         **request,
@@ -209,8 +230,9 @@ def _write(
         request=request,
         overwrite=args.overwrite,
     )
+    views = write_views(args.out, out, args.command, scene, boxes)
     steps = args.steps or pipe.config.default_steps
-    print(f"wrote {len(out.frames)} frames + {meta['world']} ({len(out.world)} points) to {args.out}")
+    print(f"wrote {len(out.frames)} frames + {meta['world']} ({len(out.world)} points) + {', '.join(views)} to {args.out}")
     print(f"{'frames':>6} {'steps':>5} {'ready s':>8} {'rollout s':>9} {'frames/s':>8} {'write s':>7}")
     print(
         f"{len(out.frames):>6} {steps:>5} {ready:>8.2f} {out.timings['total']:>9.2f} "
@@ -249,6 +271,8 @@ def _parser() -> argparse.ArgumentParser:
             "a JSON list of 4x4 world_from_sensor poses (default: register several scans, identity for one)",
         )
         how.add_argument("--register", action="store_true", help="register the scans with KISS-ICP")
+        p.add_argument("--topic", default=None,
+                       help="the PointCloud2 topic of a bag (or the log of a nuScenes root); needed when it holds several")
 
     def rollout_args(p: argparse.ArgumentParser) -> None:
         p.add_argument("--action", default="straight", choices=ACTIONS)
