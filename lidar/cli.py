@@ -232,7 +232,8 @@ def build_parser() -> argparse.ArgumentParser:
                          "a recording (bag, pcap, dataset log) to .mcap, .db3 or .bag")
     convert.add_argument("--sensor", help=f"{sensors}; derives a ring column (nearest beam) when the file has none")
     convert.add_argument("--topic", help="the PointCloud2 topic of a bag (or the log of a nuScenes root) to read")
-    convert.add_argument("--sweeps", help="START:STOP, the sweeps of a recording to write (default: all)")
+    convert.add_argument("--sweeps", help="START:STOP, the sweeps of a recording to write, e.g. 0:8 or --sweeps=-8: "
+                         "(default: all)")
     convert.set_defaults(func=cmd_convert)
 
     render = sub.add_parser("render", help="draw a bird's-eye or range-image PNG")

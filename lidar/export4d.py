@@ -73,7 +73,10 @@ class Track:
 
 def _merged(tracks: Sequence[Track]) -> Iterator[tuple[Track, Sweep]]:
     """Every track's sweeps, merged by stamp (each track is in time order already)."""
-    streams = [((s.stamp_ns, k, s) for s in track.sweeps) for k, track in enumerate(tracks)]
+    def keyed(k: int, track: Track) -> Iterator[tuple[int, int, Sweep]]:
+        return ((sweep.stamp_ns, k, sweep) for sweep in track.sweeps)
+
+    streams = [keyed(k, track) for k, track in enumerate(tracks)]
     for _, k, sweep in heapq.merge(*streams, key=lambda item: (item[0], item[1])):
         yield tracks[k], sweep
 

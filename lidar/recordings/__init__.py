@@ -34,11 +34,15 @@ def is_container(path: str | Path) -> bool:
     return path.suffix.lower() in CONTAINER_SUFFIXES
 
 
-def open_container(path: str | Path, *, topic: str | None = None, sensor: Sensor | None = None) -> ContainerRecording:
-    """The recording in a container file or folder; an `InputError` names what was wrong and what was expected."""
+def open_container(path: str | Path, *, topic: str | None = None, sensor: Sensor | None = None,
+                   max_sweeps: int | None = None) -> ContainerRecording:
+    """The recording in a container file or folder; an `InputError` names what was wrong and what was expected.
+
+    `max_sweeps` refuses a bag whose topic lists more messages before any is read (an upload's sweep limit).
+    """
     path = Path(path)
     if path.is_dir():
-        return _open_folder(path, topic, sensor)
+        return _open_folder(path, topic, sensor, max_sweeps)
     if not path.is_file():
         raise PointCloudError(f"{path}: no such file or folder")
     with path.open("rb") as f:
@@ -48,7 +52,7 @@ def open_container(path: str | Path, *, topic: str | None = None, sensor: Sensor
 
         if head.startswith(ROS1_MAGIC) and path.suffix.lower() != ".bag":
             raise PointCloudError(f"{path}: a ROS 1 bag must be named *.bag")
-        return open_bag(path, topic, sensor)
+        return open_bag(path, topic, sensor, max_sweeps)
     from lidar.recordings.pcap import is_pcap
 
     if is_pcap(path):
@@ -73,7 +77,7 @@ def _open_pcap(path: Path, sensor: Sensor | None) -> ContainerRecording:
     )
 
 
-def _open_folder(folder: Path, topic: str | None, sensor: Sensor | None) -> ContainerRecording:
+def _open_folder(folder: Path, topic: str | None, sensor: Sensor | None, max_sweeps: int | None) -> ContainerRecording:
     from lidar.recordings.argoverse import is_argoverse, open_argoverse
     from lidar.recordings.nuscenes import is_nuscenes, open_nuscenes
 
@@ -81,7 +85,7 @@ def _open_folder(folder: Path, topic: str | None, sensor: Sensor | None) -> Cont
         storage = sorted(p for p in folder.iterdir() if p.suffix in (".db3", ".mcap"))
         if len(storage) != 1:
             raise PointCloudError(f"{folder}: a ROS 2 bag of {len(storage)} storage files; expected one .db3 or .mcap")
-        return open_container(storage[0], topic=topic, sensor=sensor)
+        return open_container(storage[0], topic=topic, sensor=sensor, max_sweeps=max_sweeps)
     if is_nuscenes(folder):
         return open_nuscenes(folder, topic, sensor)
     if is_argoverse(folder):

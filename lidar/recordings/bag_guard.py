@@ -109,8 +109,8 @@ def _check_ros1(path: Path, f: BinaryIO) -> None:
         elif op == b"\x04":
             indexed += _ros1_count(fields, "count", path, offset)
         elif op == b"\x06":
-            listed += sum(struct.unpack_from("<I", _read(f, data_len, path, offset, "a chunk info"), at)[0]
-                          for at in range(4, data_len - 3, 8))
+            counts = _read(f, data_len, path, offset, "a chunk info")  # (connection, count) pairs
+            listed += sum(struct.unpack_from("<I", counts, at)[0] for at in range(4, data_len - 3, 8))
             chunk_positions.append((offset, _ros1_count(fields, "chunk_pos", path, offset, "<Q")))
         elif op == b"\x02":
             indexed += 1

@@ -85,10 +85,13 @@ def make_recording(
                               topic=topic, decode=decode)
 
 
-def check_sweep_count(source: Path, count: int, topic: str | None = None) -> None:
-    if count > MAX_CONTAINER_SWEEPS:
+def check_sweep_count(source: Path, count: int, topic: str | None = None, limit: int | None = None) -> None:
+    """Refuse more than `limit` sweeps (default `MAX_CONTAINER_SWEEPS`), naming the topic."""
+    limit = MAX_CONTAINER_SWEEPS if limit is None else min(limit, MAX_CONTAINER_SWEEPS)
+    if count > limit:
         where = f" on {topic}" if topic else ""
-        raise PointCloudError(f"{source}: {count:,} sweeps{where}; a recording may hold at most {MAX_CONTAINER_SWEEPS:,}")
+        hint = "" if limit == MAX_CONTAINER_SWEEPS else " here; cut it first: python -m lidar convert IN OUT.mcap --sweeps=-8:"
+        raise PointCloudError(f"{source}: {count:,} sweeps{where}; a recording may hold at most {limit:,}{hint}")
 
 
 def check_message_count(source: Path, count: int) -> None:

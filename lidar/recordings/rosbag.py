@@ -39,6 +39,7 @@ from lidar.recordings.bag_guard import check_container
 from lidar.recordings.base import (
     ContainerRecording,
     check_record_size,
+    check_sweep_count,
     interpolate_poses,
     make_recording,
     pose_matrix,
@@ -75,11 +76,13 @@ class Cloud:
     columns: dict[str, np.ndarray] = field(default_factory=dict)
 
 
-def open_bag(path: Path, topic: str | None = None, sensor: Sensor | None = None) -> ContainerRecording:
+def open_bag(path: Path, topic: str | None = None, sensor: Sensor | None = None,
+             max_sweeps: int | None = None) -> ContainerRecording:
     kind = check_container(path)
     reader = _open_reader(path)
     try:
         connection = _cloud_connection(reader, path, topic)
+        check_sweep_count(path, connection.msgcount, connection.topic, max_sweeps)
         log_ns, stamps, frame_id = _index(reader, connection, path)
         poses = _poses(reader, path, frame_id, stamps) if frame_id else None
     except READ_ERRORS as err:
