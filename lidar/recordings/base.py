@@ -24,8 +24,9 @@ from lidar.sequence import Recording
 from lidar.vocabulary import check_poses
 
 #: Most messages, records or packets a container may list in all, read or not: a million tiny messages are
-#: refused from the index, before any is read (a 10 Hz LiDAR with /tf at 100 Hz lists ~400,000 an hour).
-MAX_CONTAINER_MESSAGES = 2_000_000
+#: refused from the index, before any is read (a 10 Hz LiDAR with /tf and odometry at 100 Hz lists ~750,000 an
+#: hour; a longer log is split or filtered to its LiDAR and pose topics first).
+MAX_CONTAINER_MESSAGES = 1_000_000
 #: Most sweeps one topic or sensor of a container may hold (a 3-hour drive at 10 Hz).
 MAX_CONTAINER_SWEEPS = 100_000
 #: Most bytes one message, chunk or sweep's packets may take once decompressed: what one sweep file may.

@@ -5,7 +5,7 @@ Ethernet (or Linux cooked, or raw IP) frame holding an IPv4 datagram. LiDARs sen
 than the link's MTU (an Ouster lidar packet of 8-25 KB) arrives as IP fragments, reassembled here.
 
 Bounded by construction: every record's stated length is checked against the file and `MAX_FRAME_BYTES`
-before it is read, the records are counted against `MAX_CONTAINER_MESSAGES`, and at most
+before it is read, the records are counted against `MAX_PCAP_RECORDS`, and at most
 `MAX_OPEN_FRAGMENTS` datagrams may wait for their missing fragments at once. pcapng is refused by name.
 """
 
@@ -17,8 +17,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from lidar.formats.scan import PointCloudError
-from lidar.recordings.base import check_message_count
 
+#: Most records a capture may hold: an HDL-64E sends ~3,500 packets a second, so this is about 95 minutes of
+#: one (records are streamed, so the bound is on time: ~2 s a million).
+MAX_PCAP_RECORDS = 20_000_000
 #: Largest frame a pcap record may hold (an IPv4 datagram is at most 64 KB; jumbo frames 9 KB).
 MAX_FRAME_BYTES = 1 << 17
 #: Datagrams whose fragments may be pending at once; older ones are dropped unassembled.
@@ -79,7 +81,9 @@ def datagrams(path: Path, start: int | None = None) -> Iterator[Datagram]:
                     f"{MAX_FRAME_BYTES:,}-byte frame limit; expected a pcap of network frames"
                 )
             records += 1
-            check_message_count(path, records)
+            if records > MAX_PCAP_RECORDS:
+                raise PointCloudError(f"{path}: over {MAX_PCAP_RECORDS:,} records; a capture may hold at most that "
+                                      "(split it: editcap -c)")
             frame = f.read(stored)
             datagram = _udp(frame, link, pending)
             if datagram is not None:

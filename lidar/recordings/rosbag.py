@@ -308,6 +308,8 @@ def _edges(reader: AnyReader, path: Path) -> dict[str, _Edge]:
     """child frame -> its parent and the transform samples, from every TFMessage and Odometry topic."""
     edges: dict[str, _Edge] = {}
     wanted = [c for c in reader.connections if c.msgtype in (TF_MESSAGE, ODOMETRY)]
+    if not wanted:  # rosbags reads every connection when given none
+        return edges
     for connection, log_time, raw in reader.messages(connections=wanted):
         if len(raw) > MAX_POSE_MESSAGE_BYTES:
             raise PointCloudError(f"{path}: a {connection.msgtype} message on {connection.topic} of {len(raw):,} bytes; "
