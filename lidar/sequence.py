@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import json
 import logging
+import lzma
 import re
 import tempfile
 import zipfile
@@ -41,7 +42,7 @@ from pathlib import Path
 import numpy as np
 
 from lidar.cancel import checkpoint
-from lidar.errors import InputError
+from lidar.errors import MAX_SHOWN_CHARS, InputError, capped, shown
 from lidar.formats import MAX_FILE_BYTES, READ_SUFFIXES, PointCloudError, Scan, read_points
 from lidar.formats.arrays import zip_directory
 from lidar.formats.scan import max_points
@@ -78,6 +79,8 @@ KITTI_RAW_TIMES_FILE = Path("velodyne_points") / "timestamps.txt"
 #: KITTI camera 0 from Velodyne, axes only: x_cam = -y_velo, y_cam = -z_velo, z_cam = x_velo.
 NOMINAL_KITTI_TR = np.array([[0.0, -1.0, 0.0, 0.0], [0.0, 0.0, -1.0, 0.0], [1.0, 0.0, 0.0, 0.0], [0.0, 0.0, 0.0, 1.0]])
 _FRAME_NUMBER = re.compile(r"(\d+)$")
+#: Longest base name, in bytes, a zip member may have: what Linux file systems hold (NAME_MAX).
+MAX_NAME_BYTES = 255
 #: Zip members are inflated this many bytes at a time, with a cancellation check between chunks.
 _CHUNK_BYTES = 4 << 20
 
@@ -243,6 +246,7 @@ def extract_zip(archive: Path, into: Path) -> Path:
     try:
         with zipfile.ZipFile(archive) as zf:
             members = zf.infolist()
+            _check_member_names(archive.name, members)
             wanted = [m for m in members if _wanted_member(m)]
             _check_count(sum(Path(m.filename).suffix.lower() in READ_SUFFIXES for m in wanted), archive.name)
             total = 0
@@ -250,11 +254,27 @@ def extract_zip(archive: Path, into: Path) -> Path:
                 name = Path(member.filename.replace("\\", "/")).name
                 target = into / name
                 if target.exists():
-                    raise PointCloudError(f"{archive.name}: two entries are named {name!r}; expected unique names")
+                    raise PointCloudError(f"{archive.name}: two entries are named {shown(name)}; expected unique names")
                 total += _inflate(zf, member, target, MAX_SEQUENCE_BYTES - total, archive.name)
-    except zipfile.BadZipFile as exc:
-        raise PointCloudError(f"{archive.name}: not a readable zip ({exc}); expected a zip of sweep files") from None
+    except PointCloudError:
+        raise
+    except (zipfile.BadZipFile, NotImplementedError, UnicodeDecodeError, ValueError) as exc:
+        # a corrupt directory: zipfile says BadZipFile, a version or flag it does not know NotImplementedError,
+        # a name flagged UTF-8 that is not UnicodeDecodeError; its own wording names its internals
+        logger.info("%s: zipfile refused the directory: %r", archive.name, exc)
+        raise PointCloudError(f"{archive.name}: not a readable zip (corrupt directory); expected a zip of sweep files") from None
     return into
+
+
+def _check_member_names(label: str, members: list[zipfile.ZipInfo]) -> None:
+    """Refuse a member whose base name the file system cannot hold (over 255 bytes), before it is written."""
+    for member in members:
+        name = Path(member.filename.replace("\\", "/")).name
+        if len(name.encode("utf-8", "surrogateescape")) > MAX_NAME_BYTES:
+            raise PointCloudError(
+                f"{label}: a member's name {shown(name)} is longer than {MAX_NAME_BYTES} bytes; expected sweep files "
+                "named like 000000.bin"
+            )
 
 
 def read_poses(path: str | Path, names: Sequence[str], calib: str | Path | None = None) -> np.ndarray:
@@ -374,6 +394,8 @@ def _check_count(count: int, where: str) -> None:
 
 
 def _wanted_member(member: zipfile.ZipInfo) -> bool:
+    if not member.filename:  # zipfile's is_dir fails on an empty name
+        return False
     name = Path(member.filename.replace("\\", "/")).name
     hidden = name.startswith(".") or "__MACOSX" in member.filename
     return (
@@ -396,23 +418,30 @@ def _inflate(zf: zipfile.ZipFile, member: zipfile.ZipInfo, target: Path, budget:
                 checkpoint()
                 chunks.append(chunk)
                 size += len(chunk)
-    except (RuntimeError, NotImplementedError, zipfile.BadZipFile, zlib.error, EOFError) as exc:
-        raise PointCloudError(f"{label}: cannot unpack {member.filename}: {_zip_problem(exc)}") from None
+    except (RuntimeError, NotImplementedError, zipfile.BadZipFile, zlib.error, lzma.LZMAError, EOFError, OSError) as exc:
+        # OSError: a corrupt bzip2 stream ("Invalid data stream") or a member offset before the file's start
+        logger.info("%s: cannot unpack %s: %r", label, shown(member.filename), exc)
+        raise PointCloudError(f"{label}: cannot unpack {capped(member.filename, MAX_SHOWN_CHARS)}: {_zip_problem(exc, member)}") from None
     if size > limit:
         what = f"a poses or calibration file <= {MAX_TEXT_BYTES:,} bytes" if text else (
             f"one sweep <= {MAX_FILE_BYTES / 1e6:.0f} MB, a sequence <= {MAX_SEQUENCE_BYTES / 2**20:.0f} MB")
-        raise PointCloudError(f"{label}: {member.filename} inflates past the limit ({what})")
+        raise PointCloudError(f"{label}: {capped(member.filename, MAX_SHOWN_CHARS)} inflates past the limit ({what})")
     target.write_bytes(b"".join(chunks))
     return size
 
 
-def _zip_problem(exc: BaseException) -> str:
-    """What a zipfile / zlib failure means, in the user's terms (zipfile's own messages name its internals)."""
+#: What a member's compressed stream is called in a message, by zip compression method.
+_STREAMS = {zipfile.ZIP_DEFLATED: "deflate", zipfile.ZIP_BZIP2: "bzip2", zipfile.ZIP_LZMA: "LZMA"}
+
+
+def _zip_problem(exc: BaseException, member: zipfile.ZipInfo) -> str:
+    """What a zipfile / zlib / bz2 / lzma failure means, in the user's terms (their own messages name their
+    internals)."""
     if isinstance(exc, RuntimeError) and "encrypted" in str(exc):
         return "it is encrypted; expected an unencrypted zip"
     if isinstance(exc, NotImplementedError):
         return "its compression method is not supported; expected stored or deflated entries"
-    return "its data is corrupt (a bad checksum or deflate stream)"
+    return f"its data is corrupt (a bad checksum or {_STREAMS.get(member.compress_type, 'compressed')} stream)"
 
 
 def _frame_order(path: Path) -> tuple[int, int, str]:

@@ -196,6 +196,102 @@ def ply_bomb(path: Path) -> Path:
 BOMBS: dict[str, Callable[[Path], Path]] = {"npz": npz_bomb, "pcd": pcd_bomb, "laz": laz_bomb, "ply": ply_bomb}
 
 
+def laz_chunk_bomb(path: Path) -> Path:
+    """A real 50,000-point LAZ whose chunk table claims 0xFFFFFFFF chunks: lazrs reserves 16 bytes for each
+    (64 GiB) before reading one, and aborts its process when that fails."""
+    las = laspy.LasData(laspy.LasHeader(point_format=0, version="1.2"))
+    las.x, las.y, las.z = np.linspace(-20.0, 20.0, 50_000), np.ones(50_000), np.zeros(50_000)
+    las.write(path)
+    blob = bytearray(path.read_bytes())
+    point_offset = struct.unpack_from("<I", blob, 96)[0]
+    table = struct.unpack_from("<q", blob, point_offset)[0]
+    struct.pack_into("<I", blob, table + 4, 0xFFFFFFFF)
+    path.write_bytes(bytes(blob))
+    return path
+
+
+def laz_extra_dims(path: Path, points: int = 300_000, dims: int = 180) -> Path:
+    """A LAZ of `points` records with `dims` scaled uint8 extra-byte dimensions, all zero (compressing to a
+    few hundred KB): scaling every dimension costs 8 bytes a point each."""
+    header = laspy.LasHeader(point_format=6, version="1.4")
+    for k in range(dims):
+        header.add_extra_dim(laspy.ExtraBytesParams(name=f"e{k}", type=np.uint8, scales=np.array([0.5]),
+                                                    offsets=np.array([0.0])))
+    las = laspy.LasData(header)
+    las.x, las.y, las.z = np.linspace(-20.0, 20.0, points), np.ones(points), np.zeros(points)
+    las.write(path)
+    return path
+
+
+def subarray_npz(path: Path, rows: int = 100_000) -> Path:
+    """A structured 'points' array whose x, y, z are uint8 sub-arrays of 64: 64 values of x a row, so
+    `rows` rows are 64 x `rows` points once flattened (6.4 M by default, over the 5 M limit)."""
+    dtype = np.dtype([("x", "u1", (64,)), ("y", "u1", (64,)), ("z", "u1", (64,))])
+    np.savez_compressed(path, points=np.zeros(rows, dtype=dtype))
+    return path
+
+
+def subarray_pcd(path: Path, rows: int = 100_000) -> Path:
+    """A binary_compressed PCD whose x, y, z fields are COUNT 64 uint8: 6.4 M points' worth of x in ~80 KB."""
+    import lzf  # the PCD reader's own LZF codec
+
+    raw = bytes(rows * 192)
+    packed = lzf.compress(raw)
+    header = (f"VERSION 0.7\nFIELDS x y z\nSIZE 1 1 1\nTYPE U U U\nCOUNT 64 64 64\nWIDTH {rows}\nHEIGHT 1\n"
+              f"POINTS {rows}\nDATA binary_compressed\n")
+    path.write_bytes(header.encode() + struct.pack("<II", len(packed), len(raw)) + packed)
+    return path
+
+
+def ply_many_properties(path: Path, properties: int = 200_000) -> Path:
+    """A binary PLY of one vertex whose element lists `properties` uchar properties after x, y, z."""
+    props = "".join(f"property uchar p{k}\n" for k in range(properties))
+    header = ("ply\nformat binary_little_endian 1.0\nelement vertex 1\nproperty float x\nproperty float y\n"
+              f"property float z\n{props}end_header\n")
+    path.write_bytes(header.encode() + bytes(12 + properties))
+    return path
+
+
+def pcd_many_fields(path: Path, fields: int = 200_000) -> Path:
+    """A PCD header listing `fields` float fields, none of them x, y or z."""
+    names = " ".join(f"f{k}" for k in range(fields))
+    header = (f"VERSION 0.7\nFIELDS {names}\nSIZE {' '.join(['4'] * fields)}\nTYPE {' '.join(['F'] * fields)}\n"
+              f"COUNT {' '.join(['1'] * fields)}\nWIDTH 1\nHEIGHT 1\nPOINTS 1\nDATA binary\n")
+    path.write_bytes(header.encode() + bytes(4 * fields))
+    return path
+
+
+#: Files whose headers promise allocations far past what they hold, each refused from its header.
+HOSTILE: dict[str, Callable[[Path], Path]] = {
+    "chunks.laz": laz_chunk_bomb, "extra.laz": laz_extra_dims, "subarray.npz": subarray_npz,
+    "subarray.pcd": subarray_pcd, "properties.ply": ply_many_properties, "fields.pcd": pcd_many_fields,
+}
+
+
+def broken_zip(path: Path, kind: str) -> Path:
+    """A one-sweep sequence zip broken as visitors break them: `long-name` (a 300-character member name),
+    `not-utf8` (a name flagged UTF-8 that is not), `lzma-properties` (an LZMA member with bad properties),
+    `bzip2-stream` (a bzip2 member whose stream is corrupt)."""
+    sweep = sweep_points(0).astype("<f4").tobytes()
+    name = "a" * 296 + ".bin" if kind == "long-name" else "000000.bin"
+    method = {"lzma-properties": zipfile.ZIP_LZMA, "bzip2-stream": zipfile.ZIP_BZIP2}.get(kind, zipfile.ZIP_DEFLATED)
+    with zipfile.ZipFile(path, "w", method) as zf:
+        zf.writestr(name, sweep)
+    data = bytearray(path.read_bytes())
+    start = 30 + len(name)  # the member's data, after its local header
+    if kind == "lzma-properties":
+        data[start + 4 : start + 9] = b"\xff" * 5
+    elif kind == "bzip2-stream":
+        data[start + 20 : start + 60] = bytes(range(40))
+    elif kind == "not-utf8":
+        for signature, flag_at, name_at in ((b"PK\x03\x04", 6, 30), (b"PK\x01\x02", 8, 46)):
+            at = data.find(signature)
+            struct.pack_into("<H", data, at + flag_at, struct.unpack_from("<H", data, at + flag_at)[0] | 0x800)
+            data[at + name_at] = 0xFF
+    path.write_bytes(bytes(data))
+    return path
+
+
 def sweep_points(seed: int) -> np.ndarray:
     """2,000 random points (x, y, z, intensity) 5-30 m around the origin: a stand-in sweep for file tests."""
     rng = np.random.default_rng(seed)

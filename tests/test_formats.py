@@ -11,6 +11,7 @@ import time
 import zipfile
 from pathlib import Path
 
+import laspy
 import numpy as np
 import pytest
 
@@ -25,7 +26,8 @@ from lidar.formats import (
 )
 from lidar.formats.pcd import lzf_decompress
 from lidar.sensors import HDL32, HDL64, OS1_64, OS1_128, PRESETS, VLP16, Sensor
-from tests.helpers import BOMBS
+from lidar.sequence import read_sequence
+from tests.helpers import BOMBS, HOSTILE, broken_zip, pcd_many_fields
 
 
 def sweep(sensor: Sensor, seed: int = 0, keep: float = 0.9) -> tuple[np.ndarray, np.ndarray]:
@@ -583,21 +585,29 @@ def test_scan_with_its_origin_on_the_ground_is_flagged_and_gets_no_sensor(tmp_pa
 # 7. decompression bombs: refused from their headers, before anything is inflated ---------------------------
 
 
-#: Reads each file in a fresh interpreter: (seconds, peak RSS growth in bytes, error message or None).
+#: Reads each file in a fresh interpreter: (seconds, peak RSS growth in bytes, error message or None). The
+#: peak is the kernel's VmHWM, reset before each file (`ru_maxrss` would start at pytest's own peak: it
+#: survives the exec).
 _MEASURE = """
-import json, resource, sys, time
+import json, sys, time
+from pathlib import Path
 from lidar.formats import read_points
+
+def peak():
+    status = Path("/proc/self/status").read_text()
+    return int(status.split("VmHWM:")[1].split()[0]) * 1024
+
 out = {}
 for path in sys.argv[1:]:
-    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    Path("/proc/self/clear_refs").write_text("5")  # the peak starts again from the current RSS
+    before = peak()
     start = time.perf_counter()
     try:
         read_points(path)
         error = None
     except ValueError as err:
         error = str(err)
-    grown = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) * 1024
-    out[path] = [time.perf_counter() - start, grown, error]
+    out[path] = [time.perf_counter() - start, peak() - before, error]
 print(json.dumps(out))
 """
 
@@ -654,3 +664,122 @@ def test_pcd_with_huge_per_field_counts_is_refused_before_parsing(tmp_path):
     path.write_bytes(header.encode() + b"1 2 3\n" * 2)
     with pytest.raises(PointCloudError, match=r"wide\.pcd: the PCD body .* would decode to 800 MB, over the 200 MB limit"):
         read_points(path)
+
+
+# 8. hostile headers: what a reader allocates is bounded from the header, before anything is expanded -----
+
+
+@pytest.fixture(scope="module")
+def hostile_reads(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[float, int, str | None]]:
+    """Each hostile file read once in one subprocess (a LAZ decoder that aborts would take pytest with it)."""
+    folder = tmp_path_factory.mktemp("hostile")
+    paths = {name: str(make(folder / name)) for name, make in HOSTILE.items()}
+    proc = subprocess.run([sys.executable, "-c", _MEASURE, *paths.values()], capture_output=True, text=True,
+                          cwd=Path(__file__).resolve().parents[1], timeout=300, check=True)
+    measured = json.loads(proc.stdout)
+    return {name: tuple(measured[path]) for name, path in paths.items()}
+
+
+@pytest.mark.parametrize(
+    ("name", "message"),
+    [
+        ("chunks.laz", r"chunks\.laz: the LAZ chunk table lists 4,294,967,295 chunks; 50,000 points need 1 to 1$"),
+        ("subarray.npz", r"subarray\.npz: 6,400,000 points is over the 5,000,000-point limit"),
+        ("subarray.pcd", r"subarray\.pcd: 6,400,000 points is over the 5,000,000-point limit"),
+        ("properties.ply", r"ending with 'end_header' within its first 65,536 bytes"),
+        ("fields.pcd", r"fields\.pcd: PCD header has no DATA line in its first 65,536 bytes"),
+    ],
+)
+def test_a_header_promising_a_huge_allocation_is_refused_in_milliseconds(hostile_reads, name, message):
+    seconds, grown, error = hostile_reads[name]
+    print(f"\n{name}: refused in {seconds * 1e3:.1f} ms, peak RSS +{grown / 2**20:.1f} MiB")
+    assert error is not None and re.search(message, error), error
+    assert len(error) < 300
+    assert seconds < 0.1, f"{name} took {seconds:.2f} s to refuse"
+    assert grown < 20 * 2**20, f"{name} grew the reader's memory by {grown / 2**20:.0f} MiB"
+
+
+def test_las_extra_dimensions_are_named_but_only_a_sweeps_are_scaled(hostile_reads):
+    """300,000 points with 180 scaled extra-byte dimensions: the raw records take 63 MB; scaling every
+    dimension would add 432 MB of float64."""
+    seconds, grown, error = hostile_reads["extra.laz"]
+    print(f"\nextra.laz: read in {seconds * 1e3:.0f} ms, peak RSS +{grown / 2**20:.0f} MiB")
+    assert error is None
+    assert grown < 160 * 2**20, f"reading grew the reader's memory by {grown / 2**20:.0f} MiB"
+
+
+def test_extra_dimensions_are_listed_as_columns_and_a_ring_among_them_is_used(tmp_path):
+    header = laspy.LasHeader(point_format=6, version="1.4")
+    for name in ("amplitude", "laser_id", "deviation"):
+        header.add_extra_dim(laspy.ExtraBytesParams(name=name, type=np.uint8))
+    points, _ = sweep(VLP16.with_width(128), seed=3)
+    las = laspy.LasData(header)
+    las.x, las.y, las.z = (points[:, k].astype(np.float64) for k in range(3))
+    las.laser_id = np.arange(len(points)) % 16
+    las.write(tmp_path / "extra.laz")
+    scan = read_points(tmp_path / "extra.laz")
+    assert scan.columns == ("x", "y", "z", "intensity", "amplitude", "laser_id", "deviation")
+    np.testing.assert_array_equal(scan.ring, np.arange(len(points)) % 16)
+
+
+def test_a_header_of_many_fields_without_x_y_z_gets_a_short_message(tmp_path):
+    path = pcd_many_fields(tmp_path / "wide.pcd", fields=250)
+    with pytest.raises(PointCloudError, match=r"no x/y/z field among \['f0', 'f1', .*, and 238 more\]") as err:
+        read_points(path)
+    assert len(str(err.value)) < 400
+    with pytest.raises(PointCloudError, match=r"declares 300 fields; expected at most 256"):
+        read_points(pcd_many_fields(tmp_path / "wider.pcd", fields=300))
+
+
+def test_a_field_whose_sub_arrays_fit_the_limit_reads_as_that_many_points(tmp_path):
+    """COUNT 4 on x, y and z: four points a row, as many as the file holds."""
+    header = "VERSION 0.7\nFIELDS x y z\nSIZE 4 4 4\nTYPE F F F\nCOUNT 4 4 4\nWIDTH 300\nHEIGHT 1\nPOINTS 300\nDATA binary\n"
+    rng = np.random.default_rng(0)
+    values = rng.uniform(3.0, 30.0, size=(300, 12)).astype("<f4")
+    path = tmp_path / "packed.pcd"
+    path.write_bytes(header.encode() + values.tobytes())
+    scan = read_points(path)
+    assert scan.num_points == 1200
+    np.testing.assert_array_equal(scan.points[:4, 0], values[0, :4])
+    wrong = header.replace("COUNT 4 4 4", "COUNT 4 4 3").replace("SIZE 4 4 4", "SIZE 4 4 4")
+    path.write_bytes(wrong.encode() + values[:, :11].tobytes())
+    with pytest.raises(PointCloudError, match=r"field 'x' holds 1,200 values but 'z': 900; expected one value"):
+        read_points(path)
+
+
+def test_a_laz_chunk_table_that_disagrees_with_the_file_is_refused(tmp_path):
+    points, _ = sweep(VLP16.with_width(128), seed=4)
+    path = write_points(tmp_path / "scan.laz", points)
+    blob = bytearray(path.read_bytes())
+    point_offset = struct.unpack_from("<I", blob, 96)[0]
+    table = struct.unpack_from("<q", blob, point_offset)[0]
+    struct.pack_into("<q", blob, point_offset, len(blob) + 100)  # the offset past the file's end
+    struct.pack_into("<q", blob, len(blob) - 8, 0)
+    path.write_bytes(bytes(blob))
+    with pytest.raises(PointCloudError, match=r"scan\.laz: the LAZ chunk table offset points outside the file"):
+        read_points(path)
+    struct.pack_into("<q", blob, point_offset, table)
+    struct.pack_into("<I", blob, table + 4, 0)
+    path.write_bytes(bytes(blob))
+    with pytest.raises(PointCloudError, match=rf"lists 0 chunks; {len(points):,} points need 1 to 1$"):
+        read_points(path)
+
+
+@pytest.mark.parametrize(
+    ("kind", "message"),
+    [
+        ("long-name", r"long-name\.zip: a member's name 'a+'… \(300 characters\) is longer than 255 bytes"),
+        ("not-utf8", r"not-utf8\.zip: not a readable zip \(corrupt directory\)"),
+        ("lzma-properties", r"lzma-properties\.zip: cannot unpack 000000\.bin: its data is corrupt \(a bad checksum or LZMA stream\)"),
+        ("bzip2-stream", r"bzip2-stream\.zip: cannot unpack 000000\.bin: its data is corrupt \(a bad checksum or bzip2 stream\)"),
+    ],
+)
+def test_a_broken_zip_is_an_input_error_naming_it(tmp_path, kind, message):
+    path = broken_zip(tmp_path / f"{kind}.zip", kind)
+    with pytest.raises(PointCloudError, match=message) as err:
+        read_sequence(path)
+    assert len(str(err.value)) < 300
+    npz = path.with_suffix(".npz")  # the same bytes as an archive of arrays
+    npz.write_bytes(path.read_bytes())
+    with pytest.raises(PointCloudError, match=re.escape(str(npz))):
+        read_points(npz)

@@ -14,7 +14,15 @@ from typing import Any, BinaryIO
 
 import numpy as np
 
-from lidar.formats.fields import extra_column_kind, split_fields
+from lidar.errors import capped, shown, shown_names
+from lidar.formats.fields import (
+    MAX_FIELDS,
+    check_column_sizes,
+    check_field_count,
+    extra_column_kind,
+    split_fields,
+    used_fields,
+)
 from lidar.formats.scan import (
     PointCloudError,
     Scan,
@@ -41,7 +49,7 @@ def _npy_header(path: Path, f: BinaryIO, what: str) -> tuple[tuple[int, ...], np
         read_header = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
         shape, _, dtype = read_header(f)
     except ValueError as err:
-        raise PointCloudError(f"{path}: corrupt .npy header{what}: {err}") from err
+        raise PointCloudError(f"{path}: corrupt .npy header{what}: {capped(str(err), 200)}") from err
     return shape, dtype
 
 
@@ -59,11 +67,23 @@ def _check_npy_header(path: Path, shape: tuple[int, ...], dtype: np.dtype, data_
         )
 
 
+def _check_columns(path: Path, shape: tuple[int, ...], dtype: np.dtype) -> None:
+    """A structured array's used fields, counted with their sub-arrays, within the point limit (from its
+    header, before NumPy expands anything): a uint8 sub-array of 64 is 64 values of x a row."""
+    if dtype.names is None:
+        return
+    check_field_count(path, len(dtype.names), "the structured array")
+    used = used_fields(path, dtype.names)
+    rows = math.prod(shape)
+    check_column_sizes(path, used, {name: rows * math.prod(dtype[name].shape) for name in used.values()})
+
+
 def _npy_rows(path: Path) -> int:
     """Row count from the .npy header alone, so an oversized array is refused before it is loaded."""
     with path.open("rb") as f:
         shape, dtype = _npy_header(path, f, "")
         _check_npy_header(path, shape, dtype, path.stat().st_size - f.tell(), "")
+    _check_columns(path, shape, dtype)
     return int(shape[0]) if shape else 0
 
 
@@ -95,18 +115,24 @@ def _check_zip_directory(path: Path) -> None:
         )
 
 
-def _check_npz_members(path: Path) -> None:
-    """Bound an archive before anything is decompressed: the zip's declared sizes against the decode limit
-    and each member's .npy header against the point limit and its declared size (zipfile never inflates a
-    member past that size, and NumPy allocates what the header says before reading)."""
+def _member_headers(path: Path) -> dict[str, tuple[tuple[int, ...], np.dtype]]:
+    """{array name: (shape, dtype)} of an archive, bounded before anything is decompressed: the zip's
+    declared sizes against the decode limit and each member's .npy header against the point limit and its
+    declared size (zipfile never inflates a member past that size, and NumPy allocates what the header
+    says before reading)."""
     _check_zip_directory(path)
+    headers = {}
     with zipfile.ZipFile(path) as archive:
         members = archive.infolist()
         check_decoded_size(path, sum(m.file_size for m in members), "the .npz archive")
         for member in members:
+            what = f" of member {shown(member.filename)}"
             with archive.open(member) as f:
-                shape, dtype = _npy_header(path, f, f" of member {member.filename!r}")
-                _check_npy_header(path, shape, dtype, member.file_size - f.tell(), f" of member {member.filename!r}")
+                shape, dtype = _npy_header(path, f, what)
+                _check_npy_header(path, shape, dtype, member.file_size - f.tell(), what)
+            name = member.filename.removesuffix(".npy")  # the key np.load gives it
+            headers[name] = (shape, dtype)
+    return headers
 
 
 def _columns_from_array(path: Path, arr: np.ndarray) -> dict[str, Any]:
@@ -117,7 +143,7 @@ def _columns_from_array(path: Path, arr: np.ndarray) -> dict[str, Any]:
             f"{path}: array of shape {arr.shape} and dtype {arr.dtype}; expected a numeric (N, 3+) array of "
             "x, y, z[, intensity[, ring or time]]"
         )
-    data = arr.astype(np.float64)
+    data = arr[:, :5].astype(np.float64)  # columns past the fifth are named, never converted
     out: dict[str, Any] = {"xyz": data[:, :3], "columns": ("x", "y", "z")}
     if data.shape[1] > 3:
         out["intensity"] = data[:, 3]
@@ -127,8 +153,8 @@ def _columns_from_array(path: Path, arr: np.ndarray) -> dict[str, Any]:
         out["columns"] += (kind,)
         if kind in ("ring", "time"):
             out[kind] = data[:, 4]
-    if data.shape[1] > 5:
-        out["columns"] += tuple(f"extra{k}" for k in range(5, data.shape[1]))
+    if arr.shape[1] > 5:
+        out["columns"] += tuple(f"extra{k}" for k in range(5, min(arr.shape[1], MAX_FIELDS)))
     return out
 
 
@@ -145,37 +171,61 @@ def read_npy(path: Path, sensor: Sensor | None) -> Scan:
     try:
         arr = np.load(path, allow_pickle=False)
     except ValueError as err:
-        raise PointCloudError(f"{path}: cannot load the .npy array without unpickling ({err}); expected a numeric array") from err
+        raise PointCloudError(
+            f"{path}: cannot load the .npy array without unpickling ({capped(str(err), 200)}); expected a numeric array"
+        ) from err
     return _load(path, arr, "npy", sensor)
 
 
-def read_npz(path: Path, sensor: Sensor | None) -> Scan:
-    """Load 'points' (with an optional 'ring'), the only array, or x/y/z field arrays, without unpickling."""
-    _check_npz_members(path)
-    try:
-        archive = np.load(path, allow_pickle=False)
-        arrays = {k: archive[k] for k in archive.files}
-    except ValueError as err:
-        raise PointCloudError(f"{path}: cannot load the .npz archive without unpickling ({err})") from err
-    if not arrays:
-        raise PointCloudError(f"{path}: the .npz archive is empty; expected 'points' (N, 3+) or x, y, z arrays")
-    lower = {k.lower(): k for k in arrays}
-    key = lower.get("points") or (next(iter(arrays)) if len(arrays) == 1 else None)
+def _npz_layout(path: Path, headers: dict[str, tuple[tuple[int, ...], np.dtype]]) -> tuple[str | None, dict[str, str]]:
+    """(the points array's name, or None for x, y, z field arrays; the used field arrays' names), with the
+    values each will give counted from the headers against the point limit."""
+    lower = {k.lower(): k for k in headers}
+    key = lower.get("points") or (next(iter(headers)) if len(headers) == 1 else None)
     if key is not None:
-        arr = arrays[key]
-        check_point_count(path, len(arr))
-        if "ring" in lower and arr.dtype.names is None and arr.ndim == 2:
-            cols = _columns_from_array(path, arr[:, :4])
-            cols["ring"] = arrays[lower["ring"]]
-            cols["columns"] += ("ring",)
-            return build_scan(path, "npz", **cols, sensor=sensor)
-        return _load(path, arr, "npz", sensor)
-    if all(c in lower for c in "xyz"):
-        check_point_count(path, len(arrays[lower["x"]]))
-        return build_scan(path, "npz", **split_fields(path, arrays), sensor=sensor)
-    raise PointCloudError(
-        f"{path}: .npz keys {sorted(arrays)}; expected 'points' (N, 3+) (optionally with 'ring') or x, y, z arrays"
-    )
+        shape, dtype = headers[key]
+        _check_columns(path, shape, dtype)
+        rows = int(shape[0]) if shape else 0
+        check_point_count(path, rows)
+        if "ring" in lower and dtype.names is None and len(shape) == 2:
+            ring = math.prod(headers[lower["ring"]][0])
+            if ring != rows:
+                raise PointCloudError(f"{path}: the ring column has {ring:,} values for {rows:,} points; expected one per point")
+            return key, {"ring": lower["ring"]}
+        return key, {}
+    if not all(c in lower for c in "xyz"):
+        raise PointCloudError(
+            f"{path}: .npz keys {shown_names(sorted(headers))}; expected 'points' (N, 3+) (optionally with 'ring') "
+            "or x, y, z arrays"
+        )
+    used = used_fields(path, headers)
+    check_column_sizes(path, used, {name: math.prod(headers[name][0]) for name in used.values()})
+    return None, used
+
+
+def read_npz(path: Path, sensor: Sensor | None) -> Scan:
+    """Load 'points' (with an optional 'ring'), the only array, or x/y/z field arrays, without unpickling.
+
+    Only the arrays used are inflated, once their headers passed the bounds.
+    """
+    headers = _member_headers(path)
+    if not headers:
+        raise PointCloudError(f"{path}: the .npz archive is empty; expected 'points' (N, 3+) or x, y, z arrays")
+    key, used = _npz_layout(path, headers)
+    try:
+        with np.load(path, allow_pickle=False) as archive:
+            arrays = {name: archive[name] for name in ([key] if key is not None else []) + list(used.values())}
+    except ValueError as err:
+        raise PointCloudError(f"{path}: cannot load the .npz archive without unpickling ({capped(str(err), 200)})") from err
+    if key is None:
+        return build_scan(path, "npz", **split_fields(path, arrays, columns=tuple(headers)), sensor=sensor)
+    arr = arrays[key]
+    if "ring" in used:
+        cols = _columns_from_array(path, arr[:, :4])
+        cols["ring"] = arrays[used["ring"]]
+        cols["columns"] += ("ring",)
+        return build_scan(path, "npz", **cols, sensor=sensor)
+    return _load(path, arr, "npz", sensor)
 
 
 def write_npy(path: Path, points: np.ndarray, ring: np.ndarray | None) -> None:

@@ -14,6 +14,7 @@ from pathlib import Path
 import numpy as np
 
 from lidar.cancel import checkpoint
+from lidar.errors import native_panic
 from lidar.formats.arrays import NPY_MAGIC, read_npy, read_npz, write_npy, write_npz
 from lidar.formats.binary import read_bin, write_bin
 from lidar.formats.las import read_las, write_las
@@ -85,10 +86,13 @@ def read_points(path: str | Path, sensor: Sensor | None = None) -> Scan:
         scan = readers[kind](path, sensor) if kind is not None else read_bin(path, size, sensor)
     except PointCloudError:
         raise
-    except Exception as err:
-        # A corrupt file can fail deep inside numpy, zipfile, zlib or laspy with any exception type; the caller
-        # (CLI, app, training) must still get one clear PointCloudError naming the file, never a traceback, and
-        # without the library's own wording (the log keeps that).
+    except BaseException as err:
+        # A corrupt file can fail deep inside numpy, zipfile, zlib, laspy or lazrs with any exception type, a
+        # Rust panic (a BaseException) included; the caller (CLI, app, training) must still get one clear
+        # PointCloudError naming the file, never a traceback, and without the library's own wording (the log
+        # keeps that). A cancellation or an interrupt passes through.
+        if not (isinstance(err, Exception) or native_panic(err)):
+            raise
         logger.warning("%s: %s reader failed", path, kind or "raw sweep", exc_info=True)
         raise PointCloudError(
             f"{path}: cannot read as {kind or 'a raw sweep'}: the file is corrupt or uses a variant this reader "

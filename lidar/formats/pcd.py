@@ -12,7 +12,14 @@ from pathlib import Path
 import lzf
 import numpy as np
 
-from lidar.formats.fields import split_fields
+from lidar.errors import shown
+from lidar.formats.fields import (
+    MAX_HEADER_BYTES,
+    check_column_sizes,
+    check_field_count,
+    split_fields,
+    used_fields,
+)
 from lidar.formats.scan import (
     PointCloudError,
     Scan,
@@ -46,12 +53,16 @@ def lzf_decompress(data: bytes, expected_size: int) -> bytes:
 
 
 def _parse_header(path: Path, blob: bytes) -> tuple[dict[str, list[str]], int]:
+    """The header's keys and values, and where the body starts; refused past `MAX_HEADER_BYTES`."""
     header: dict[str, list[str]] = {}
     pos = 0
     while "DATA" not in header:
-        end = blob.find(b"\n", pos)
+        end = blob.find(b"\n", pos, MAX_HEADER_BYTES + 1)
         if end < 0:
-            raise PointCloudError(f"{path}: PCD header has no DATA line; expected the PCD v0.7 header keys {_HEADER_KEYS}")
+            where = f" in its first {MAX_HEADER_BYTES:,} bytes" if len(blob) > MAX_HEADER_BYTES else ""
+            raise PointCloudError(
+                f"{path}: PCD header has no DATA line{where}; expected the PCD v0.7 header keys {_HEADER_KEYS}"
+            )
         line = blob[pos:end].decode("ascii", errors="replace").strip()
         pos = end + 1
         if not line or line.startswith("#"):
@@ -64,9 +75,19 @@ def _parse_header(path: Path, blob: bytes) -> tuple[dict[str, list[str]], int]:
     return header, pos
 
 
+def _whole_numbers(path: Path, header: dict[str, list[str]], key: str, default: list[str]) -> list[int]:
+    """A header line of positive integers (SIZE, COUNT), or an error naming the first that is not one."""
+    words = header.get(key, default)
+    for word in words:
+        if not (word.isdigit() and len(word) <= 9 and int(word) > 0):
+            raise PointCloudError(f"{path}: PCD {key} {shown(word)}; expected a positive integer per field")
+    return [int(word) for word in words]
+
+
 def _dtype(path: Path, header: dict[str, list[str]]) -> np.dtype:
     names = header["FIELDS"]
-    counts = [int(c) for c in header.get("COUNT", ["1"] * len(names))]
+    check_field_count(path, len(names), "the PCD header")
+    counts = _whole_numbers(path, header, "COUNT", ["1"] * len(names))
     if not (len(names) == len(header["SIZE"]) == len(header["TYPE"]) == len(counts)):
         raise PointCloudError(
             f"{path}: PCD FIELDS, SIZE, TYPE and COUNT list {len(names)}, {len(header['SIZE'])}, "
@@ -74,9 +95,11 @@ def _dtype(path: Path, header: dict[str, list[str]]) -> np.dtype:
         )
     fields = []
     for k, (name, size, typ, count) in enumerate(zip(names, header["SIZE"], header["TYPE"], counts, strict=True)):
-        key = (typ.upper(), int(size))
+        key = (typ.upper(), int(size) if size.isdigit() and len(size) <= 2 else 0)
         if key not in _TYPES:
-            raise PointCloudError(f"{path}: PCD field {name!r} has TYPE {typ} SIZE {size}; expected F 2/4/8, I or U 1/2/4/8")
+            raise PointCloudError(
+                f"{path}: PCD field {shown(name)} has TYPE {shown(typ)} SIZE {shown(size)}; expected F 2/4/8, I or U 1/2/4/8"
+            )
         unique = name if name != "_" else f"_pad{k}"
         fields.append((unique, "<" + _TYPES[key], (count,)) if count > 1 else (unique, "<" + _TYPES[key]))
     return np.dtype(fields)
@@ -93,6 +116,9 @@ def read_pcd(path: Path, sensor: Sensor | None) -> Scan:
         raise PointCloudError(f"{path}: PCD header needs POINTS or WIDTH and HEIGHT as integers") from err
     check_point_count(path, n)
     check_decoded_size(path, n * dtype.itemsize, f"the PCD body ({n:,} points of {dtype.itemsize} bytes)")
+    fields = [name for name in dtype.names if not name.startswith("_pad")]
+    used = used_fields(path, fields)
+    check_column_sizes(path, used, {name: n * int(np.prod(dtype[name].shape)) for name in used.values()})
     kind = header["DATA"][0].lower() if header["DATA"] else ""
     if kind == "ascii":
         widths = [int(np.prod(dtype[name].shape or (1,))) for name in dtype.names]
@@ -107,8 +133,8 @@ def read_pcd(path: Path, sensor: Sensor | None) -> Scan:
     elif kind == "binary_compressed":
         data = _read_compressed(path, memoryview(blob)[offset:], dtype, n)
     else:
-        raise PointCloudError(f"{path}: PCD DATA {kind!r}; expected ascii, binary or binary_compressed")
-    cols = split_fields(path, {name: np.asarray(data[name]) for name in dtype.names if not name.startswith("_pad")})
+        raise PointCloudError(f"{path}: PCD DATA {shown(kind)}; expected ascii, binary or binary_compressed")
+    cols = split_fields(path, {name: np.asarray(data[name]) for name in fields})
     return build_scan(path, f"pcd-{kind}", **cols, sensor=sensor)
 
 

@@ -10,7 +10,8 @@ from pathlib import Path
 
 import numpy as np
 
-from lidar.formats.fields import split_fields
+from lidar.errors import shown, shown_names
+from lidar.formats.fields import MAX_HEADER_BYTES, check_field_count, split_fields, used_fields
 from lidar.formats.scan import PointCloudError, Scan, build_scan, check_point_count, read_ascii_table
 from lidar.sensors import Sensor
 
@@ -23,10 +24,17 @@ _FORMATS = {"ascii": None, "binary_little_endian": "<", "binary_big_endian": ">"
 
 
 def _parse_header(path: Path, blob: bytes) -> tuple[str, list[tuple[str, int, list[tuple[str, str]] | None]], int]:
-    """(format, [(element, count, [(property, type)] or None if it has list properties)], body offset)."""
-    end = blob.find(b"end_header")
+    """(format, [(element, count, [(property, type)] or None if it has list properties)], body offset).
+
+    The header is refused past `MAX_HEADER_BYTES`, and an element past `MAX_FIELDS` properties, before
+    their lines are split.
+    """
+    end = blob.find(b"end_header", 0, MAX_HEADER_BYTES)
     if not blob.startswith(b"ply") or end < 0:
-        raise PointCloudError(f"{path}: not a PLY file; expected a header starting with 'ply' and ending with 'end_header'")
+        where = f" within its first {MAX_HEADER_BYTES:,} bytes" if len(blob) > MAX_HEADER_BYTES else ""
+        raise PointCloudError(
+            f"{path}: not a PLY file; expected a header starting with 'ply' and ending with 'end_header'{where}"
+        )
     body = blob.find(b"\n", end) + 1
     fmt = None
     elements: list[tuple[str, int, list[tuple[str, str]] | None]] = []
@@ -37,17 +45,20 @@ def _parse_header(path: Path, blob: bytes) -> tuple[str, list[tuple[str, int, li
         if words[0] == "format" and len(words) >= 2:
             fmt = words[1]
         elif words[0] == "element" and len(words) == 3:
+            if not (words[2].isdigit() and len(words[2]) <= 18):
+                raise PointCloudError(f"{path}: PLY element {shown(words[1])} has count {shown(words[2])}; expected a whole number")
             elements.append((words[1], int(words[2]), []))
-        elif words[0] == "property" and elements:
+        elif words[0] == "property" and elements and len(words) >= 3:
             name, count, props = elements[-1]
             if words[1] == "list":
                 elements[-1] = (name, count, None)
             elif props is not None:
                 if words[1] not in _TYPES:
-                    raise PointCloudError(f"{path}: PLY property type {words[1]!r}; expected one of {sorted(_TYPES)}")
+                    raise PointCloudError(f"{path}: PLY property type {shown(words[1])}; expected one of {sorted(_TYPES)}")
                 props.append((words[2], words[1]))
+                check_field_count(path, len(props), f"PLY element {shown(name)}")
     if fmt not in _FORMATS:
-        raise PointCloudError(f"{path}: PLY format {fmt!r}; expected one of {sorted(_FORMATS)}")
+        raise PointCloudError(f"{path}: PLY format {shown(fmt)}; expected one of {sorted(_FORMATS)}")
     return fmt, elements, body
 
 
@@ -57,14 +68,16 @@ def read_ply(path: Path, sensor: Sensor | None) -> Scan:
     fmt, elements, offset = _parse_header(path, blob)
     names = [e[0] for e in elements]
     if "vertex" not in names:
-        raise PointCloudError(f"{path}: PLY has no 'vertex' element (elements: {names}); expected one point per vertex")
+        raise PointCloudError(
+            f"{path}: PLY has no 'vertex' element (elements: {shown_names(names)}); expected one point per vertex"
+        )
     endian = _FORMATS[fmt]
     # 1. skip the elements before the vertices (rows in ASCII, bytes in binary); their sizes must be known
     pos = 0
     for name, count, props in elements[: names.index("vertex") + 1]:
         if props is None:
             raise PointCloudError(
-                f"{path}: PLY element {name!r} has list properties before or in the vertex element; "
+                f"{path}: PLY element {shown(name)} has list properties before or in the vertex element; "
                 "expected a point cloud (vertex element first or scalar-only elements before it)"
             )
         if name != "vertex":
@@ -73,6 +86,7 @@ def read_ply(path: Path, sensor: Sensor | None) -> Scan:
     _, count, props = elements[names.index("vertex")]
     assert props is not None
     check_point_count(path, count)
+    used_fields(path, [p for p, _ in props])  # no x, y, z: refused before the body is parsed
     if endian is None:  # only the rows the element counts name are parsed, however long the body
         table = read_ascii_table(path, blob, offset, pos, count, len(props), "PLY ASCII vertex element")
         fields = {p: table[:, j] for j, (p, _) in enumerate(props)}
