@@ -83,6 +83,7 @@ from inference.limits import APP_LIMITS
 from inference.loader import ModelSourceError, Provenance, env_flag
 from inference.network import WorldModelConfig
 from inference.observed import ObservedScene, check_inside, observe, record_prefix, shifted_path
+from inference.results4d import write_views
 from lidar import render
 from lidar.cancel import Cancelled, checkpoint, stop_when
 from lidar.errors import InputError
@@ -96,6 +97,7 @@ from lidar.formats import (
     write_points,
 )
 from lidar.real_scans import real_scans_dir
+from lidar.recordings import CONTAINER_SUFFIXES
 from lidar.sensors import PRESETS, Sensor, get_sensor
 from lidar.sequence import MAX_SWEEPS
 from lidar.sim import STYLES, HDMap, World, make_world, plan_drive
@@ -109,6 +111,8 @@ MAX_FRAMES = APP_LIMITS.max_frames
 MAX_STEPS = APP_LIMITS.max_steps
 MAX_GUIDANCE = APP_LIMITS.max_guidance
 MAX_UPLOAD_MB = 50
+#: Longest ROS topic name a visitor may type.
+MAX_TOPIC_CHARS = 200
 #: Most points one uploaded sweep may hold (refused from its header). The densest real sweeps hold ~0.5 M
 #: (an Ouster 128x2048 with two returns); every point costs worker time, ~1 s a million here, and an LZF
 #: stream of back-references declares the readers' own 5 M limit in 1 MB.
@@ -580,7 +584,9 @@ def _downloads(out: Path, result: RolloutResult, world: np.ndarray, pipe: LidarV
     for ext in (".ply", ".pcd", ".las") if len(world) else ():
         checkpoint()
         world_files.append(write_points(out / f"world{ext}", world))
-    return [frames_zip, *world_files]
+    kind = "generate" if scene is None else "resimulate" if "shift" in request else "forecast"
+    views = write_views(out, result, kind, scene)  # result.rrd (Rerun) and result.mcap (Foxglove, RViz)
+    return [frames_zip, *world_files, *views.values()]
 
 
 def _present(result: RolloutResult, out: Path, pipe: LidarVersePipeline, request: dict[str, Any],
@@ -741,17 +747,26 @@ def _sweep_uploads(uploads: Any) -> list[Path]:
         raise gr.Error("No sweeps uploaded: drop the sweeps of one drive (or one .zip of them) on 'Sweeps'.")
     if len(items) > MAX_SWEEPS:
         raise gr.Error(f"{len(items)} files uploaded; a scene may hold at most {MAX_SWEEPS} sweeps.")
-    zips = [Path(p) for p in items if Path(p).suffix.lower() == ".zip"]
+    zips = [Path(p) for p in items if Path(p).suffix.lower() in (".zip", *CONTAINER_SUFFIXES)]
     if zips and len(items) > 1:
-        raise gr.Error("Upload either sweep files or one .zip of them, not both.")
-    return [_upload_path(p, (*READ_SUFFIXES, ".zip")) for p in items]
+        raise gr.Error("Upload either sweep files, or one .zip of them or one recording (.bag, .mcap, .db3, .pcap).")
+    return [_upload_path(p, (*READ_SUFFIXES, ".zip", *CONTAINER_SUFFIXES)) for p in items]
 
 
-def _observed_scene(paths: list[Path], progress: gr.Progress) -> ObservedScene:
+def _topic(value: Any) -> str | None:
+    """A bag's PointCloud2 topic as typed, or None (the only one)."""
+    if value is None or (isinstance(value, str) and not value.strip()):
+        return None
+    if not isinstance(value, str) or len(value) > MAX_TOPIC_CHARS or not value.isprintable():
+        raise gr.Error(f"Topic must be a ROS topic name of at most {MAX_TOPIC_CHARS} characters, e.g. /velodyne_points.")
+    return value.strip()
+
+
+def _observed_scene(paths: list[Path], progress: gr.Progress, topic: str | None = None) -> ObservedScene:
     """Read the uploads and register them (several sweeps without poses) or take their poses file."""
     progress(0.0, desc=f"Registering {len(paths)} upload(s)")
     with _user_errors("Cannot register these sweeps"), point_limit(MAX_UPLOAD_POINTS):
-        return observe(paths if len(paths) > 1 else paths[0])
+        return observe(paths if len(paths) > 1 else paths[0], topic=topic)
 
 
 def _prefix_table(scene: ObservedScene) -> list[list[Any]]:
@@ -770,17 +785,19 @@ def forecast_from_scans(
     frames: Any,
     steps: Any,
     seed: Any,
+    topic: Any = None,
     progress: gr.Progress = gr.Progress(),  # noqa: B008 - Gradio finds the tracker by this default
 ) -> Iterator[Outputs]:
-    """Continue several sweeps of one drive (files or one zip): registered with KISS-ICP, then forecast
-    from the last one; the registered prefix is shown as soon as it is known, before the rollout."""
+    """Continue several sweeps of one drive (files, one zip or one recording: a bag's `topic`): registered
+    with KISS-ICP unless posed, then forecast from the last one; the prefix is shown as soon as it is known."""
     pipe = _pipeline()
     paths = _sweep_uploads(scan_files)
+    topic = _topic(topic)
     action = _choice(action, "Action", ACTIONS)
     frames, steps, seed = _rollout_numbers(frames, steps, seed)
 
     start = time.perf_counter()
-    scene = _observed_scene(paths, progress)
+    scene = _observed_scene(paths, progress, topic)
     yield Outputs(prefix=_prefix_table(scene))
     job = RolloutJob("forecast", {"prefix_scans": scene.scans, "prefix_poses": scene.poses, "prefix_times": scene.times,
                                   "action": action, "frames": frames, "steps": steps, "seed": seed}, "Forecasting")
@@ -1033,7 +1050,8 @@ def example_scene() -> list[str]:
 def _scene_inputs(label: str) -> tuple[gr.File, gr.Dataframe]:
     """The upload of several sweeps (or one zip), its example when there is one, and the table of their
     registered poses."""
-    files = gr.File(label=label, file_count="multiple", file_types=[*READ_SUFFIXES, ".zip"], type="filepath")
+    files = gr.File(label=label, file_count="multiple", file_types=[*READ_SUFFIXES, ".zip", *CONTAINER_SUFFIXES],
+                    type="filepath")
     if scene := example_scene():
         gr.Examples([[scene]], [files], label="KITTI seq 00, sweeps 0, 2, 4 (click)")
     table = gr.Dataframe(headers=PREFIX_COLUMNS, label="Registered prefix (world frame = the first sweep)",
@@ -1082,11 +1100,14 @@ def _forecast_tab() -> None:
             with gr.Column(scale=1):
                 gr.Examples([[str(p)] for p in example_scans()], [scan_file], label="Real scans (click one)")
                 with gr.Accordion("Several sweeps of one drive: registered, then forecast", open=True):
-                    sweep_files, prefix_table = _scene_inputs("Sweeps, oldest first (files or one .zip)")
+                    sweep_files, prefix_table = _scene_inputs("Sweeps, oldest first (files, one .zip, or one "
+                                                              ".bag, .mcap, .db3 or Velodyne .pcap)")
+                    topic = gr.Textbox(label="Topic (a bag with several PointCloud2 topics)", max_lines=1,
+                                       placeholder="/velodyne_points")
                     forecast_many = gr.Button("Register and forecast", elem_id="forecast-scans")
         view = RolloutView.build("forecast")
     view.show(forecast, forecast_from_scan, [scan_file, sensor, action, *sampling.inputs], "forecast_from_scan")
-    view.show(forecast_many, forecast_from_scans, [sweep_files, action, *sampling.inputs], "forecast_from_scans",
+    view.show(forecast_many, forecast_from_scans, [sweep_files, action, *sampling.inputs, topic], "forecast_from_scans",
               prefix_table)
 
 
