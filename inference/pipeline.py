@@ -14,7 +14,7 @@ import math
 import os
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -27,10 +27,10 @@ from inference.loader import Provenance, load_model
 from inference.measured import Observation, ego_body, observation, without_ego_body
 from inference.network import WorldModel, WorldModelConfig
 from inference.rollout import Progress, RolloutResult, cache_from_scans, frame_times, rollout
-from lidar.errors import InputError
-from lidar.formats import Scan, write_points
+from lidar.errors import InputError, shown
+from lidar.formats import Scan, detect_sensor, write_points
 from lidar.range_image import RangeImage, project, unproject
-from lidar.sensors import Sensor
+from lidar.sensors import Sensor, get_sensor
 from lidar.sim import World, make_world, plan_drive
 from lidar.vocabulary import ACTION_YAW_SIGN, ACTIONS, FRAME_RATE_HZ, MapSource, check_poses
 
@@ -112,19 +112,20 @@ class LidarVersePipeline:
         steps: int | None = None,
         seed: int = 0,
         guidance: float | None = None,
-        sensor: Sensor | None = None,
+        sensor: Sensor | str | None = None,
         callback: Callback | None = None,
     ) -> RolloutResult:
         """Roll out a drive through a procedural world: `map` is a `make_world` seed (default: `seed`) or a World.
 
         The ego either follows `action` along the map's lanes (`plan_drive`) or the given `poses`; every frame
         is conditioned on the world's HD map and on its actors' boxes at the frame's time (`times`, default
-        10 Hz from `World.time`).
+        10 Hz from `World.time`). `sensor` (a `Sensor`, e.g. `HDL64.with_width(2048)`, or a preset name) is
+        the LiDAR the frames come from; default the model's own.
         """
         start = time.perf_counter()
         # 1. check everything before any compute
         steps, guidance = self._check_sampling(steps, guidance, seed, callback)
-        self._check_sensor(sensor)
+        grid = self.grid(sensor)
         if poses is not None:
             poses = _check_poses(poses, "poses")
             LIBRARY_LIMITS.check_frames(len(poses), "len(poses)")
@@ -134,11 +135,11 @@ class LidarVersePipeline:
         world = _world(map, style, seed)
         # 2. plan the drive on the map's lanes, with the sensor at the model's mount height
         if poses is None:
-            poses = plan_drive(world, action, frames, seed=seed, mount_height=self.sensor.mount_height)
+            poses = plan_drive(world, action, frames, seed=seed, mount_height=grid.mount_height)
         # 3. roll out
         return self._rollout(
             poses, start, **_scene(world, len(poses), times), steps=steps, seed=seed, guidance=guidance,
-            callback=callback,
+            callback=callback, sensor=grid,
         )
 
     def forecast(
@@ -156,6 +157,7 @@ class LidarVersePipeline:
         guidance: float | None = None,
         map: World | MapSource | None = None,
         feedback: bool = False,
+        sensor: Sensor | str | None = None,
         callback: Callback | None = None,
     ) -> RolloutResult:
         """Continue from observed sweeps (real ones included) for `frames` more, following `action` or `poses`.
@@ -164,8 +166,9 @@ class LidarVersePipeline:
         `prefix_times` s, default 10 Hz), bent by `action`; a single sweep, or scans without `prefix_poses`,
         drive on at `FORECAST_SPEED`.
 
-        Scans from any sensor go into the cache as they are (every point, in its voxel); the model sees them
-        z-buffered onto its own beams from each new pose. Without `prefix_poses` the
+        The frames come out in the geometry of the newest prefix sweep (its measured beams and columns,
+        `native_sensor`) unless `sensor` names another. Scans from any sensor go into the cache as they are
+        (every point, in its voxel); the model sees them z-buffered onto the frames' beams. Without `prefix_poses` the
         scans are taken to be from one place (identity poses); future `poses` share their world frame.
         Every frame is conditioned on what was observed, not on the frames generated before it: fed back,
         a 4-step model's own errors compound (the held-out Chamfer at 1.0 s doubled). `feedback=True` feeds
@@ -174,7 +177,8 @@ class LidarVersePipeline:
         """
         start = time.perf_counter()
         steps, guidance = self._check_sampling(steps, guidance, seed, callback)
-        points = self._observed_points(prefix_scans, "prefix_scans")
+        grid = self.grid(sensor, prefix_scans, "prefix_scans")
+        points = self._observed_points(prefix_scans, "prefix_scans", grid)
         measured = prefix_poses is not None
         prefix_poses = self._scan_poses(prefix_poses, len(points), "prefix_poses")
         if poses is not None:
@@ -188,8 +192,8 @@ class LidarVersePipeline:
             motion = measured_motion(prefix_poses, prefix_times) if measured and len(prefix_poses) > 1 else None
             poses = action_poses(prefix_poses[-1], action, frames, motion=motion)
         if not isinstance(feedback, bool):
-            raise InputError(f"feedback must be True or False, got {feedback!r}")
-        cache, observed = self._observed(points, prefix_poses)
+            raise InputError(f"feedback must be True or False, got {shown(feedback)}")
+        cache, observed = self._observed(points, prefix_poses, grid)
         return self._rollout(
             poses,
             start,
@@ -201,6 +205,7 @@ class LidarVersePipeline:
             guidance=guidance,
             callback=callback,
             update_cache=feedback,
+            sensor=grid,
         )
 
     def resimulate(
@@ -213,16 +218,21 @@ class LidarVersePipeline:
         seed: int = 0,
         guidance: float | None = None,
         map: World | MapSource | None = None,
+        sensor: Sensor | str | None = None,
         callback: Callback | None = None,
     ) -> RolloutResult:
-        """Render observed sweeps (at `poses`) from new `target_poses`; generated frames do not feed back."""
+        """Render observed sweeps (at `poses`) from new `target_poses`; generated frames do not feed back.
+
+        The frames come out in the geometry of the newest sweep (`native_sensor`) unless `sensor` names another.
+        """
         start = time.perf_counter()
         steps, guidance = self._check_sampling(steps, guidance, seed, callback)
-        points = self._observed_points(scans, "scans")
+        grid = self.grid(sensor, scans, "scans")
+        points = self._observed_points(scans, "scans", grid)
         poses = self._scan_poses(poses, len(points), "poses")
         target_poses = _check_poses(target_poses, "target_poses")
         LIBRARY_LIMITS.check_frames(len(target_poses), "len(target_poses)")
-        cache, observed = self._observed(points, poses)
+        cache, observed = self._observed(points, poses, grid)
         return self._rollout(
             target_poses,
             start,
@@ -234,6 +244,7 @@ class LidarVersePipeline:
             guidance=guidance,
             callback=callback,
             update_cache=False,
+            sensor=grid,
         )
 
     def sample_sweep(
@@ -245,18 +256,20 @@ class LidarVersePipeline:
         steps: int | None = None,
         seed: int = 0,
         guidance: float | None = None,
+        sensor: Sensor | str | None = None,
         callback: Callback | None = None,
     ) -> RolloutResult:
         """One sweep at `pose` (default: the sensor at its mount height over the origin).
 
         `map` is a `make_world` seed, a World or any map source, or None for free generation; `cache_points`
-        (N, 4) world-frame points condition it like a rollout's cache.
+        (N, 4) world-frame points condition it like a rollout's cache; `sensor` as in `generate_world`.
         """
         start = time.perf_counter()
         steps, guidance = self._check_sampling(steps, guidance, seed, callback)
+        grid = self.grid(sensor)
         if pose is None:
             pose = np.eye(4)
-            pose[2, 3] = self.sensor.mount_height
+            pose[2, 3] = grid.mount_height
         poses = _check_poses(np.asarray(pose, dtype=np.float64)[None], "pose")
         if isinstance(map, int | np.integer):
             map = make_world(int(map))
@@ -278,6 +291,7 @@ class LidarVersePipeline:
             seed=seed,
             guidance=guidance,
             callback=callback,
+            sensor=grid,
         )
 
     # ------------------------------------------------------------------------------------------------------
@@ -293,46 +307,58 @@ class LidarVersePipeline:
     ) -> tuple[int, float]:
         steps = LIBRARY_LIMITS.check_steps(self.config.default_steps if steps is None else steps)
         guidance = LIBRARY_LIMITS.check_guidance(self.config.default_guidance if guidance is None else guidance)
-        if isinstance(seed, bool) or not isinstance(seed, int | np.integer) or seed < 0:
-            raise InputError(f"seed must be an integer >= 0, got {seed!r}")
+        LIBRARY_LIMITS.check_seed(seed)
         if callback is not None and not callable(callback):
             raise InputError(
                 f"callback must be callable (it receives a Progress), got {type(callback).__name__}"
             )
         return steps, guidance
 
-    def _check_sensor(self, sensor: Sensor | None) -> None:
-        """A caller that names a sensor must name the model's: the network only knows its own beam layout."""
-        model = self.sensor
-        if sensor is not None and (
-            sensor.elevations_deg != model.elevations_deg or sensor.width != model.width
-        ):
-            raise InputError(
-                f"this model generates {model.name} sweeps ({model.height}x{model.width}); got sensor {sensor.name} "
-                f"({sensor.height}x{sensor.width}). Load a model trained for {sensor.name}, or omit the sensor"
-            )
+    def grid(self, sensor: Sensor | str | None = None, scans: Sequence[ScanLike] | None = None,
+             name: str = "scans") -> Sensor:
+        """The sensor a call's frames are drawn on: `sensor` (a `Sensor` or a preset name), else the newest of
+        `scans`' own geometry (`native_sensor`), else the model's; always at the model's range encoding.
 
-    def _observed(self, points: list[np.ndarray], poses: np.ndarray) -> tuple[SpatialCache, Observation]:
+        The network reads each pixel's elevation and azimuth from its condition, so it draws any beam table
+        and width; its log-range encoding is the model sensor's `max_range`, so returns beyond it are dropped.
+        """
+        if isinstance(sensor, str):
+            try:
+                sensor = get_sensor(sensor)
+            except ValueError as exc:
+                raise InputError(str(exc)) from None
+        if sensor is not None and not isinstance(sensor, Sensor):
+            raise InputError(f"sensor must be a lidar.sensors.Sensor or a preset name, got {type(sensor).__name__}")
+        if sensor is None and scans is not None and isinstance(scans, Sequence) and scans:
+            sensor = native_sensor(scans[-1], self.sensor)
+        model = self.sensor
+        sensor = model if sensor is None else sensor
+        LIBRARY_LIMITS.check_rays(sensor.height, sensor.width, f"sensor {sensor.name}")
+        if sensor.min_range >= model.max_range:
+            raise InputError(f"sensor {sensor.name}: min_range {sensor.min_range} m is beyond the model's range "
+                             f"encoding ({model.max_range} m); expected a min_range below it")
+        return replace(sensor, max_range=model.max_range)
+
+    @staticmethod
+    def _observed(points: list[np.ndarray], poses: np.ndarray, sensor: Sensor) -> tuple[SpatialCache, Observation]:
         """The cache and the measurement of observed sweeps at their poses; the car's own returns (`ego_body`,
         found once for both) are in neither's world."""
         bodies = ego_body(points, poses)
-        return cache_from_scans(without_ego_body(points, bodies), poses), observation(points, poses, self.sensor,
-                                                                                      bodies)
+        return cache_from_scans(without_ego_body(points, bodies), poses), observation(points, poses, sensor, bodies)
 
-    def _observed_points(self, scans: Sequence[ScanLike], name: str) -> list[np.ndarray]:
-        """Each scan as sensor-frame points for the cache, checked to be a sweep the model's beams can see."""
+    def _observed_points(self, scans: Sequence[ScanLike], name: str, sensor: Sensor) -> list[np.ndarray]:
+        """Each scan as sensor-frame points for the cache, checked to be a sweep the frames' beams can see."""
         if isinstance(scans, np.ndarray | Scan | RangeImage) or not isinstance(scans, Sequence) or not scans:
             raise InputError(
                 f"{name} must be a non-empty list of lidar.formats.Scan, (N, 3+) arrays or RangeImages"
             )
-        return [self._checked_scan(scan, f"{name}[{i}]") for i, scan in enumerate(scans)]
+        return [self._checked_scan(scan, f"{name}[{i}]", sensor) for i, scan in enumerate(scans)]
 
-    def _checked_scan(self, scan: ScanLike, name: str) -> np.ndarray:
-        sensor = self.sensor
+    def _checked_scan(self, scan: ScanLike, name: str, sensor: Sensor) -> np.ndarray:
         if isinstance(scan, RangeImage):
             if scan.shape != sensor.shape:
                 raise InputError(
-                    f"{name} is a {scan.shape[0]}x{scan.shape[1]} range image but the model sensor {sensor.name} is "
+                    f"{name} is a {scan.shape[0]}x{scan.shape[1]} range image but the frames' sensor {sensor.name} is "
                     f"{sensor.height}x{sensor.width}; pass points instead and they are resampled"
                 )
             image = scan
@@ -355,7 +381,7 @@ class LidarVersePipeline:
         returns = int(image.mask.sum())
         if returns < MIN_PREFIX_RETURNS:
             raise InputError(
-                f"{name} has only {returns} returns within the model sensor's beams ({sensor.name}: "
+                f"{name} has only {returns} returns within the frames' sensor's beams ({sensor.name}: "
                 f"{sensor.elevations_deg[0]:+.1f} to {sensor.elevations_deg[-1]:+.1f} deg, "
                 f"{sensor.min_range}-{sensor.max_range} m); expected a LiDAR sweep in its sensor frame"
             )
@@ -373,6 +399,21 @@ class LidarVersePipeline:
         if len(poses) != count:
             raise InputError(f"{name} has {len(poses)} poses for {count} scans; expected one pose per scan")
         return poses
+
+
+def native_sensor(scan: ScanLike, fallback: Sensor) -> Sensor:
+    """The sensor a sweep was taken with, as measured from it (`lidar.formats.detect_sensor`: its beam table and
+    columns), or `fallback` when the sweep does not tell (a range image, too few returns, not in the sensor
+    frame)."""
+    if isinstance(scan, RangeImage):
+        return fallback
+    if not isinstance(scan, Scan):
+        points = np.asarray(scan)
+        if points.ndim != 2 or points.shape[1] < 3 or not np.issubdtype(points.dtype, np.number):
+            return fallback  # `_checked_scan` names what is wrong with it
+        points = points[np.isfinite(points[:, :3]).all(axis=1)].astype(np.float32)
+        scan = Scan(points=points if points.shape[1] >= 4 else np.pad(points[:, :3], ((0, 0), (0, 1))))
+    return detect_sensor(scan) or fallback
 
 
 def load_pipeline(
@@ -540,7 +581,7 @@ def action_poses(
 
 def _check_action(action: Any) -> None:
     if action not in ACTIONS:
-        raise InputError(f"unknown action {action!r}; expected one of {', '.join(ACTIONS)} (or pass poses=)")
+        raise InputError(f"unknown action {shown(action)}; expected one of {', '.join(ACTIONS)} (or pass poses=)")
 
 
 def _check_poses(poses: Any, name: str) -> np.ndarray:
@@ -559,7 +600,7 @@ def _world(map: int | World | None, style: str, seed: int) -> World:
     if map is None:
         return make_world(int(seed), style)
     if isinstance(map, bool) or not isinstance(map, int | np.integer) or map < 0:
-        raise InputError(f"map must be a world seed (integer >= 0) or a lidar.sim World, got {map!r}")
+        raise InputError(f"map must be a world seed (integer >= 0) or a lidar.sim World, got {shown(map)}")
     return make_world(int(map), style)
 
 

@@ -36,7 +36,7 @@ def observed(pipe):
 
 def test_zero_shift_resimulation_returns_the_observed_sweep_exactly(pipe, observed) -> None:
     scans, poses = observed
-    out = pipe.resimulate(scans[:1], poses[:1], poses[:1], steps=2, seed=9)
+    out = pipe.resimulate(scans[:1], poses[:1], poses[:1], steps=2, seed=9, sensor=pipe.sensor)
     frame, truth = out.frames[0], project(scans[0], pipe.sensor)
     kept = measured_view(observation(scans[:1], poses[:1], pipe.sensor), poses[0], pipe.sensor)
     # a float32 trip through the world frame moves a few points at a column's edge into the next column
@@ -61,7 +61,7 @@ def test_a_forecast_keeps_the_nearest_observed_return_of_every_sweep_on_each_ray
     scans, poses = observed
     target = poses[0].copy()
     target[:3, 3] = poses[:, :3, 3].mean(axis=0)  # as far from one sweep as from the other
-    out = pipe.forecast(scans, prefix_poses=poses, poses=target[None], steps=2, seed=1)
+    out = pipe.forecast(scans, prefix_poses=poses, poses=target[None], steps=2, seed=1, sensor=pipe.sensor)
     moved = _moved(measured_points(scans, poses), target, pipe.sensor)
     np.testing.assert_allclose(out.frames[0].range_image.range[moved.mask], moved.range[moved.mask], rtol=1e-5)
 
@@ -75,7 +75,7 @@ def test_a_pose_next_to_one_sweep_keeps_that_sweeps_returns_and_fills_from_the_o
     seen = observation(scans, poses, pipe.sensor)
     gaps = np.linalg.norm(poses[:, :3, 3] - target[:3, 3], axis=1)
     assert gaps[1] < OWN_SWEEP_RATIO * gaps[0] and own_sweep(seen, target) == 1
-    out = pipe.forecast(scans, prefix_poses=poses, poses=target[None], steps=2, seed=1).frames[0].range_image.range
+    out = pipe.forecast(scans, prefix_poses=poses, poses=target[None], steps=2, seed=1, sensor=pipe.sensor).frames[0].range_image.range
     own = _moved(measured_points(scans[1:], poses[1:]), target, pipe.sensor)
     other = _moved(measured_points(scans[:1], poses[:1]), target, pipe.sensor)
     np.testing.assert_allclose(out[own.mask], own.range[own.mask], rtol=1e-5)

@@ -90,7 +90,9 @@ def test_forecast_continues_from_a_real_kitti_scan(pipe):
     np.testing.assert_allclose(out.frames[0].pose[:3, 3], [FORECAST_SPEED / 10.0, 0.0, 0.0], atol=1e-9)
     # every observed point went into the cache (one per voxel), not only one per model pixel
     assert len(out.cache) > pipe.sensor.height * pipe.sensor.width
-    assert len(out.cache) > sum(len(f.points) for f in out.frames)
+    # the frames come out in the scan's own geometry: a KITTI HDL-64E's 64 beams at its measured columns
+    assert out.frames[0].range_image.shape[0] == 64 and out.frames[0].range_image.shape[1] >= 1800
+    assert len(out.frames[0].points) >= 0.7 * scan.num_points
     other = pipe.forecast([scan.points[::7]], action="straight", frames=2, steps=2, seed=0)
     assert not np.array_equal(out.frames[0].range_image.range, other.frames[0].range_image.range)
 
@@ -126,7 +128,7 @@ def test_forecast_input_errors_are_named(pipe):
     with pytest.raises(ValueError, match=r"non-empty list"):
         pipe.forecast([], frames=1, steps=1)
     h, w = pipe.sensor.shape
-    with pytest.raises(ValueError, match=rf"{h + 1}x{w} range image but the model sensor"):
+    with pytest.raises(ValueError, match=rf"{h + 1}x{w} range image but the frames' sensor"):
         pipe.forecast([RangeImage(np.ones((h + 1, w), np.float32), np.zeros((h + 1, w), np.float32))])
     pts = real_scan("kitti_patchworkpp_000002.bin").points
     with pytest.raises(ValueError, match=r"prefix_poses has 2 poses for 1 scans"):
@@ -171,11 +173,12 @@ def test_action_poses_dead_reckon_straight_and_turns():
         ({"steps": 2.5}, r"steps must be an integer"),
         ({"action": "fly"}, r"unknown action 'fly'; expected one of straight, turn_left, turn_right"),
         ({"guidance": -1.0}, r"guidance must be a number in \[0, 20"),
-        ({"seed": -3}, r"seed must be an integer >= 0, got -3"),
+        ({"seed": -3}, r"seed must be an integer in \[0, 18446744073709551615\], got -3"),
         ({"map": "city"}, r"map must be a world seed \(integer >= 0\) or a lidar.sim World, got 'city'"),
         ({"poses": np.zeros((2, 4, 4))}, r"poses: pose 0 is not a finite rigid transform"),
         ({"poses": np.eye(4)}, r"poses must be \(T, 4, 4\)"),
-        ({"sensor": HDL64}, r"this model generates tiny8 sweeps \(8x64\); got sensor hdl64 \(64x1024\)"),
+        ({"sensor": HDL64.with_width(16384)}, r"sensor hdl64 has 64 x 16384 = 1,048,576 rays; expected at most"),
+        ({"sensor": "hdl-65"}, r"unknown sensor 'hdl-65'"),
         ({"callback": 3}, r"callback must be callable"),
     ],
 )
