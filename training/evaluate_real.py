@@ -1,28 +1,24 @@
 """Forecasts of real recorded drives against the sweeps that followed: `python -m training.evaluate_real --data DIR`.
 
-Protocol (issue 19), every method scored at the same poses in the same run:
-1. A recording (`lidar.sequence.open_recording`: KITTI odometry `velodyne/` + `poses.txt` + `calib.txt`, a
-   folder with our `poses.json`, or bare sweeps) is posed by registering all its sweeps with KISS-ICP
+Every method is scored against the sweep the sensor took, at its full resolution, at the same poses in the
+same run (docs/evaluation.md has the protocol and its bars):
+1. A recording (`lidar.sequence.open_recording`) is posed by registering all its sweeps with KISS-ICP
    (default: the shared KITTI 00 README measures registration 2-5x tighter than the ground-truth file), or
    by its poses file (`--poses file`). With both available the report gives how far they differ.
-2. Every start: a prefix of K consecutive sweeps (K in `PREFIX_LENGTHS`) ending at sweep p, forecast at the
-   poses of sweeps p + h for every horizon h (`HORIZONS`, frames at 10 Hz), conditioned on the prefix
-   alone (no map, no layout, nothing fed back). Starts run over every p the recording allows.
-3. Baselines at the same poses (the ray-tracing baselines of 4D occupancy forecasting): the last prefix sweep
-   moved to the target pose; every prefix sweep moved and z-buffered together.
-4. Metrics on the model's grid, within the real sensor's vertical field of view (the target sweep's
-   elevation span: above a KITTI HDL-64E's +2 deg there is no truth to score against):
-   - return IoU of each method's mask against the truth's;
-   - per-ray L1 (median, mean) on the common rays: those the truth, the model and both baselines return,
-     so every method is scored on the same rays; and the share of those rays within `KEPT_WITHIN` of the
-     moved prefix (how much of the measurement a method keeps);
-   - Chamfer in the squared, +-70 m form (`forecast_chamfer`) and as the mean nearest-neighbour distance in
-     metres within `NEAR_RADIUS` (`chamfer_distance`), on points: the truth and the baselines thinned to the
-     model's density with their points left where they were measured (`thin_to_grid`), every method's points
-     within the truth's field of view (`in_field_of_view`: moved sweeps reach below the real sensor's lowest
-     beam from the new pose, where the truth cannot see).
-5. Pictures: BEV and range image, truth | forecast | moved prefix, at the two longest horizons (0.5 s and
-   1.0 s) of the longest prefix's first start.
+2. Settings (`Setting`): a prefix of K consecutive sweeps (K in `PREFIX_LENGTHS`) forecast `HORIZONS` frames
+   ahead, and the 4D occupancy forecasting setting on KITTI (`OCC4D_SETTINGS`: 5 sweeps at 5 Hz, 5 future
+   sweeps to 1 s and to 3 s). Each start is conditioned on its prefix alone (no map, no layout, nothing fed
+   back) with the future poses given. A setting's horizons up to its common span are scored on the same
+   starts; a longer horizon on the starts that reach it; one no start reaches is skipped, with the reason.
+3. Baselines at the same poses, at full density: the last prefix sweep moved to the target pose; every
+   prefix sweep moved there and z-buffered together on the ray grid (`lidar.ray_grid`).
+4. Metrics (`frame_scores`): squared Chamfer in the 4D-Occ region (`forecast_chamfer`) against the whole
+   truth; per-ray L1 and AbsRel along the truth's rays (cells of `lidar.ray_grid`) on the rays every method
+   returns on, and each method's coverage of the truth's rays; points / the truth's in the region. A
+   method's points count within the truth's vertical field of view (`in_field_of_view`: above a KITTI
+   HDL-64E's +2 deg, or below its lowest beam from a moved pose, there is no truth to score against).
+5. Pictures: BEV and a range image on the ray grid, truth | forecast | moved prefix, at the two longest
+   horizons of the longest prefix's first start.
 """
 
 from __future__ import annotations
@@ -38,46 +34,74 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from PIL import Image
+from PIL import Image, ImageDraw, ImageFont
 
 from inference import load_pipeline
 from inference.pipeline import LidarVersePipeline
 from lidar.errors import InputError
-from lidar.metrics import chamfer_distance, forecast_chamfer
-from lidar.range_image import elevation_span, project
+from lidar.metrics import forecast_chamfer, in_crop
+from lidar.range_image import elevation_span
+from lidar.ray_grid import CELL_DEG, nearest_per_ray, ray_errors, ray_image, span_rows, z_buffer
 from lidar.registration import register_sweeps
 from lidar.render import range_image_png
-from lidar.sensors import Sensor
 from lidar.sequence import Recording, open_recording
 from lidar.vocabulary import FRAME_RATE_HZ, transform_points
-from training.evaluate import (
-    bev_panels,
-    in_field_of_view,
-    publish_report,
-    report_arguments,
-    start_run,
-    thin_to_grid,
-)
+from training.evaluate import bev_panels, in_field_of_view, publish_report, report_arguments, start_run
 
 logger = logging.getLogger(__name__)
 
-#: Prefix lengths (sweeps observed) and horizons (frames ahead at 10 Hz) of the protocol.
+#: Prefix lengths (sweeps observed) and horizons (frames ahead at 10 Hz) of the main protocol.
 PREFIX_LENGTHS = (1, 3)
-HORIZONS = (1, 3, 5, 10)
-#: A kept ray lies within this of the moved prefix's range (m): a sensor's ranging noise.
-KEPT_WITHIN = 0.02
+HORIZONS = (1, 3, 5, 10, 30)
+#: Frames ahead every start of the main protocol has, so its rows up to 1.0 s compare on the same starts.
+COMMON_SPAN = 10
 #: A kept range differs from the measured one by float rounding (an encode-decode of the range): 1 mm.
 L1_TOLERANCE = 1e-3
-#: Horizontal radius (m) of the plain-metre Chamfer: beyond it a sweep is too sparse to compare point sets.
-NEAR_RADIUS = 40.0
 MODEL = "model forecast"
 LAST_MOVED = "last sweep moved"
 PREFIX_MOVED = "every prefix sweep moved"
 METHODS = (MODEL, LAST_MOVED, PREFIX_MOVED)
 #: Report key -> table header.
-COLUMNS = {"iou": "return IoU ↑", "l1_median": "L1 median (m) ↓", "l1_mean": "L1 mean (m) ↓",
-           "kept": f"within {KEPT_WITHIN * 100:.0f} cm of moved prefix", "chamfer": "Chamfer (m², ±70 m) ↓",
-           "chamfer_near": f"Chamfer (m, NN ≤ {NEAR_RADIUS:.0f} m) ↓"}
+COLUMNS = {"chamfer": "Chamfer (m², 4D-Occ region) ↓", "l1_median": "L1 median, common rays (m) ↓",
+           "absrel": "AbsRel, common rays ↓", "coverage": "truth's rays returned ↑", "points": "points ÷ truth's"}
+#: Bars of the main protocol: points at 0.1 s, squared Chamfer over the better baseline per horizon (frames).
+POINTS_BAR = (1, 0.9)
+CHAMFER_BARS = {1: 1.0, 3: 1.0, 5: 0.85, 10: 0.85}
+#: Goals beyond the bars (reported, not passed or failed).
+CHAMFER_GOALS = {10: 0.6, 30: 0.8}
+#: Range (m) at the far end of the range pictures' colour scale.
+PICTURE_MAX_RANGE = 80.0
+
+
+@dataclass(frozen=True)
+class Setting:
+    """Which sweeps a start observes and which it forecasts."""
+
+    name: str
+    #: Sweeps observed, `stride` frames apart; the last one is the start.
+    prefix: int
+    stride: int
+    #: Frames ahead of the start, in increasing order.
+    horizons: tuple[int, ...]
+    #: Frames ahead every start has: the horizons up to it are scored on the same starts.
+    common: int
+
+    @property
+    def history(self) -> int:
+        """Frames from the first observed sweep to the start."""
+        return (self.prefix - 1) * self.stride
+
+    def observed(self, end: int) -> list[int]:
+        return [end - self.history + k * self.stride for k in range(self.prefix)]
+
+    def reach(self, horizon: int) -> int:
+        """Frames a start must have ahead to be scored at `horizon`."""
+        return max(horizon, self.common)
+
+
+#: The 4D occupancy forecasting setting on KITTI (Khurana et al. 2023): 5 sweeps at 5 Hz observed, 5 future
+#: sweeps 0.2 s apart to 1 s, and 0.6 s apart to 3 s, each set scored on the starts with all of it ahead.
+OCC4D_SETTINGS = (Setting("4D-Occ 1 s", 5, 2, (2, 4, 6, 8, 10), 10), Setting("4D-Occ 3 s", 5, 2, (6, 12, 18, 24, 30), 30))
 
 
 @dataclass
@@ -91,14 +115,24 @@ class RealSequenceConfig:
     horizons: tuple[int, ...] = HORIZONS
     steps: int | None = None
     guidance: float | None = None
-    #: Most starts per prefix length (evenly spread), 0 for all.
+    #: Most starts per setting (evenly spread), 0 for all.
     max_starts: int = 0
+    #: Also score the 4D-Occ setting where the recording is long enough.
+    occ4d: bool = True
 
     def __post_init__(self) -> None:
         if self.poses not in ("registered", "file"):
             raise InputError(f"poses must be 'registered' or 'file', got {self.poses!r}")
         if not self.prefixes or min(self.prefixes) < 1 or not self.horizons or min(self.horizons) < 1:
             raise InputError(f"prefixes and horizons must be integers >= 1, got {self.prefixes}, {self.horizons}")
+        if self.max_starts < 0:
+            raise InputError(f"max_starts must be >= 0 (0: every start), got {self.max_starts}")
+
+    def settings(self) -> list[Setting]:
+        """The main protocol's settings, one per prefix length."""
+        horizons = tuple(sorted(set(self.horizons)))
+        common = max([h for h in horizons if h <= COMMON_SPAN], default=horizons[0])
+        return [Setting(f"K={k}", k, 1, horizons, common) for k in self.prefixes]
 
 
 def recording_poses(rec: Recording, how: str) -> tuple[np.ndarray, dict[str, Any]]:
@@ -118,50 +152,52 @@ def recording_poses(rec: Recording, how: str) -> tuple[np.ndarray, dict[str, Any
     return reg.poses, info
 
 
-def starts(count: int, prefix: int, horizon: int, limit: int) -> list[int]:
-    """Last prefix indices p with a full prefix behind and the longest horizon ahead, `limit` evenly spread."""
-    ends = list(range(prefix - 1, count - horizon))
+def seconds(horizon: int) -> str:
+    return f"{horizon / FRAME_RATE_HZ:.1f} s"
+
+
+def start_plan(setting: Setting, count: int, limit: int) -> tuple[dict[int, list[int]], list[str]]:
+    """Each horizon's starts (last observed sweep indices) in a recording of `count` sweeps, and why any
+    horizon has none. The starts with the common span ahead, `limit` of them evenly spread, are every
+    horizon's candidates, so the rows up to the common span compare on the same starts."""
+    ends = list(range(setting.history, count - setting.common))
     if limit and len(ends) > limit:
         ends = [ends[i] for i in np.linspace(0, len(ends) - 1, limit).round().astype(int)]
-    return ends
+    plan = {h: reach for h in setting.horizons if (reach := [e for e in ends if e + setting.reach(h) < count])}
+    missing = [h for h in setting.horizons if h not in plan]
+    if not missing:
+        return plan, []
+    spacing = f" {setting.stride} frames apart" if setting.stride > 1 else ""
+    what = setting.name if not plan else f"{setting.name} at {', '.join(seconds(h) for h in missing)}"
+    need = setting.history + setting.reach(missing[-1]) + 1
+    return plan, [f"{what}: {count} sweeps are too few for {setting.prefix} observed{spacing} and "
+                  f"{seconds(setting.reach(missing[-1]))} ahead (needs {need})"]
 
 
-def fov_rows(span: tuple[float, float], sensor: Sensor) -> np.ndarray:
-    """(H,) bool: the model's rows inside the truth sweep's elevation span."""
-    return (sensor.elevations >= span[0]) & (sensor.elevations <= span[1])
+def field_of_view(truth: np.ndarray) -> tuple[float, float]:
+    """The truth's vertical field of view (rad), widened by one ray cell: its percentile span (robust to stray
+    returns) lies just inside its outermost beams, whose points a method may return as well."""
+    low, high = elevation_span(truth)
+    return low - np.deg2rad(CELL_DEG), high + np.deg2rad(CELL_DEG)
 
 
-def near(points: np.ndarray) -> np.ndarray:
-    return points[np.hypot(points[:, 0], points[:, 1]) <= NEAR_RADIUS]
+def frame_scores(truth: np.ndarray, clouds: dict[str, np.ndarray]) -> tuple[dict[str, dict[str, float]], float]:
+    """Every metric of the protocol for one target (all clouds in its sensor frame), and the share of the
+    truth's rays every method returns on."""
+    span = field_of_view(truth)
+    seen = {m: in_field_of_view(c, span) for m, c in clouds.items()}
+    truth_in_region = max(int(in_crop(truth).sum()), 1)
+    out, common = ray_errors(nearest_per_ray(truth), {m: nearest_per_ray(c) for m, c in seen.items()})
+    for method, cloud in seen.items():
+        out[method]["chamfer"] = forecast_chamfer(cloud, truth)
+        out[method]["points"] = float(in_crop(cloud).sum() / truth_in_region)
+    return out, common
 
 
-def frame_scores(truth: np.ndarray, model_image: np.ndarray, model_points: np.ndarray,
-                 moved: dict[str, np.ndarray], sensor: Sensor) -> dict[str, dict[str, float]]:
-    """Every metric of the protocol for one target: `moved` holds each baseline's points at the target pose."""
-    span = elevation_span(truth)
-    rows = fov_rows(span, sensor)[:, None]
-    truth_img = np.where(rows, project(truth, sensor).range, 0.0)
-    images = {MODEL: np.where(rows, model_image, 0.0)}
-    images.update({m: np.where(rows, project(p, sensor).range, 0.0) for m, p in moved.items()})
-    clouds = {MODEL: in_field_of_view(model_points, span)}
-    clouds.update({m: in_field_of_view(thin_to_grid(p, sensor), span) for m, p in moved.items()})
-    truth_pts = thin_to_grid(truth, sensor)
-    query = truth_img > 0
-    common = query & np.logical_and.reduce([img > 0 for img in images.values()])
-    out = {}
-    for method, img in images.items():
-        hit = img > 0
-        err = np.abs(img[common] - truth_img[common])
-        out[method] = {
-            "iou": float((query & hit).sum() / max((query | hit).sum(), 1)),
-            "l1_median": float(np.median(err)) if err.size else math.nan,
-            "l1_mean": float(err.mean()) if err.size else math.nan,
-            "kept": float((np.abs(img[common] - images[PREFIX_MOVED][common]) <= KEPT_WITHIN).mean())
-            if err.size else math.nan,
-            "chamfer": forecast_chamfer(clouds[method], truth_pts),
-            "chamfer_near": chamfer_distance(near(clouds[method]), near(truth_pts)),
-        }
-    return out
+def baselines(world: list[np.ndarray], into: np.ndarray) -> dict[str, np.ndarray]:
+    """Both baselines at the target pose (`into`: sensor_from_world), at full density."""
+    return {LAST_MOVED: transform_points(world[-1], into),
+            PREFIX_MOVED: z_buffer(transform_points(np.concatenate(world), into))}
 
 
 @dataclass
@@ -170,34 +206,66 @@ class Forecast:
 
     truth: np.ndarray
     model_points: np.ndarray
-    model_image: np.ndarray
     prefix_points: np.ndarray
 
 
-def forecast_start(pipe: LidarVersePipeline, sweep: Callable[[int], np.ndarray], times_s: np.ndarray | None,
-                   poses: np.ndarray, end: int, prefix: int, horizons: tuple[int, ...], cfg: RealSequenceConfig,
-                   seed: int) -> tuple[dict[int, dict[str, dict[str, float]]], dict[int, Forecast]]:
-    """Forecast every horizon from the prefix ending at `end`; score it and both baselines. `sweep(i)` gives
-    sweep i's points, `times_s` the recording's seconds (None: 10 Hz)."""
+@dataclass
+class StartScores:
+    """One start's scores per horizon (frames): per method, and the common rays' share."""
+
+    methods: dict[int, dict[str, dict[str, float]]]
+    common: dict[int, float]
+    kept: dict[int, Forecast]
+
+
+def forecast_start(pipe: LidarVersePipeline, sweep: Callable[[int], np.ndarray], clock: np.ndarray,
+                   poses: np.ndarray, end: int, setting: Setting, horizons: list[int], cfg: RealSequenceConfig,
+                   seed: int) -> StartScores:
+    """Forecast `horizons` from the setting's prefix ending at `end`; score it and both baselines. `sweep(i)`
+    gives sweep i's points, `clock` every sweep's seconds."""
     # 1. the prefix and its world points
-    sweeps = [sweep(i) for i in range(end - prefix + 1, end + 1)]
-    prefix_poses = poses[end - prefix + 1 : end + 1]
+    observed = setting.observed(end)
+    sweeps, prefix_poses = [sweep(i) for i in observed], poses[observed]
     world = [transform_points(s, p) for s, p in zip(sweeps, prefix_poses, strict=True)]
     # 2. the model, at every target pose in one rollout (frames are independent: nothing is fed back)
     targets = [end + h for h in horizons]
-    times = None if times_s is None else times_s[targets] - times_s[end]
-    result = pipe.forecast(prefix_scans=sweeps, prefix_poses=prefix_poses, poses=poses[targets],
-                           times=times, steps=cfg.steps, seed=seed, guidance=cfg.guidance)
+    times, prefix_times = clock[targets] - clock[end], clock[observed] - clock[end]
+    result = pipe.forecast(prefix_scans=sweeps, prefix_poses=prefix_poses, prefix_times=prefix_times,
+                           poses=poses[targets], times=times, steps=cfg.steps, seed=seed, guidance=cfg.guidance)
     # 3. score against the truth beside both baselines
-    scores, kept = {}, {}
+    scores = StartScores({}, {}, {})
     for h, target, frame in zip(horizons, targets, result.frames, strict=True):
-        into = np.linalg.inv(poses[target])
-        moved = {LAST_MOVED: transform_points(world[-1], into),
-                 PREFIX_MOVED: transform_points(np.concatenate(world), into)}
+        moved = baselines(world, np.linalg.inv(poses[target]))
         truth = sweep(target)
-        scores[h] = frame_scores(truth, frame.range_image.range, frame.points, moved, pipe.sensor)
-        kept[h] = Forecast(truth, frame.points, frame.range_image.range, moved[PREFIX_MOVED])
-    return scores, kept
+        scores.methods[h], scores.common[h] = frame_scores(truth, {MODEL: frame.points, **moved})
+        scores.kept[h] = Forecast(truth, frame.points, moved[PREFIX_MOVED])
+    return scores
+
+
+def evaluate_setting(pipe: LidarVersePipeline, rec: Recording, sweep: Callable[[int], np.ndarray],
+                     poses: np.ndarray, setting: Setting, cfg: RealSequenceConfig, seed: int,
+                     pictures: Path | None) -> tuple[dict[str, Any] | None, list[str]]:
+    """One setting's table over its starts (None where no horizon has a start), and what was skipped."""
+    plan, skipped = start_plan(setting, len(rec), cfg.max_starts)
+    for reason in skipped:
+        logger.warning("skipped %s", reason)
+    if not plan:
+        return None, skipped
+    per_start: dict[int, list[StartScores]] = {h: [] for h in plan}
+    clock = rec.times if rec.times is not None else np.arange(len(rec)) / FRAME_RATE_HZ
+    for end in sorted({e for ends in plan.values() for e in ends}):
+        horizons = [h for h in plan if end in plan[h]]
+        scores = forecast_start(pipe, sweep, clock, poses, end, setting, horizons, cfg, seed)
+        for h in horizons:
+            per_start[h].append(scores)
+        if pictures is not None and end == plan[min(plan)][0]:
+            write_pictures(pictures, scores.kept, rec.names[end])
+    table = {"prefix": setting.prefix, "stride": setting.stride,
+             "starts": {seconds(h): [rec.names[e] for e in plan[h]] for h in plan},
+             "common_rays": {seconds(h): _mean([s.common[h] for s in per_start[h]]) for h in plan},
+             "horizons": {seconds(h): {m: {k: _mean([s.methods[h][m][k] for s in per_start[h]])
+                                           for k in (*COLUMNS, "l1_mean")} for m in METHODS} for h in plan}}
+    return table, skipped
 
 
 def evaluate_recording(pipe: LidarVersePipeline, cfg: RealSequenceConfig, seed: int = 0,
@@ -205,30 +273,28 @@ def evaluate_recording(pipe: LidarVersePipeline, cfg: RealSequenceConfig, seed: 
     """The whole protocol on one recording; returns the JSON-ready report (`format_real` renders it)."""
     rec = open_recording(cfg.data)
     poses, pose_info = recording_poses(rec, cfg.poses)
-    horizons = tuple(sorted(cfg.horizons))
+    main_settings = cfg.settings()
+    extra = OCC4D_SETTINGS if cfg.occ4d else ()
+    longest = max(s.history + s.reach(s.horizons[-1]) for s in (*main_settings, *extra)) + 1
     # neighbouring starts share their sweeps: keep a start's worth in memory rather than read them again
-    sweep = functools.lru_cache(maxsize=max(cfg.prefixes) + horizons[-1])(lambda i: rec.sweep(i).points)
+    sweep = functools.lru_cache(maxsize=longest)(lambda i: rec.sweep(i).points)
     tables: dict[str, Any] = {}
-    for prefix in cfg.prefixes:
-        ends = starts(len(rec), prefix, horizons[-1], cfg.max_starts)
-        if not ends:
-            logger.warning("%d sweeps are too few for a prefix of %d and a horizon of %d", len(rec), prefix,
-                           horizons[-1])
-            continue
-        per_start = []
-        for end in ends:
-            scores, kept = forecast_start(pipe, sweep, rec.times, poses, end, prefix, horizons, cfg, seed)
-            per_start.append(scores)
-            if pictures is not None and prefix == max(cfg.prefixes) and end == ends[0]:
-                write_pictures(pictures, kept, rec.names[end], pipe.sensor)
-        tables[f"K={prefix}"] = {"starts": [rec.names[e] for e in ends], "horizons": {
-            f"{h / FRAME_RATE_HZ:.1f} s": {m: {k: _mean([s[h][m][k] for s in per_start]) for k in COLUMNS}
-                                           for m in METHODS} for h in horizons}}
+    occ4d: dict[str, Any] = {}
+    skipped: list[str] = []
+    picture_prefix = max(cfg.prefixes)
+    for setting in (*main_settings, *extra):
+        table, why = evaluate_setting(pipe, rec, sweep, poses, setting, cfg, seed,
+                                      pictures if setting.name == f"K={picture_prefix}" else None)
+        skipped += why
+        if table is not None:
+            (occ4d if setting in extra else tables)[setting.name] = table
     if not tables:
         raise InputError(f"{cfg.data}: {len(rec)} sweeps are too few for any prefix of {list(cfg.prefixes)} sweeps "
-                         f"and a horizon of {horizons[-1]} frames")
+                         f"and {seconds(main_settings[0].common)} ahead")
+    bars, goals = real_bars(tables)
     return {"recording": Path(cfg.data).name, "sweeps": len(rec), "poses": pose_info, "protocol": asdict(cfg),
-            "steps": cfg.steps or pipe.config.default_steps, "tables": tables, "bars": real_bars(tables)}
+            "steps": cfg.steps or pipe.config.default_steps, "tables": tables, "occ4d": occ4d,
+            "skipped": skipped, "bars": bars, "goals": goals}
 
 
 def _mean(values: list[float]) -> float | None:
@@ -236,87 +302,153 @@ def _mean(values: list[float]) -> float | None:
     return float(np.mean(finite)) if finite else None
 
 
-def real_bars(tables: dict[str, Any]) -> list[dict[str, Any]]:
-    """Issue 19's bars per prefix length and horizon: L1 on common rays <= the moved prefix's; Chamfer <= 1.0x
-    the better baseline up to 0.3 s and <= 0.9x from 0.5 s; IoU above both."""
-    out = []
+def _ratio(a: float | None, b: float | None) -> float | None:
+    return None if a is None or b is None or b <= 0 else a / b
+
+
+def real_bars(tables: dict[str, Any]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """The bars per prefix length and horizon (`POINTS_BAR`, `CHAMFER_BARS`, per-ray L1 on common rays at most
+    the moved prefix's at every horizon) and the goals (`CHAMFER_GOALS`)."""
+    bars, goals = [], []
     for prefix, table in tables.items():
         for horizon, rows in table["horizons"].items():
+            frames = round(float(horizon.split()[0]) * FRAME_RATE_HZ)
             m, last, pre = rows[MODEL], rows[LAST_MOVED], rows[PREFIX_MOVED]
-            limit = 1.0 if float(horizon.split()[0]) < 0.5 else 0.9
-            squared, near_ = (m[k] / min(last[k], pre[k]) for k in ("chamfer", "chamfer_near"))
-            out.append({"prefix": prefix, "horizon": horizon, "l1_ratio": m["l1_median"] / pre["l1_median"],
-                        "l1_pass": m["l1_median"] <= pre["l1_median"] + L1_TOLERANCE,
-                        "chamfer_ratio": squared, "chamfer_near_ratio": near_, "chamfer_limit": limit,
-                        "chamfer_pass": squared <= limit, "chamfer_near_pass": near_ <= limit,
-                        "iou_pass": m["iou"] > max(last["iou"], pre["iou"])})
-    return out
+            chamfer = _ratio(m["chamfer"], min(last["chamfer"], pre["chamfer"]))
+            l1 = _ratio(m["l1_median"], pre["l1_median"])
+            bar: dict[str, Any] = {
+                "prefix": prefix, "horizon": horizon, "points_ratio": m["points"], "chamfer_ratio": chamfer,
+                "l1_ratio": l1, "l1_pass": l1 is not None and m["l1_median"] <= pre["l1_median"] + L1_TOLERANCE}
+            if frames == POINTS_BAR[0]:
+                bar.update(points_limit=POINTS_BAR[1], points_pass=m["points"] >= POINTS_BAR[1])
+            if frames in CHAMFER_BARS:
+                bar.update(chamfer_limit=CHAMFER_BARS[frames],
+                           chamfer_pass=chamfer is not None and chamfer <= CHAMFER_BARS[frames])
+            bars.append(bar)
+            if frames in CHAMFER_GOALS:
+                goals.append({"prefix": prefix, "horizon": horizon, "chamfer_ratio": chamfer,
+                              "chamfer_goal": CHAMFER_GOALS[frames],
+                              "met": chamfer is not None and chamfer <= CHAMFER_GOALS[frames]})
+    return bars, goals
 
 
-def write_pictures(out_dir: Path, kept: dict[int, Forecast], start: str, sensor: Sensor) -> None:
-    """`real_bev_<h>.png` and `real_range_<h>.png`: truth | forecast | moved prefix at the two longest horizons."""
+def write_pictures(out_dir: Path, kept: dict[int, Forecast], start: str) -> None:
+    """`real_bev_<h>.png` and `real_range_<h>.png`: truth | forecast | moved prefix at the two longest horizons,
+    every point drawn (the range images on the ray grid, rows cropped to the truth's elevation span)."""
     out_dir.mkdir(parents=True, exist_ok=True)
     for h in sorted(kept)[-2:]:
-        f, label = kept[h], f"{h / FRAME_RATE_HZ:.1f} s after {Path(start).stem}"
-        span = elevation_span(f.truth)
-        panels = [(f"truth, {label}", thin_to_grid(f.truth, sensor)),
-                  ("model forecast", in_field_of_view(f.model_points, span)),
-                  ("every prefix sweep moved", in_field_of_view(thin_to_grid(f.prefix_points, sensor), span))]
-        bev_panels(panels).save(out_dir / f"real_bev_{h}.png")
-        rows = fov_rows(span, sensor)[:, None]
-        images = [np.where(rows, project(f.truth, sensor).range, 0.0), np.where(rows, f.model_image, 0.0),
-                  np.where(rows, project(f.prefix_points, sensor).range, 0.0)]
-        strips = [range_image_png(img, max_range=sensor.max_range, scale=4) for img in images]
-        canvas = Image.new("RGB", (strips[0].width, sum(s.height + 4 for s in strips)), (255, 255, 255))
-        for k, strip in enumerate(strips):
-            canvas.paste(strip, (0, k * (strip.height + 4)))
-        canvas.save(out_dir / f"real_range_{h}.png")
+        f, label = kept[h], f"{seconds(h)} after {Path(start).stem}"
+        span = field_of_view(f.truth)
+        clouds = {f"truth, {label} ({len(f.truth):,} points)": f.truth,
+                  f"{MODEL} ({len(in_field_of_view(f.model_points, span)):,})": in_field_of_view(f.model_points, span),
+                  f"{PREFIX_MOVED} ({len(in_field_of_view(f.prefix_points, span)):,})":
+                      in_field_of_view(f.prefix_points, span)}
+        bev_panels(list(clouds.items())).save(out_dir / f"real_bev_{h}.png")
+        rows = span_rows(span)
+        strips = {name: range_image_png(ray_image(nearest_per_ray(c), rows), max_range=PICTURE_MAX_RANGE, scale=2)
+                  for name, c in clouds.items()}
+        stacked(strips).save(out_dir / f"real_range_{h}.png")
         logger.info("wrote the %s pictures in %s", label, out_dir)
 
 
+#: Height (px) of the label strip above each range image.
+LABEL_HEIGHT = 20
+
+
+def stacked(strips: dict[str, Image.Image]) -> Image.Image:
+    """Range images one above the other, each under its label."""
+    width = max(s.width for s in strips.values())
+    canvas = Image.new("RGB", (width, sum(s.height + LABEL_HEIGHT for s in strips.values())), (0, 0, 0))
+    draw, font = ImageDraw.Draw(canvas), ImageFont.load_default(size=LABEL_HEIGHT * 3 // 4)
+    y = 0
+    for label, strip in strips.items():
+        draw.text((6, y + LABEL_HEIGHT // 2), label, fill=(255, 255, 255), font=font, anchor="lm")
+        canvas.paste(strip, (0, y + LABEL_HEIGHT))
+        y += strip.height + LABEL_HEIGHT
+    return canvas
+
+
+def _cell(value: float | None, digits: int = 3) -> str:
+    return "–" if value is None else f"{value:.{digits}f}"
+
+
+def _starts_line(name: str, table: dict[str, Any]) -> str:
+    counts = ", ".join(f"{h}: {len(s)}" for h, s in table["starts"].items())
+    first = next(iter(table["starts"].values()))
+    spacing = f", every {table['stride']} frames" if table["stride"] > 1 else ""
+    sweeps = "1 sweep" if table["prefix"] == 1 else f"{table['prefix']} sweeps"
+    return (f"{name}: {sweeps} observed{spacing}; starts {first[0]}-{first[-1]} (per horizon "
+            f"{counts}):")
+
+
+def format_table(name: str, table: dict[str, Any]) -> list[str]:
+    """One setting's rows by horizon and method; the common rays' share beside each horizon."""
+    lines = ["", _starts_line(name, table), "",
+             "| horizon | common rays | method | " + " | ".join(COLUMNS.values()) + " |", "|---" * (len(COLUMNS) + 3) + "|"]
+    for horizon, rows in table["horizons"].items():
+        common = table["common_rays"][horizon]
+        for k, (method, scores) in enumerate(rows.items()):
+            cells = " | ".join(_cell(scores[c]) for c in COLUMNS)
+            first = f"{horizon} | {_cell(None if common is None else common * 100, 1)} %" if k == 0 else " | "
+            lines.append(f"| {first} | {method} | {cells} |")
+    return lines
+
+
+def format_bars(report: dict[str, Any]) -> list[str]:
+    def mark(ok: bool | None) -> str:
+        return "" if ok is None else (" ✓" if ok else " ✗")
+
+    lines = ["", "| prefix | horizon | points ÷ truth's (bar) | Chamfer ÷ better baseline (bar) | L1 ÷ moved prefix (≤ 1) |",
+             "|---|---|---|---|---|"]
+    for b in report["bars"]:
+        points = _cell(b["points_ratio"]) + (f" (≥ {b['points_limit']}){mark(b['points_pass'])}"
+                                             if "points_limit" in b else "")
+        chamfer = _cell(b["chamfer_ratio"]) + (f" (≤ {b['chamfer_limit']}){mark(b['chamfer_pass'])}"
+                                               if "chamfer_limit" in b else "")
+        lines.append(f"| {b['prefix']} | {b['horizon']} | {points} | {chamfer} | {_cell(b['l1_ratio'])}"
+                     f"{mark(b['l1_pass'])} |")
+    if report["goals"]:
+        lines += ["", "Goals (not bars): " + "; ".join(
+            f"{g['prefix']} at {g['horizon']}: Chamfer ÷ better baseline {_cell(g['chamfer_ratio'])} "
+            f"(goal ≤ {g['chamfer_goal']}){mark(g['met'])}" for g in report["goals"])]
+    return lines
+
+
 def format_real(report: dict[str, Any]) -> str:
-    """Markdown: one table per prefix length, rows by horizon and method, then the bars."""
+    """Markdown: one table per setting, rows by horizon and method, then the bars and what was skipped."""
     p = report["poses"]
     lines = [f"Real recording `{report['recording']}` ({report['sweeps']} sweeps), poses {p['source']}"
              + (f" (largest gap to the poses file {p['file_gap_m_max']:.2f} m; mean step {p['step_m_registered']:.3f} m "
                 f"registered, {p['step_m_file']:.3f} m in the file)" if "file_gap_m_max" in p else "")
-             + f"; {report['steps']} sampler steps; model's grid within the real sensor's field of view."]
-    for prefix, table in report["tables"].items():
-        lines += ["", f"Prefix {prefix} ({len(table['starts'])} starts: {', '.join(table['starts'])}):", "",
-                  "| horizon | method | " + " | ".join(COLUMNS.values()) + " |", "|---" * (len(COLUMNS) + 2) + "|"]
-        for horizon, rows in table["horizons"].items():
-            for method, scores in rows.items():
-                cells = " | ".join("–" if scores[k] is None else f"{scores[k]:.3f}" for k in COLUMNS)
-                lines.append(f"| {horizon} | {method} | {cells} |")
-    lines += ["", "| prefix | horizon | L1 ÷ moved prefix (≤ 1) | Chamfer m² ÷ better baseline | Chamfer m (NN ≤ "
-              f"{NEAR_RADIUS:.0f} m) ÷ better baseline | limit | IoU above both |", "|---|---|---|---|---|---|---|"]
-
-    def mark(ok: bool) -> str:
-        return "✓" if ok else "✗"
-
-    for b in report["bars"]:
-        lines.append(f"| {b['prefix']} | {b['horizon']} | {b['l1_ratio']:.3f} {mark(b['l1_pass'])} | "
-                     f"{b['chamfer_ratio']:.3f} {mark(b['chamfer_pass'])} | {b['chamfer_near_ratio']:.3f} "
-                     f"{mark(b['chamfer_near_pass'])} | ≤ {b['chamfer_limit']} | {mark(b['iou_pass'])} |")
+             + f"; {report['steps']} sampler steps; scored against the full-resolution sweeps."]
+    for name, table in report["tables"].items():
+        lines += format_table(f"Prefix {name}", table)
+    lines += format_bars(report)
+    for name, table in report.get("occ4d", {}).items():
+        lines += format_table(f"{name} (4D occupancy forecasting setting, future poses given)", table)
+    if report.get("skipped"):
+        lines += ["", "Skipped: " + "; ".join(report["skipped"]) + "."]
     return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     report_arguments(parser)
-    parser.add_argument("--data", default=RealSequenceConfig.data, help="recording folder (KITTI odometry layout, "
-                        "a folder with poses.json, or sweeps alone)")
+    parser.add_argument("--data", default=RealSequenceConfig.data, help="recording folder (KITTI odometry or raw "
+                        "layout, a folder with poses.json, or sweeps alone)")
     parser.add_argument("--poses", default="registered", choices=("registered", "file"))
     parser.add_argument("--prefixes", type=int, nargs="+", default=list(PREFIX_LENGTHS), help="sweeps observed")
     parser.add_argument("--horizons", type=int, nargs="+", default=list(HORIZONS), help="frames ahead (10 Hz)")
     parser.add_argument("--steps", type=int, default=None)
-    parser.add_argument("--max-starts", type=int, default=0, help="most starts per prefix length (0: all)")
+    parser.add_argument("--max-starts", type=int, default=0, help="most starts per setting (0: all)")
+    parser.add_argument("--no-occ4d", action="store_true", help="skip the 4D occupancy forecasting setting")
     parser.add_argument("--pictures", type=Path, default=None, help="write the BEV and range-image pictures here")
     args = parser.parse_args(argv)
     start_run(args)
     try:
         cfg = RealSequenceConfig(data=args.data, poses=args.poses, prefixes=tuple(args.prefixes),
-                                 horizons=tuple(args.horizons), steps=args.steps, max_starts=args.max_starts)
+                                 horizons=tuple(args.horizons), steps=args.steps, max_starts=args.max_starts,
+                                 occ4d=not args.no_occ4d)
         pipe = load_pipeline(args.model, device="cpu")
         report = evaluate_recording(pipe, cfg, seed=args.seed, pictures=args.pictures)
     except InputError as exc:  # a bad model source, recording or option; anything else is a bug
