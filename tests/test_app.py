@@ -109,7 +109,8 @@ def test_generate_world_returns_a_viewer_ply_animations_stats_and_downloads(worl
     assert stats["frames"] == 3 and stats["device"] == "cpu"
     assert stats["seconds per frame"] > 0 and 3 * stats["seconds per frame"] <= stats["seconds"] * 1.01
     assert stats["frames/s"] > 0 and stats["points per frame"] > 0
-    assert sorted(Path(p).name for p in downloads) == ["frames_kitti.zip", "world.las", "world.pcd", "world.ply"]
+    assert sorted(Path(p).name for p in downloads) == ["frames_kitti.zip", "result.mcap", "result.rrd", "world.las",
+                                                         "world.pcd", "world.ply"]
     assert len(frame_pngs) == 3
 
 

@@ -71,6 +71,8 @@ def test_generate_writes_one_file_per_frame_poses_and_the_world(release, tmp_pat
         "frame_000.bin",
         "frame_001.bin",
         "poses.json",
+        "result.mcap",
+        "result.rrd",
         "world.bin",
     ]
     meta = json.loads((out / "poses.json").read_text())
