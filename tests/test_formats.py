@@ -76,10 +76,8 @@ def test_every_writer_round_trips_points_and_ring(tmp_path, cloud, name, fmt, ex
     assert scan.points.dtype == np.float32 and scan.points.shape == points.shape
     np.testing.assert_allclose(scan.points[:, :3], points[:, :3], atol=max(atol, 1e-6), rtol=0)
     np.testing.assert_allclose(scan.points[:, 3], points[:, 3], atol=max(atol, 2e-5), rtol=0)
-    if stores_ring:
-        np.testing.assert_array_equal(scan.ring, ring)
-    else:
-        assert scan.ring is None
+    np.testing.assert_array_equal(scan.ring, ring)  # the rows of `cloud` number its beams from the top
+    assert scan.ring_source == ("file" if stores_ring else "elevation clusters")
     assert scan.dropped_nonfinite == 0
 
 
@@ -550,9 +548,12 @@ def test_organised_dump_gets_its_ring_from_the_point_order(tmp_path, order):
 def test_shuffled_cloud_is_not_mistaken_for_an_organised_one(tmp_path):
     sensor = OS1_64.with_width(512)
     xyz = (sensor.ray_directions() * 10.0).reshape(-1, 3)
-    xyz = xyz[np.random.default_rng(5).permutation(len(xyz))]
-    np.save(tmp_path / "shuffled.npy", xyz)
-    assert read_points(tmp_path / "shuffled.npy").ring is None
+    shuffle = np.random.default_rng(5).permutation(len(xyz))
+    np.save(tmp_path / "shuffled.npy", xyz[shuffle])
+    scan = read_points(tmp_path / "shuffled.npy")
+    assert scan.ring_source == "elevation clusters"
+    assert not any("organised" in n for n in scan.notes)
+    np.testing.assert_array_equal(scan.ring, np.repeat(np.arange(64), 512)[shuffle])
 
 
 @pytest.mark.parametrize("preset", [HDL64, HDL32, VLP16, OS1_64, OS1_128])
@@ -560,15 +561,18 @@ def test_detect_sensor_finds_each_preset_without_a_ring(tmp_path, preset):
     points, _ = sweep(preset, seed=6, keep=0.95)
     scan = read_points(write_points(tmp_path / "s.bin", points))
     sensor = detect_sensor(scan)
-    assert sensor is not None and sensor.name == preset.name
+    assert sensor is not None and sensor.name == f"{preset.name}-measured"
+    np.testing.assert_allclose(sensor.elevations_deg, preset.elevations_deg, atol=1e-3)
     assert sensor.width == preset.width
+    assert (sensor.min_range, sensor.max_range, sensor.mount_height) == (
+        preset.min_range, preset.max_range, preset.mount_height)
 
 
 def test_detect_sensor_measures_beams_no_preset_has():
     custom = Sensor.from_angles("gen1", np.linspace(16.6, -16.6, 64), width=1024)
     points, ring = sweep(custom, seed=7)
     sensor = detect_sensor(Scan(points=points, ring=ring))
-    assert sensor is not None and sensor.name == "measured-64" and sensor.height == 64
+    assert sensor is not None and sensor.name == "os1-64-measured" and sensor.height == 64
     np.testing.assert_allclose(sensor.elevations_deg, custom.elevations_deg, atol=1e-3)
     assert sensor.name not in PRESETS
 

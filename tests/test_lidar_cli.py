@@ -47,7 +47,7 @@ def test_info_prints_counts_coverage_scale_and_sensor(hdl32_bin, capsys):
     assert "points:      32,768" in out
     assert "360 of 360" in out
     assert "file values / 1" in out
-    assert "hdl32 (32 beams, +10.7 to -30.7 deg, 1024 columns); project keeps 100.0%" in out
+    assert "hdl32-measured (32 beams, +10.7 to -30.7 deg, 1024 columns); project keeps 100.0%" in out
 
 
 @pytest.mark.skipif(not KITTI.exists(), reason=f"shared real scans not found at {REAL_SCANS}")
@@ -61,7 +61,7 @@ def test_info_json_on_a_real_kitti_scan_matches_its_readme(capsys):
     assert info["range_m"]["max"] == pytest.approx(80, abs=0.5)
     assert info["elevation_deg"]["min"] == pytest.approx(-25.2, abs=0.1)
     assert info["azimuth_coverage_deg"] == 360
-    assert info["likely_sensor"]["name"] == "hdl64" and info["kept_fraction"] > 0.78
+    assert info["likely_sensor"]["name"] == "hdl64-measured" and info["kept_fraction"] > 0.78
 
 
 def test_convert_to_pcd_keeps_every_point(hdl32_bin, tmp_path, capsys):

@@ -21,12 +21,12 @@ REAL_SCANS = real_scans_dir()
 #: file stem prefix -> (detected sensor or None, intensity divisor, file's max intensity per the data README,
 #: lower bound on the kept fraction)
 EXPECTED = {
-    "kitti_patchworkpp": ("hdl64", 1.0, 0.99, 0.78),
-    "kitti_mmdet3d": ("hdl64", 1.0, 0.99, 0.75),
-    "kitti_pointpillars": ("hdl64", 1.0, 0.99, 0.75),
-    "nuscenes_lidaraisolution": ("hdl32", 255.0, 240.0, 0.70),
-    "ouster_oustersdk": ("os1-128", 255.0, 255.0, 0.99),
-    "ouster_secondpytorch": ("measured-64", 65535.0, 12551.0, 0.99),
+    "kitti_patchworkpp": ("hdl64-measured", 1.0, 0.99, 0.78),
+    "kitti_mmdet3d": ("hdl64-measured", 1.0, 0.99, 0.75),
+    "kitti_pointpillars": ("hdl64-measured", 1.0, 0.99, 0.75),
+    "nuscenes_lidaraisolution": ("hdl32-measured", 255.0, 240.0, 0.70),
+    "ouster_oustersdk": ("os1-128-measured", 255.0, 255.0, 0.99),
+    "ouster_secondpytorch": ("os1-64-measured", 65535.0, 12551.0, 0.99),
     "pandaset_bynow76": (None, 255.0, 255.0, None),
 }
 

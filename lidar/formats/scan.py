@@ -18,6 +18,7 @@ from pathlib import Path
 import numpy as np
 
 from lidar.errors import InputError
+from lidar.formats.rings import COLUMN_RANGE, RING_FROM_FILE, RING_FROM_ORGANISED, recover_rings
 from lidar.range_image import point_elevations
 from lidar.sensors import Sensor
 
@@ -58,7 +59,8 @@ class Scan:
 
     #: (N, 4) float32 x, y, z, intensity in [0, 1].
     points: np.ndarray
-    #: (N,) int64 beam index per point (as the file numbers it), or None when unknown.
+    #: (N,) int64 beam index per point, or None when unknown: as the file numbers it, or recovered from the
+    #: points (numbered by elevation, 0 the highest beam); `ring_source` says which.
     ring: np.ndarray | None = None
     #: Points dropped because a coordinate or the intensity was NaN/inf.
     dropped_nonfinite: int = 0
@@ -73,6 +75,9 @@ class Scan:
     columns: tuple[str, ...] = ()
     #: False when the points are evidently not in the sensor frame (origin below the sensor, e.g. PandaSet).
     sensor_frame: bool = True
+    #: How `ring` was obtained: one of `lidar.formats.rings.RING_FROM_*` ("file", "organised", "scan order",
+    #: "elevation clusters"); "" without a ring, and a ring given without a source counts as the file's.
+    ring_source: str = ""
 
     @property
     def num_points(self) -> int:
@@ -181,7 +186,8 @@ def organised_ring(xyz: np.ndarray, sensor: Sensor | None) -> tuple[np.ndarray |
     """Beam index of an organised scan (H*W points, pixel order), read off the elevation pattern.
 
     Ouster and other drivers often dump the full image without a ring column, either one azimuth column of
-    H beams after another or one beam row after another. The layout is accepted only when each candidate
+    H beams after another or one beam row after another; nuScenes keeps all 32 beams of every firing (about
+    1,090 columns, never a round number). The layout is accepted only when each candidate
     beam has a tight elevation and the beams are distinct, so an unorganised cloud is never given rings.
     """
     n = len(xyz)
@@ -191,7 +197,7 @@ def organised_ring(xyz: np.ndarray, sensor: Sensor | None) -> tuple[np.ndarray |
     elev = np.degrees(point_elevations(xyz))
     index = np.arange(n)
     for height in dict.fromkeys(heights):
-        if n % height or n // height not in STANDARD_WIDTHS:
+        if n % height or not COLUMN_RANGE[0] <= n // height <= COLUMN_RANGE[1]:
             continue
         width = n // height
         for layout, ring in (("column-major", index % height), ("row-major", index // width)):
@@ -277,9 +283,14 @@ def build_scan(
         keep &= rows
         notes.append(note)
     # 2. ring of an organised dump (one sweep), read before any row is dropped so pixel order is intact
-    elif ring is None:
-        ring, note = organised_ring(np.where(np.isfinite(xyz), xyz, 0.0), sensor)
-        if note:
+    ring_source = "" if ring is None else RING_FROM_FILE
+    if ring is None:
+        sweep = np.flatnonzero(keep)
+        organised, note = organised_ring(np.where(np.isfinite(xyz[sweep]), xyz[sweep], 0.0), sensor)
+        if organised is not None:
+            ring = np.zeros(n)
+            ring[sweep] = organised
+            ring_source = RING_FROM_ORGANISED
             notes.append(note)
     # 3. NaN/inf
     with np.errstate(invalid="ignore"):
@@ -321,6 +332,12 @@ def build_scan(
     frame_note = _sensor_frame_check(xyz)
     if frame_note:
         notes.append(frame_note)
+    # 6. the ring from the points themselves where the file has none (elevations are beam angles only here)
+    if ring_out is None and frame_note is None:
+        recovered = recover_rings(xyz)
+        if recovered is not None:
+            ring_out, ring_source = recovered.ring, recovered.source
+            notes.append(recovered.note)
     points = np.concatenate([xyz, (inten / scale)[:, None]], axis=1).astype(np.float32)
     points[:, 3] = np.clip(points[:, 3], 0.0, 1.0)
     return Scan(
@@ -333,4 +350,5 @@ def build_scan(
         notes=notes,
         columns=tuple(columns),
         sensor_frame=frame_note is None,
+        ring_source=ring_source if ring_out is not None else "",
     )

@@ -1,0 +1,244 @@
+"""Each point's beam (ring) from the points alone: the scan order where it is kept, elevation clusters otherwise.
+
+Files without a ring field still carry it. Many store a sweep ring by ring (KITTI): one beam's revolution,
+then the next, so the azimuth turns once per ring and the ring is the number of turns so far. A sweep is cut
+at one azimuth for every beam (KITTI: straight ahead, where the cameras are triggered), not at the +-180 deg
+wrap of atan2, so the turns are counted from that cut, which is found as the azimuth where consecutive points
+jump between beams. Other files keep no usable order (firing order, a shuffle, a deskewed merge); then each
+beam is a peak of the elevation histogram.
+
+An HDL-64E's upper lasers sit about 0.2 m above the optical centre, so a return at 10 m reads 1.2 deg higher
+than one at 50 m on the same beam, more than the beams' 0.33 deg spacing. Clustering therefore measures the
+elevation from a centre raised by the height that makes the histogram sharpest (0 for sensors without the
+offset), finds the beam table there, and gives every point the nearest beam.
+
+Recovered rings are numbered by elevation, 0 the highest beam, the order `lidar.sensors.Sensor` uses.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass
+
+import numpy as np
+
+from lidar.range_image import point_ranges
+
+#: How a scan's ring was obtained (`Scan.ring_source`): the file's own ring field, the pixel order of an
+#: organised H x W dump, the order a ring-by-ring sweep is stored in, or clusters of elevation.
+RING_FROM_FILE = "file"
+RING_FROM_ORGANISED = "organised"
+RING_FROM_SCAN_ORDER = "scan order"
+RING_FROM_CLUSTERS = "elevation clusters"
+
+#: The most beams any spinning LiDAR has (Ouster and Hesai top out at 128; room for 256-channel designs).
+MAX_BEAMS = 256
+#: Returns nearer than this are skipped when measuring: the sensor's blind zone and the car's own body.
+MIN_RANGE_M = 2.0
+#: Columns per revolution a spinning LiDAR can have: a scan-order step outside this is not one firing.
+COLUMN_RANGE = (64, 20_000)
+#: A sweep is stored ring by ring when this share of consecutive steps go forward by at most
+#: `_MAX_STEPS` typical steps (KITTI: 99.5 %; firing order steps 0 within a column, a shuffle anywhere).
+_MIN_FORWARD = 0.9
+_MAX_STEPS = 10.0
+#: A step this far backwards starts a new ring of a sweep cropped in azimuth (KITTI's camera-view files jump
+#: back by the crop's 80 deg); a full sweep's near returns step back at most ~7 deg.
+_RING_JUMP_BACK = np.radians(20.0)
+#: Where the sweep's cut may lie before its first point: a beam may have no return for a few degrees there.
+_CUT_SEARCH = np.radians(np.arange(-0.5, 20.0, 0.05))
+
+#: Elevation histogram for clustering (deg): bin width and smoothing, fine enough for 0.125 deg spacing.
+_BIN_DEG = 0.02
+_SMOOTH_DEG = 0.04
+#: Two peaks are one beam unless the histogram between them dips below this share of the lower peak.
+_MAX_DIP = 0.7
+#: A beam needs this many far returns (or this share of them) to count; fewer is noise between beams.
+_MIN_BEAM_POINTS = 20
+_MIN_BEAM_SHARE = 2e-4
+#: Heights (m) of the elevation centre tried: laser offsets above or below the optical centre.
+_CENTRE_HEIGHTS = np.linspace(-0.4, 0.4, 17)
+#: Far returns used to choose the centre height: enough for a sharp histogram, few enough to be quick.
+_CENTRE_SAMPLE = 20_000
+#: Clusters are beams when returns lie this close to their beam, as a share of the way to the next one
+#: (beams: 0.03-0.3; elevations spread evenly, with no beams: 0.5).
+_MAX_LOOSENESS = 0.35
+
+
+@dataclass(frozen=True)
+class Rings:
+    """Recovered rings: (N,) int64, 0 the highest beam. Every point has one, so a writer can store it; a
+    point at the origin (a no-return placeholder) gets its neighbour's in scan order, else the horizon's."""
+
+    ring: np.ndarray
+    source: str
+    note: str
+
+    @property
+    def count(self) -> int:
+        return int(self.ring.max()) + 1
+
+
+def recover_rings(xyz: np.ndarray) -> Rings | None:
+    """The rings of a sweep in its sensor frame (N, 3), from its storage order or else its elevations."""
+    return unfold_scan_order(xyz) or cluster_elevations(xyz)
+
+
+def _wrapped(angles: np.ndarray) -> np.ndarray:
+    return (angles + np.pi) % (2.0 * np.pi) - np.pi
+
+
+def ring_elevations(xyz: np.ndarray, ring: np.ndarray, count: int) -> np.ndarray:
+    """Median elevation (deg) of each ring 0..count-1: of its farther half of returns beyond `MIN_RANGE_M`
+    (a near return reads the laser's offset from the optical centre too), of all its returns when it has none
+    there, NaN when it has no returns at all."""
+    valid = np.flatnonzero((ring >= 0) & (ring < count))
+    order = valid[np.argsort(ring[valid], kind="stable")]
+    rng = point_ranges(xyz[order])
+    elev = np.degrees(np.arctan2(xyz[order, 2], np.hypot(xyz[order, 0], xyz[order, 1])))
+    bounds = np.cumsum(np.bincount(ring[order], minlength=count))
+    out = np.full(count, np.nan)
+    for k, (start, stop) in enumerate(zip(np.r_[0, bounds[:-1]], bounds, strict=True)):
+        if stop == start:
+            continue
+        r, e = rng[start:stop], elev[start:stop]
+        far = r > MIN_RANGE_M
+        if far.any():
+            r, e = r[far], e[far]
+        out[k] = np.median(e[r >= np.median(r)])
+    return out
+
+
+def _by_elevation(ring: np.ndarray, xyz: np.ndarray) -> np.ndarray:
+    """Ring labels renumbered by elevation (`ring_elevations`), highest first."""
+    count = int(ring.max()) + 1
+    medians = np.nan_to_num(ring_elevations(xyz, ring, count), nan=-np.inf)
+    rank = np.empty(count, dtype=np.int64)
+    rank[np.argsort(-medians, kind="stable")] = np.arange(count)
+    return np.where(ring >= 0, rank[np.maximum(ring, 0)], -1)
+
+
+def unfold_scan_order(xyz: np.ndarray) -> Rings | None:
+    """Rings of a sweep stored ring by ring, or None when its order is not that (see the module docstring)."""
+    xyz = np.asarray(xyz, dtype=np.float64)
+    index = np.flatnonzero(np.abs(xyz).sum(axis=1) > 0)  # a point at the origin has no azimuth
+    if len(index) < 4 * COLUMN_RANGE[0]:
+        return None
+    pts = xyz[index]
+    az = np.arctan2(pts[:, 1], pts[:, 0])
+    step = _wrapped(np.diff(az))
+    step *= 1.0 if np.median(step) >= 0 else -1.0  # the spin's direction: forward is positive
+    typical = float(np.median(step))
+    if not 2.0 * np.pi / COLUMN_RANGE[1] <= typical <= 2.0 * np.pi / COLUMN_RANGE[0]:
+        return None
+    if np.mean((step > 0) & (step <= _MAX_STEPS * typical)) < _MIN_FORWARD:
+        return None
+    back = step < -_RING_JUMP_BACK
+    segment = np.concatenate([[0], np.cumsum(back)])
+    travel = np.concatenate([[0.0], np.cumsum(np.where(back, 0.0, step))])
+    travel -= travel[np.flatnonzero(np.diff(segment, prepend=-1))][segment]  # from each segment's first point
+    elev = np.arctan2(pts[:, 2], np.hypot(pts[:, 0], pts[:, 1]))
+    cut = _cut_offset(travel, elev) if not back.any() else 0.0
+    ring = segment + np.floor((travel + cut) / (2.0 * np.pi)).astype(np.int64)
+    ring -= ring.min()
+    count = int(ring.max()) + 1
+    if not 2 <= count <= MAX_BEAMS:
+        return None
+    # a placeholder at the origin takes the ring of the point stored before it (or after, at the start)
+    full = ring[np.maximum(np.searchsorted(index, np.arange(len(xyz)), side="right") - 1, 0)]
+    boundaries = f"{int(back.sum())} jumps back" if back.any() else f"a cut {np.degrees(cut):.1f} deg before the first point"
+    note = (
+        f"ring recovered from the scan order: the points are stored ring by ring, {count} rings "
+        f"({boundaries}; {2.0 * np.pi / typical:,.0f} returns a turn)"
+    )
+    return Rings(_by_elevation(full, xyz), RING_FROM_SCAN_ORDER, note)
+
+
+def _cut_offset(travel: np.ndarray, elev: np.ndarray) -> float:
+    """How far (rad) before the first point the sweep's cut lies: where consecutive points jump most in
+    elevation, summed over every turn, is where one beam's revolution ends and the next begins."""
+    turns = int(travel[-1] // (2.0 * np.pi)) + 1
+    if turns < 2:
+        return 0.0
+    ahead = np.maximum.accumulate(travel)
+    jump = np.abs(np.diff(elev))
+    marks = 2.0 * np.pi * np.arange(1, turns + 1)[None, :] - _CUT_SEARCH[:, None]
+    at = np.searchsorted(ahead, marks)  # first point at or past each mark, per candidate cut
+    inside = (at > 0) & (at < len(travel))
+    score = np.where(inside, jump[np.clip(at - 1, 0, len(jump) - 1)], 0.0).sum(axis=1)
+    return float(_CUT_SEARCH[int(np.argmax(score))])
+
+
+def _smoothed(counts: np.ndarray, sigma_bins: float) -> np.ndarray:
+    half = int(3 * sigma_bins) + 1
+    kernel = np.exp(-0.5 * (np.arange(-half, half + 1) / sigma_bins) ** 2)
+    return np.convolve(counts, kernel / kernel.sum(), mode="same")
+
+
+def _elevations_from(rho: np.ndarray, z: np.ndarray, height: float) -> np.ndarray:
+    """Elevation (deg) of each point (horizontal distance `rho`, height `z`) seen from `height` m up."""
+    return np.degrees(np.arctan2(z - height, rho))
+
+
+def _centre_height(rho: np.ndarray, z: np.ndarray) -> float:
+    """The height above the origin from which the far returns' elevations cluster most sharply."""
+    step = max(1, len(rho) // _CENTRE_SAMPLE)
+    rho, z = rho[::step], z[::step]
+
+    def sharpness(height: float) -> float:
+        elev = _elevations_from(rho, z, height)
+        counts = np.bincount(((elev - elev.min()) / (2 * _BIN_DEG)).astype(np.int64))
+        return float(np.dot(counts, counts))
+
+    return float(max(_CENTRE_HEIGHTS, key=sharpness))
+
+
+def _beam_table(elev: np.ndarray) -> np.ndarray:
+    """Ascending beam elevations (deg): the peaks of the smoothed histogram that a deep enough dip separates."""
+    edges = np.arange(elev.min() - 5 * _BIN_DEG, elev.max() + 6 * _BIN_DEG, _BIN_DEG)
+    counts = np.histogram(elev, bins=edges)[0].astype(np.float64)
+    smooth = _smoothed(counts, _SMOOTH_DEG / _BIN_DEG)
+    peaks = list(np.flatnonzero((smooth[1:-1] > smooth[:-2]) & (smooth[1:-1] >= smooth[2:])) + 1)
+    while len(peaks) > 1:
+        dips = [smooth[a : b + 1].min() / min(smooth[a], smooth[b]) for a, b in itertools.pairwise(peaks)]
+        worst = int(np.argmax(dips))
+        if dips[worst] <= _MAX_DIP:
+            break
+        a, b = peaks[worst], peaks[worst + 1]
+        peaks.pop(worst + 1 if smooth[a] >= smooth[b] else worst)
+    cuts = np.array([edges[a + int(np.argmin(smooth[a : b + 1]))] + _BIN_DEG for a, b in itertools.pairwise(peaks)])
+    label = np.searchsorted(cuts, elev)
+    sizes = np.bincount(label, minlength=len(peaks))
+    kept = np.flatnonzero(sizes >= max(_MIN_BEAM_POINTS, _MIN_BEAM_SHARE * len(elev)))
+    order = np.argsort(label, kind="stable")
+    groups = np.split(elev[order], np.cumsum(sizes)[:-1])
+    return np.array([np.median(groups[k]) for k in kept])
+
+
+def _nearest(elev: np.ndarray, beams: np.ndarray) -> np.ndarray:
+    """Index of the nearest of the ascending `beams` for each elevation."""
+    return np.searchsorted(0.5 * (beams[1:] + beams[:-1]), elev)
+
+
+def cluster_elevations(xyz: np.ndarray) -> Rings | None:
+    """Rings from the peaks of the elevation histogram, or None when the elevations show no beams."""
+    xyz = np.asarray(xyz, dtype=np.float64)
+    rho, z = np.hypot(xyz[:, 0], xyz[:, 1]), xyz[:, 2]
+    far = np.hypot(rho, z) > MIN_RANGE_M
+    if far.sum() < 100:
+        return None
+    height = _centre_height(rho[far], z[far])
+    elev = _elevations_from(rho, z, height)
+    beams = _beam_table(elev[far])
+    if not 2 <= len(beams) <= MAX_BEAMS:
+        return None
+    nearest = _nearest(elev, beams)
+    gap = np.diff(beams)
+    reach = np.minimum(np.r_[gap, np.inf], np.r_[np.inf, gap])[nearest[far]]
+    looseness = float(np.median(np.abs(elev[far] - beams[nearest[far]]) / reach))
+    if looseness > _MAX_LOOSENESS:
+        return None
+    note = (
+        f"ring recovered from elevation clusters: {len(beams)} beams, "
+        f"elevations measured from {height:+.2f} m above the origin"
+    )
+    return Rings((len(beams) - 1 - nearest).astype(np.int64), RING_FROM_CLUSTERS, note)
