@@ -86,7 +86,7 @@ from inference.observed import ObservedScene, check_inside, observe, record_pref
 from inference.results4d import write_views
 from lidar import render
 from lidar.cancel import Cancelled, checkpoint, stop_when
-from lidar.errors import InputError
+from lidar.errors import InputError, shown
 from lidar.formats import (
     READ_SUFFIXES,
     Scan,
@@ -117,7 +117,7 @@ MAX_TOPIC_CHARS = 200
 #: (an Ouster 128x2048 with two returns); every point costs worker time, ~1 s a million here, and an LZF
 #: stream of back-references declares the readers' own 5 M limit in 1 MB.
 MAX_UPLOAD_POINTS = 1_000_000
-MAX_SEED = 2**31 - 1
+MAX_SEED = APP_LIMITS.max_seed
 # Generation holds the model: one at a time per replica, and a bounded wait list so memory stays bounded.
 GENERATION_CONCURRENCY = 1
 QUEUE_MAX_SIZE = 16
@@ -183,9 +183,9 @@ def _whole_number(value: Any, name: str, lo: int, hi: int) -> int:
     try:
         number = float(value)
     except (TypeError, ValueError):
-        raise gr.Error(f"{name} must be a whole number from {lo} to {hi}; got {value!r}.") from None
+        raise gr.Error(f"{name} must be a whole number from {lo} to {hi}; got {shown(value)}.") from None
     if not math.isfinite(number) or number != int(number) or not lo <= number <= hi:
-        raise gr.Error(f"{name} must be a whole number from {lo} to {hi}; got {value!r}.")
+        raise gr.Error(f"{name} must be a whole number from {lo} to {hi}; got {shown(value)}.")
     return int(number)
 
 
@@ -202,15 +202,15 @@ def _real_number(value: Any, name: str, lo: float, hi: float) -> float:
     try:
         number = float(value)
     except (TypeError, ValueError):
-        raise gr.Error(f"{name} must be a number from {lo} to {hi}; got {value!r}.") from None
+        raise gr.Error(f"{name} must be a number from {lo} to {hi}; got {shown(value)}.") from None
     if not math.isfinite(number) or not lo <= number <= hi:
-        raise gr.Error(f"{name} must be a number from {lo} to {hi}; got {value!r}.")
+        raise gr.Error(f"{name} must be a number from {lo} to {hi}; got {shown(value)}.")
     return number
 
 
 def _choice(value: Any, name: str, choices: dict[str, str] | tuple[str, ...]) -> str:
     if value not in choices:
-        raise gr.Error(f"{name} must be one of {', '.join(map(repr, choices))}; got {value!r}.")
+        raise gr.Error(f"{name} must be one of {', '.join(map(repr, choices))}; got {shown(value)}.")
     return choices[value] if isinstance(choices, dict) else value
 
 
@@ -220,14 +220,14 @@ def _upload_path(upload: str | Path | None, suffixes: tuple[str, ...] = READ_SUF
         raise gr.Error("No scan uploaded: drop a .bin, .pcd, .ply, .npy or .las file on 'Scan'.")
     path = Path(upload)
     if not path.is_file():
-        raise gr.Error(f"The uploaded file {path.name!r} could not be found on the server; upload it again.")
+        raise gr.Error(f"The uploaded file {shown(path.name)} could not be found on the server; upload it again.")
     size = path.stat().st_size
     if size == 0:
-        raise gr.Error(f"{path.name!r} is empty (0 bytes); expected a LiDAR scan.")
+        raise gr.Error(f"{shown(path.name)} is empty (0 bytes); expected a LiDAR scan.")
     if size > MAX_UPLOAD_MB * 1024 * 1024:
-        raise gr.Error(f"{path.name!r} is {size / 2**20:.1f} MB; uploads are limited to {MAX_UPLOAD_MB} MB.")
+        raise gr.Error(f"{shown(path.name)} is {size / 2**20:.1f} MB; uploads are limited to {MAX_UPLOAD_MB} MB.")
     if path.suffix.lower() not in suffixes:
-        raise gr.Error(f"{path.name!r} has an unsupported extension; expected one of {', '.join(suffixes)}.")
+        raise gr.Error(f"{shown(path.name)} has an unsupported extension; expected one of {', '.join(suffixes)}.")
     return path
 
 

@@ -23,14 +23,17 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import math
 import os
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import psutil
 
+from inference.limits import LIBRARY_LIMITS
 from inference.observed import ObservedScene, check_inside, observe, record_prefix, shifted_path
 from inference.pipeline import (
     MAX_FRAMES,
@@ -42,7 +45,7 @@ from inference.pipeline import (
 )
 from inference.results4d import BoxSource, write_views
 from inference.rollout import Progress, RolloutResult
-from lidar.errors import InputError
+from lidar.errors import InputError, shown
 from lidar.sim import ACTIONS, STYLES, make_world
 from lidar.sim.world import World
 
@@ -57,6 +60,7 @@ def main(argv: list[str] | None = None, started: float | None = None) -> int:
         level=logging.INFO if args.verbose else logging.WARNING, format="%(levelname)s %(name)s: %(message)s"
     )
     try:
+        _check_arguments(args)
         return args.run(args, started)
     except InputError as exc:  # bad input: one line, no traceback (a bug keeps its traceback and exit 1)
         print(f"error: {' '.join(str(exc).split())}", file=sys.stderr)
@@ -240,6 +244,40 @@ def _write(
     )
 
 
+def _number(parse: Callable[[str], Any], what: str) -> Callable[[str], Any]:
+    """An argparse type: the text parsed by `parse` (finite, for floats), or a usage error quoting it capped
+    (argparse's own would echo a 5,000-digit argument whole)."""
+
+    def convert(text: str) -> Any:
+        try:
+            value = parse(text)
+        except (ValueError, OverflowError):
+            value = None
+        if value is None or (isinstance(value, float) and not math.isfinite(value)):
+            raise argparse.ArgumentTypeError(f"expected {what}, got {shown(text)}")
+        return value
+
+    return convert
+
+
+_WHOLE = _number(int, "a whole number")
+_FINITE = _number(float, "a finite number")
+
+
+def _check_arguments(args: argparse.Namespace) -> None:
+    """The command's numbers against the library's limits (`inference.limits`), before anything is read or
+    allocated: `--frames 1000000000000` would ask for 116 TiB of poses."""
+    checks = {"frames": LIBRARY_LIMITS.check_frames, "seed": LIBRARY_LIMITS.check_seed,
+              "map_seed": LIBRARY_LIMITS.check_seed}
+    for name, check in checks.items():
+        if getattr(args, name, None) is not None:
+            check(getattr(args, name), "--" + name.replace("_", "-"))
+    if getattr(args, "steps", None) is not None:
+        LIBRARY_LIMITS.check_steps(args.steps)
+    if getattr(args, "guidance", None) is not None:
+        LIBRARY_LIMITS.check_guidance(args.guidance)
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m inference", description=__doc__.split("\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -276,20 +314,20 @@ def _parser() -> argparse.ArgumentParser:
 
     def rollout_args(p: argparse.ArgumentParser) -> None:
         p.add_argument("--action", default="straight", choices=ACTIONS)
-        p.add_argument("--frames", type=int, default=8, help=f"1..{MAX_FRAMES}")
+        p.add_argument("--frames", type=_WHOLE, default=8, help=f"1..{MAX_FRAMES}")
         sampling_args(p)
         output_args(p)
 
     def sampling_args(p: argparse.ArgumentParser) -> None:
         p.add_argument(
             "--steps",
-            type=int,
+            type=_WHOLE,
             default=None,
             help=f"sampler steps per frame, 1..{MAX_STEPS} (default: the model's)",
         )
-        p.add_argument("--seed", type=int, default=0)
+        p.add_argument("--seed", type=_WHOLE, default=0)
         p.add_argument(
-            "--guidance", type=float, default=None, help="classifier-free guidance (default: the model's)"
+            "--guidance", type=_FINITE, default=None, help="classifier-free guidance (default: the model's)"
         )
 
     def output_args(p: argparse.ArgumentParser) -> None:
@@ -299,7 +337,7 @@ def _parser() -> argparse.ArgumentParser:
 
     gen = sub.add_parser("generate", help="roll out a drive through a procedural world")
     common(gen)
-    gen.add_argument("--map-seed", type=int, default=0, help="procedural world seed")
+    gen.add_argument("--map-seed", type=_WHOLE, default=0, help="procedural world seed")
     gen.add_argument("--style", default="urban", choices=STYLES)
     rollout_args(gen)
     gen.set_defaults(run=_generate)
@@ -325,14 +363,15 @@ def _parser() -> argparse.ArgumentParser:
     observed_args(rs)
     rs.add_argument(
         "--shift",
-        type=float,
+        type=_FINITE,
         nargs=2,
         default=(0.0, 0.0),
         metavar=("DX", "DY"),
         help="metres forward and left of each observed pose",
     )
-    rs.add_argument("--yaw", type=float, default=0.0, help="degrees, counter-clockwise seen from above")
-    rs.add_argument("--frames", type=int, default=None, help="poses along the path (default: one per scan)")
+    rs.add_argument("--yaw", type=_FINITE, default=0.0, help="degrees, counter-clockwise seen from above")
+    rs.add_argument("--frames", type=_WHOLE, default=None,
+                    help=f"poses along the path, 1..{MAX_FRAMES} (default: one per scan)")
     sampling_args(rs)
     output_args(rs)
     rs.set_defaults(run=_resimulate)

@@ -19,7 +19,7 @@ from typing import Any, NoReturn
 
 import numpy as np
 
-from lidar.errors import InputError
+from lidar.errors import InputError, shown
 from lidar.formats import (
     PointCloudError,
     Scan,
@@ -63,7 +63,7 @@ def _extent_metres(text: str) -> float:
     except ValueError:
         value = float("nan")
     if not 0 < value <= MAX_EXTENT_M:
-        raise argparse.ArgumentTypeError(f"expected a number of metres in (0, {MAX_EXTENT_M:g}], got {text!r}")
+        raise argparse.ArgumentTypeError(f"expected a number of metres in (0, {MAX_EXTENT_M:g}], got {shown(text)}")
     return value
 
 

@@ -12,6 +12,8 @@ from typing import Any
 
 import numpy as np
 
+from lidar.errors import shown
+
 
 @dataclass(frozen=True)
 class Sensor:
@@ -207,5 +209,5 @@ def get_sensor(name: str) -> Sensor:
     key = name.strip().lower()
     key = _ALIASES.get(key, key)
     if key not in PRESETS:
-        raise ValueError(f"unknown sensor {name!r}; expected one of {sorted(PRESETS)} (or aliases {sorted(_ALIASES)})")
+        raise ValueError(f"unknown sensor {shown(name)}; expected one of {sorted(PRESETS)} (or aliases {sorted(_ALIASES)})")
     return PRESETS[key]

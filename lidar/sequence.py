@@ -79,6 +79,13 @@ KITTI_RAW_TIMES_FILE = Path("velodyne_points") / "timestamps.txt"
 #: KITTI camera 0 from Velodyne, axes only: x_cam = -y_velo, y_cam = -z_velo, z_cam = x_velo.
 NOMINAL_KITTI_TR = np.array([[0.0, -1.0, 0.0, 0.0], [0.0, 0.0, -1.0, 0.0], [1.0, 0.0, 0.0, 0.0], [0.0, 0.0, 0.0, 1.0]])
 _FRAME_NUMBER = re.compile(r"(\d+)$")
+#: A KITTI raw clock time: date and whole seconds, then up to nine digits of fraction.
+_CLOCK_TIME = re.compile(r"(\S+[ T]\d{1,2}:\d{2}:\d{2})(?:\.(\d{1,9}))?")
+#: Clock times a timestamps.txt may hold (datetime64[ns], which the drive's seconds are read in, wraps past 2262).
+CLOCK_RANGE = (np.datetime64("1900-01-01T00:00:00", "s"), np.datetime64("2200-01-01T00:00:00", "s"))
+#: Largest |seconds| a times.txt may hold: Unix time reaches 1.8e9 in 2027; at 1e10 float64 still resolves
+#: microseconds, and a time of 1e308 s would overflow the first difference taken.
+MAX_TIME_S = 1e10
 #: Longest base name, in bytes, a zip member may have: what Linux file systems hold (NAME_MAX).
 MAX_NAME_BYTES = 255
 #: Zip members are inflated this many bytes at a time, with a cancellation check between chunks.
@@ -527,6 +534,11 @@ def _kitti_times(path: Path, names: Sequence[str]) -> np.ndarray:
     numbers = frame_numbers(names) or list(range(len(names)))
     if max(numbers) >= len(values) or not np.isfinite(values).all():
         raise PointCloudError(f"{path}: {len(values)} finite times, but the sweeps need frame {max(numbers)}")
+    if np.abs(values).max() > MAX_TIME_S:
+        raise PointCloudError(
+            f"{path}: a time of {np.abs(values).max():.3g} s; expected seconds within {MAX_TIME_S:.0e} of zero "
+            "(KITTI counts from the drive's start)"
+        )
     return values[numbers]
 
 
@@ -535,14 +547,37 @@ def _kitti_raw_times(path: Path, names: Sequence[str]) -> np.ndarray:
     number), counted from the first line."""
     expected = "a KITTI raw timestamps.txt (one 'YYYY-MM-DD HH:MM:SS.fffffffff' per line)"
     lines = [line.strip() for line in read_text_file(path, "timestamps.txt", expected).splitlines() if line.strip()]
-    try:
-        clock = np.array([np.datetime64(line.replace(" ", "T"), "ns") for line in lines])
-    except ValueError:
-        raise PointCloudError(f"{path}: not {expected}") from None
+    seconds = _clock_seconds(path, lines, expected)
     numbers = frame_numbers(names) or list(range(len(names)))
-    if not len(clock) or np.isnat(clock).any() or max(numbers) >= len(clock):
-        raise PointCloudError(f"{path}: {len(clock)} clock times, but the sweeps need frame {max(numbers)}")
-    return (clock[numbers] - clock[0]).astype(np.int64) / 1e9
+    if max(numbers) >= len(seconds):
+        raise PointCloudError(f"{path}: {len(seconds)} clock times, but the sweeps need frame {max(numbers)}")
+    return seconds[numbers]
+
+
+def _clock_seconds(path: Path, lines: list[str], expected: str) -> np.ndarray:
+    """Seconds of each clock time from the first, the whole seconds and the nanoseconds parsed apart.
+
+    A clock time outside `CLOCK_RANGE` is refused: NumPy's nanosecond clock holds 1678-2262 and wraps
+    silently past it (year 9999 would read as 1816).
+    """
+    whole, nanos = [], []
+    for number, line in enumerate(lines, 1):
+        match = _CLOCK_TIME.fullmatch(line)
+        try:
+            clock = np.datetime64(match.group(1).replace(" ", "T"), "s") if match else None
+        except ValueError:
+            clock = None
+        if clock is None or not CLOCK_RANGE[0] <= clock < CLOCK_RANGE[1]:
+            raise PointCloudError(
+                f"{path}: line {number} ({shown(line)}) is not a clock time from {CLOCK_RANGE[0]} to "
+                f"{CLOCK_RANGE[1]}; expected {expected}"
+            )
+        whole.append(clock)
+        nanos.append(int((match.group(2) or "").ljust(9, "0")))
+    if not whole:
+        raise PointCloudError(f"{path}: no clock times; expected {expected}")
+    clocks, fractions = np.array(whole, dtype="datetime64[s]"), np.array(nanos, dtype=np.int64)
+    return (clocks - clocks[0]).astype(np.int64) + (fractions - fractions[0]) / 1e9
 
 
 def _kitti_tr(calib: str | Path | None) -> np.ndarray:

@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 
 from lidar.cancel import checkpoint
-from lidar.errors import native_panic
+from lidar.errors import MAX_SHOWN_CHARS, capped, native_panic
 from lidar.formats.arrays import NPY_MAGIC, read_npy, read_npz, write_npy, write_npz
 from lidar.formats.binary import read_bin, write_bin
 from lidar.formats.las import read_las, write_las
@@ -68,8 +68,11 @@ def read_points(path: str | Path, sensor: Sensor | None = None) -> Scan:
     """
     path = Path(path)
     started = time.perf_counter()
-    size = check_file_size(path)
-    kind = _sniff(path)
+    try:
+        size = check_file_size(path)
+        kind = _sniff(path)
+    except OSError as err:  # a name the file system refuses (too long), no permission to read it
+        raise PointCloudError(f"{capped(str(path), MAX_SHOWN_CHARS)}: cannot be read ({err.strerror or err})") from None
     suffix = path.suffix.lower()
     if kind is None and suffix not in (".bin", ""):
         raise PointCloudError(
