@@ -4,6 +4,8 @@ The command line and the app share these steps, so a scene behaves the same wher
 1. read the sweeps (`lidar.sequence.read_sequence`: files, a folder or a zip, in frame order);
 2. pose them: from a poses file (KITTI poses.txt or our poses.json), else by registering them with KISS-ICP
    (`lidar.registration`) when there are several, else the one sweep sits at the identity;
+   both in a worker process with bounded memory, CPU and time (`lidar.sandbox`), since the files may be
+   anyone's;
 3. for re-simulation, build the shifted / rotated path and refuse one that leaves the observed area.
 """
 
@@ -21,11 +23,12 @@ import numpy as np
 from scipy.spatial.transform import Rotation, Slerp
 
 from inference.pipeline import POSES_NAME
+from lidar import sandbox
 from lidar.errors import InputError
 from lidar.formats import Scan
-from lidar.registration import Registration, register_sweeps
+from lidar.registration import Registration
 from lidar.sensors import Sensor
-from lidar.sequence import frame_numbers, read_sequence
+from lidar.sequence import frame_numbers
 from lidar.vocabulary import FRAME_RATE_HZ, transform_points
 
 logger = logging.getLogger(__name__)
@@ -89,18 +92,18 @@ def observe(
     what a recording container holding several streams is read for (a bag's PointCloud2 topic).
 
     `poses` and `register=True` exclude each other. Raises an `InputError` (a `PointCloudError` for files, a
-    `RegistrationError` for sweeps that do not belong together) naming what was wrong.
+    `RegistrationError` for sweeps that do not belong together, `lidar.sandbox.OverLimits` for files past the
+    worker's limits) naming what was wrong.
     """
     if poses is not None and register:
         raise InputError("give either a poses file or ask for registration, not both")
-    # 1. read, in frame order (a folder or zip may bring its own poses file)
-    seq = read_sequence(sources, sensor=sensor, poses=poses, topic=topic)
-    # 2. pose
-    if seq.poses is not None and not register:
-        return ObservedScene(seq.scans, seq.names, seq.poses, "file", recorded_times=seq.times)
-    if len(seq.scans) == 1 and not register:
+    # 1. read, in frame order (a folder or zip may bring its own poses file), and 2. register if need be
+    seq, registration = sandbox.read_sequence(sources, sensor=sensor, poses=poses, register=register or None,
+                                             topic=topic)
+    if registration is None:
+        if seq.poses is not None:
+            return ObservedScene(seq.scans, seq.names, seq.poses, "file", recorded_times=seq.times)
         return ObservedScene(seq.scans, seq.names, np.eye(4)[None], "single", recorded_times=seq.times)
-    registration = register_sweeps(seq.scans, names=seq.names)
     logger.info("registered %d sweeps in %.2f s", len(seq.scans), registration.seconds.sum())
     return ObservedScene(seq.scans, seq.names, registration.poses, "registered", registration, seq.times)
 

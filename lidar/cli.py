@@ -4,8 +4,10 @@
     python -m lidar convert IN OUT [--sensor S] [--topic T] [--sweeps START:STOP]
     python -m lidar render FILE --out PNG [--view bev|range] [--sensor S]
 
-Bad input (an `InputError`: a file that is not a sweep, an unknown sensor, an unwritable output) prints one
-`lidar: error: ...` line to stderr and exits with status 2. Anything else is a bug and ends in a traceback
+Files are read in a worker process with bounded memory, CPU and time (`lidar.sandbox`), so a file that
+crashes its decoder or needs more than the reader's limits is bad input too. Bad input (an `InputError`: a
+file that is not a sweep, an unknown sensor, an unwritable output) prints one `lidar: error: ...` line to
+stderr and exits with status 2. Anything else is a bug and ends in a traceback
 with status 1, so it is reported rather than passed off as the user's mistake.
 """
 
@@ -25,13 +27,13 @@ from lidar.formats import (
     Scan,
     azimuth_coverage_deg,
     detect_sensor,
-    read_points,
     write_points,
 )
 from lidar.formats.io import format_for
 from lidar.range_image import beam_rows, point_elevations, project
 from lidar.recordings import is_container, open_container
 from lidar.recordings.convert import BAG_SUFFIXES, convert_recording, print_recording, summarize_recording
+from lidar.sandbox import read_points
 from lidar.sensors import PRESETS, Sensor, get_sensor
 
 EXIT_USAGE = 2

@@ -40,6 +40,11 @@ logger = logging.getLogger(__name__)
 
 #: A sweep with fewer registration keypoints than this cannot be scored (nor registered) reliably.
 MIN_KEYPOINTS = 100
+#: A sweep with more keypoints than this is refused before ICP runs. Real sweeps have a few thousand (KITTI
+#: 2.4 k, an Ouster OS-1-128 3.1 k, PandaSet 6.8 k): their points lie on surfaces, so voxels thin them. A
+#: cloud of random points fills space and keeps one keypoint a point, and ICP's time grows with them (two
+#: sweeps of 50 k random points: 9.5 s; of 150 k: 25 s, holding the GIL).
+MAX_KEYPOINTS = 20_000
 
 
 class RegistrationError(InputError):
@@ -143,6 +148,7 @@ def register_sweeps(
         cloud = _xyz(sweeps[i], _name(names, i))
         previous_map = icp.local_map.point_cloud()
         sigma[i] = icp.adaptive_threshold.get_threshold()
+        _check_keypoints(icp, cloud, _name(names, i), config)
         _, keypoints = icp.register_frame(cloud, np.empty(0))
         poses[i] = icp.last_pose
         if len(keypoints) < MIN_KEYPOINTS:
@@ -165,6 +171,16 @@ def register_sweeps(
                 f"{config.min_fitness}; expected consecutive sweeps of one drive, in recording order"
             )
     return Registration(poses=poses, fitness=fitness, rmse=rmse, sigma=sigma, seconds=seconds)
+
+
+def _check_keypoints(icp: KissICP, cloud: np.ndarray, name: str, config: RegisterConfig) -> None:
+    """Refuse a sweep whose keypoints (KISS-ICP's own range filter and voxels, a few ms) pass `MAX_KEYPOINTS`."""
+    keypoints, _ = icp.voxelize(icp.preprocessor.preprocess(cloud, np.empty(0), icp.last_delta))
+    if len(keypoints) > MAX_KEYPOINTS:
+        raise RegistrationError(
+            f"{name} has {len(keypoints):,} registration points after {1.5 * config.voxel_size:g} m voxels; a LiDAR "
+            f"sweep has a few thousand and at most {MAX_KEYPOINTS:,} are registered (random points, or a merged map?)"
+        )
 
 
 def _score(keypoints: np.ndarray, pose: np.ndarray, world_map: np.ndarray, inlier: float) -> tuple[float, float]:

@@ -185,6 +185,20 @@ def laz_bomb(path: Path) -> Path:
     return path
 
 
+def laz_corrupt_chunk_table(path: Path) -> Path:
+    """A real 5,000-point LAZ with the first byte of its compressed chunk table flipped: lazrs raises a Rust
+    panic ("capacity overflow"), a `BaseException` that `except Exception` misses."""
+    las = laspy.LasData(laspy.LasHeader(point_format=0, version="1.4"))
+    rng = np.random.default_rng(0)
+    las.x, las.y, las.z = rng.uniform(-30, 30, 5000), rng.uniform(-30, 30, 5000), rng.uniform(-2, 2, 5000)
+    las.write(path)
+    blob = bytearray(path.read_bytes())
+    table = struct.unpack_from("<q", blob, struct.unpack_from("<I", blob, 96)[0])[0]  # LAZ's chunk-table offset
+    blob[table + 8] ^= 0xFF  # after the table's version and chunk count
+    path.write_bytes(bytes(blob))
+    return path
+
+
 def ply_bomb(path: Path) -> Path:
     """An ASCII PLY announcing 4 million vertices (under the point limit) followed by 20 MB of one-value lines:
     splitting every line of the body first costs ~25x its size in Python strings."""

@@ -28,6 +28,7 @@ import numpy as np
 import pytest
 import torch
 from PIL import Image
+from starlette.datastructures import Headers
 
 import app
 import app_policy
@@ -775,7 +776,7 @@ class _FakeQueue:
         self.event_ids_to_events = {}
         for i, host in enumerate(hosts):
             peer, _, forwarded = host.partition("|")
-            request = SimpleNamespace(client=SimpleNamespace(host=peer), headers={"x-forwarded-for": forwarded})
+            request = SimpleNamespace(client=SimpleNamespace(host=peer), headers=Headers({"x-forwarded-for": forwarded}))
             self.event_ids_to_events[str(i)] = SimpleNamespace(request=request)
 
 
