@@ -82,8 +82,8 @@ def _width(points_per_beam: float) -> int:
 def measured_width(points: np.ndarray, rows: np.ndarray) -> int:
     """Columns per revolution: a full turn over the median azimuth step between neighbouring returns of a ring.
 
-    Missing returns only lengthen some steps, so the median is one firing's step wherever most of a ring
-    returns; a width within 0.5 % of a standard one is taken as that one.
+    Missing returns only lengthen some steps, so the median of the steps short of a gap is one firing's
+    step wherever most of a ring returns; a width within 0.5 % of a standard one is taken as that one.
     """
     valid = (rows >= 0) & (np.abs(points[:, :3]).sum(axis=1) > 0)
     az = np.arctan2(points[valid, 1], points[valid, 0])
@@ -94,7 +94,9 @@ def measured_width(points: np.ndarray, rows: np.ndarray) -> int:
     step = step[(ring[1:] == ring[:-1]) & (step > _SAME_FIRING)]
     if step.size == 0:
         return STANDARD_WIDTHS[0]
-    width = float(np.clip(2.0 * np.pi / np.median(step), *COLUMN_RANGE))
+    typical = np.median(step)
+    typical = np.median(step[step < 1.5 * typical])  # without the gaps of missing returns, which bias it up
+    width = float(np.clip(2.0 * np.pi / typical, *COLUMN_RANGE))
     standard = min(STANDARD_WIDTHS, key=lambda w: abs(w - width))
     return standard if abs(standard - width) <= _SNAP_WIDTH * standard else round(width)
 

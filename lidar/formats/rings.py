@@ -41,9 +41,11 @@ COLUMN_RANGE = (64, 20_000)
 #: `_MAX_STEPS` typical steps (KITTI: 99.5 %; firing order steps 0 within a column, a shuffle anywhere).
 _MIN_FORWARD = 0.9
 _MAX_STEPS = 10.0
-#: A step this far backwards starts a new ring of a sweep cropped in azimuth (KITTI's camera-view files jump
-#: back by the crop's 80 deg); a full sweep's near returns step back at most ~7 deg.
-_RING_JUMP_BACK = np.radians(20.0)
+#: A step this far backwards passes over azimuths without returns (KITTI's camera-view files jump back by
+#: the crop's 80 deg, each ring covering only the view); a full sweep's near returns step back at most ~7 deg.
+_UNSEEN_JUMP = np.radians(20.0)
+#: Fewer returns than this past the last full ring are that ring's, scattered across the cut by jitter.
+_MIN_RING_POINTS = 5
 #: Where the sweep's cut may lie before its first point: a beam may have no return for a few degrees there.
 _CUT_SEARCH = np.radians(np.arange(-0.5, 20.0, 0.05))
 
@@ -59,9 +61,9 @@ _MIN_BEAM_SHARE = 2e-4
 _CENTRE_HEIGHTS = np.linspace(-0.4, 0.4, 17)
 #: Far returns used to choose the centre height: enough for a sharp histogram, few enough to be quick.
 _CENTRE_SAMPLE = 20_000
-#: Clusters are beams when returns lie this close to their beam, as a share of the way to the next one
-#: (beams: 0.03-0.3; elevations spread evenly, with no beams: 0.5).
-_MAX_LOOSENESS = 0.35
+#: Clusters are beams when the histogram between neighbours falls at least this far (median over the
+#: neighbours): 0-0.36 on every shared scan, 0.6 or more for elevations spread without beams.
+_MAX_MEDIAN_DIP = 0.5
 
 
 @dataclass(frozen=True)
@@ -132,40 +134,41 @@ def unfold_scan_order(xyz: np.ndarray) -> Rings | None:
         return None
     if np.mean((step > 0) & (step <= _MAX_STEPS * typical)) < _MIN_FORWARD:
         return None
-    back = step < -_RING_JUMP_BACK
-    segment = np.concatenate([[0], np.cumsum(back)])
-    travel = np.concatenate([[0.0], np.cumsum(np.where(back, 0.0, step))])
-    travel -= travel[np.flatnonzero(np.diff(segment, prepend=-1))][segment]  # from each segment's first point
+    # a step far backwards crosses azimuths without returns (a crop to a camera's view): the head turned on
+    back = step < -_UNSEEN_JUMP
+    travel = np.concatenate([[0.0], np.cumsum(np.where(back, step + 2.0 * np.pi, step))])
     elev = np.arctan2(pts[:, 2], np.hypot(pts[:, 0], pts[:, 1]))
-    cut = _cut_offset(travel, elev) if not back.any() else 0.0
-    ring = segment + np.floor((travel + cut) / (2.0 * np.pi)).astype(np.int64)
-    ring -= ring.min()
+    cut = _cut_offset(travel, elev)
+    ring = np.maximum(np.floor((travel + cut) / (2.0 * np.pi)).astype(np.int64), 0)  # jitter before the cut
     count = int(ring.max()) + 1
+    if count > 1 and (ring == count - 1).sum() < _MIN_RING_POINTS:  # jitter past the last beam's end
+        count -= 1
+        ring = np.minimum(ring, count - 1)
     if not 2 <= count <= MAX_BEAMS:
         return None
     # a placeholder at the origin takes the ring of the point stored before it (or after, at the start)
     full = ring[np.maximum(np.searchsorted(index, np.arange(len(xyz)), side="right") - 1, 0)]
-    boundaries = f"{int(back.sum())} jumps back" if back.any() else f"a cut {np.degrees(cut):.1f} deg before the first point"
+    crop = f"; {int(back.sum())} jumps over azimuths without returns" if back.any() else ""
     note = (
-        f"ring recovered from the scan order: the points are stored ring by ring, {count} rings "
-        f"({boundaries}; {2.0 * np.pi / typical:,.0f} returns a turn)"
+        f"ring recovered from the scan order: the points are stored ring by ring, {count} rings from a cut "
+        f"{np.degrees(cut):.1f} deg before the first point ({2.0 * np.pi / typical:,.0f} returns a turn{crop})"
     )
     return Rings(_by_elevation(full, xyz), RING_FROM_SCAN_ORDER, note)
 
 
 def _cut_offset(travel: np.ndarray, elev: np.ndarray) -> float:
     """How far (rad) before the first point the sweep's cut lies: where consecutive points jump most in
-    elevation, summed over every turn, is where one beam's revolution ends and the next begins."""
+    elevation, summed over every turn, is where one beam's revolution ends and the next begins. Cuts that
+    tie (all in a gap without returns) give their middle."""
     turns = int(travel[-1] // (2.0 * np.pi)) + 1
-    if turns < 2:
-        return 0.0
     ahead = np.maximum.accumulate(travel)
     jump = np.abs(np.diff(elev))
     marks = 2.0 * np.pi * np.arange(1, turns + 1)[None, :] - _CUT_SEARCH[:, None]
     at = np.searchsorted(ahead, marks)  # first point at or past each mark, per candidate cut
     inside = (at > 0) & (at < len(travel))
     score = np.where(inside, jump[np.clip(at - 1, 0, len(jump) - 1)], 0.0).sum(axis=1)
-    return float(_CUT_SEARCH[int(np.argmax(score))])
+    best = np.flatnonzero(score >= score.max() - 1e-12)
+    return float(_CUT_SEARCH[best[len(best) // 2]])
 
 
 def _smoothed(counts: np.ndarray, sigma_bins: float) -> np.ndarray:
@@ -192,14 +195,20 @@ def _centre_height(rho: np.ndarray, z: np.ndarray) -> float:
     return float(max(_CENTRE_HEIGHTS, key=sharpness))
 
 
-def _beam_table(elev: np.ndarray) -> np.ndarray:
-    """Ascending beam elevations (deg): the peaks of the smoothed histogram that a deep enough dip separates."""
+def _dips(smooth: np.ndarray, peaks: list[int]) -> list[float]:
+    """How far the histogram between each two neighbouring peaks falls, as a share of the lower peak."""
+    return [smooth[a : b + 1].min() / min(smooth[a], smooth[b]) for a, b in itertools.pairwise(peaks)]
+
+
+def _beam_table(elev: np.ndarray) -> tuple[np.ndarray, float]:
+    """Ascending beam elevations (deg), the peaks of the smoothed histogram that a deep enough dip separates,
+    and the median dip between them (beams: 0-0.36 on the shared scans; elevations without beams: 0.6+)."""
     edges = np.arange(elev.min() - 5 * _BIN_DEG, elev.max() + 6 * _BIN_DEG, _BIN_DEG)
     counts = np.histogram(elev, bins=edges)[0].astype(np.float64)
     smooth = _smoothed(counts, _SMOOTH_DEG / _BIN_DEG)
     peaks = list(np.flatnonzero((smooth[1:-1] > smooth[:-2]) & (smooth[1:-1] >= smooth[2:])) + 1)
     while len(peaks) > 1:
-        dips = [smooth[a : b + 1].min() / min(smooth[a], smooth[b]) for a, b in itertools.pairwise(peaks)]
+        dips = _dips(smooth, peaks)
         worst = int(np.argmax(dips))
         if dips[worst] <= _MAX_DIP:
             break
@@ -211,7 +220,8 @@ def _beam_table(elev: np.ndarray) -> np.ndarray:
     kept = np.flatnonzero(sizes >= max(_MIN_BEAM_POINTS, _MIN_BEAM_SHARE * len(elev)))
     order = np.argsort(label, kind="stable")
     groups = np.split(elev[order], np.cumsum(sizes)[:-1])
-    return np.array([np.median(groups[k]) for k in kept])
+    dips = _dips(smooth, [peaks[k] for k in kept])
+    return np.array([np.median(groups[k]) for k in kept]), float(np.median(dips)) if dips else 1.0
 
 
 def _nearest(elev: np.ndarray, beams: np.ndarray) -> np.ndarray:
@@ -228,15 +238,10 @@ def cluster_elevations(xyz: np.ndarray) -> Rings | None:
         return None
     height = _centre_height(rho[far], z[far])
     elev = _elevations_from(rho, z, height)
-    beams = _beam_table(elev[far])
-    if not 2 <= len(beams) <= MAX_BEAMS:
+    beams, dip = _beam_table(elev[far])
+    if not 2 <= len(beams) <= MAX_BEAMS or dip > _MAX_MEDIAN_DIP:
         return None
     nearest = _nearest(elev, beams)
-    gap = np.diff(beams)
-    reach = np.minimum(np.r_[gap, np.inf], np.r_[np.inf, gap])[nearest[far]]
-    looseness = float(np.median(np.abs(elev[far] - beams[nearest[far]]) / reach))
-    if looseness > _MAX_LOOSENESS:
-        return None
     note = (
         f"ring recovered from elevation clusters: {len(beams)} beams, "
         f"elevations measured from {height:+.2f} m above the origin"
