@@ -44,7 +44,7 @@ import numpy as np
 from lidar.cancel import checkpoint
 from lidar.errors import MAX_SHOWN_CHARS, InputError, capped, shown
 from lidar.formats import MAX_FILE_BYTES, READ_SUFFIXES, PointCloudError, Scan, read_points
-from lidar.formats.arrays import zip_directory
+from lidar.formats.arrays import check_lzma_member, zip_directory
 from lidar.formats.scan import max_points
 from lidar.sensors import Sensor
 from lidar.vocabulary import check_poses
@@ -419,6 +419,7 @@ def _inflate(zf: zipfile.ZipFile, member: zipfile.ZipInfo, target: Path, budget:
     text = Path(member.filename.replace("\\", "/")).name in (*POSES_FILES, CALIB_FILE)
     limit = MAX_TEXT_BYTES if text else min(budget, MAX_FILE_BYTES)
     chunks, size = [], 0
+    check_lzma_member(Path(str(zf.filename)), member, label)
     try:
         with zf.open(member) as src:
             while size <= limit and (chunk := src.read(min(_CHUNK_BYTES, limit + 1 - size))):

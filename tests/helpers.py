@@ -285,16 +285,20 @@ HOSTILE: dict[str, Callable[[Path], Path]] = {
 def broken_zip(path: Path, kind: str) -> Path:
     """A one-sweep sequence zip broken as visitors break them: `long-name` (a 300-character member name),
     `not-utf8` (a name flagged UTF-8 that is not), `lzma-properties` (an LZMA member with bad properties),
-    `bzip2-stream` (a bzip2 member whose stream is corrupt)."""
+    `bzip2-stream` (a bzip2 member whose stream is corrupt), `lzma-dictionary` (an LZMA member asking for a
+    4 GiB dictionary, which liblzma allocates before decoding a byte)."""
     sweep = sweep_points(0).astype("<f4").tobytes()
     name = "a" * 296 + ".bin" if kind == "long-name" else "000000.bin"
-    method = {"lzma-properties": zipfile.ZIP_LZMA, "bzip2-stream": zipfile.ZIP_BZIP2}.get(kind, zipfile.ZIP_DEFLATED)
+    method = {"lzma-properties": zipfile.ZIP_LZMA, "lzma-dictionary": zipfile.ZIP_LZMA,
+              "bzip2-stream": zipfile.ZIP_BZIP2}.get(kind, zipfile.ZIP_DEFLATED)
     with zipfile.ZipFile(path, "w", method) as zf:
         zf.writestr(name, sweep)
     data = bytearray(path.read_bytes())
     start = 30 + len(name)  # the member's data, after its local header
     if kind == "lzma-properties":
-        data[start + 4 : start + 9] = b"\xff" * 5
+        data[start + 4] = 0xFF  # lc, lp and pb past their ranges
+    elif kind == "lzma-dictionary":
+        data[start + 5 : start + 9] = struct.pack("<I", 0xFFFFFFFF)
     elif kind == "bzip2-stream":
         data[start + 20 : start + 60] = bytes(range(40))
     elif kind == "not-utf8":

@@ -776,6 +776,7 @@ def test_a_laz_chunk_table_that_disagrees_with_the_file_is_refused(tmp_path):
         ("not-utf8", r"not-utf8\.zip: not a readable zip \(corrupt directory\)"),
         ("lzma-properties", r"lzma-properties\.zip: cannot unpack 000000\.bin: its data is corrupt \(a bad checksum or LZMA stream\)"),
         ("bzip2-stream", r"bzip2-stream\.zip: cannot unpack 000000\.bin: its data is corrupt \(a bad checksum or bzip2 stream\)"),
+        ("lzma-dictionary", r"lzma-dictionary\.zip: the LZMA member '000000\.bin' asks for a 4,294,967,295-byte dictionary"),
     ],
 )
 def test_a_broken_zip_is_an_input_error_naming_it(tmp_path, kind, message):

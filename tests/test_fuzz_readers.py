@@ -13,6 +13,7 @@ The default run takes a few hundred cases per format (`FUZZ_CASES`); `-m slow` r
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import random
@@ -31,7 +32,7 @@ import lzf
 import numpy as np
 import pytest
 
-from lidar.errors import MAX_MESSAGE_CHARS
+from lidar.errors import MAX_MESSAGE_CHARS, InputError
 from lidar.formats import write_points
 from tests.helpers import sweep_points
 
@@ -190,6 +191,18 @@ def _zip(folder: Path, method: int) -> bytes:
     return path.read_bytes()
 
 
+def _lzma_npz(folder: Path) -> bytes:
+    """The arrays of `write_npz`, as LZMA members (NumPy writes deflate; zipfile and np.load read either)."""
+    with np.load(io.BytesIO(_written(folder, "deflated.npz"))) as arrays:
+        members = {name: arrays[name] for name in arrays.files}
+    path = folder / "lzma.npz"
+    with zipfile.ZipFile(path, "w", zipfile.ZIP_LZMA) as zf:
+        for name, array in members.items():
+            with zf.open(f"{name}.npy", "w") as f:
+                np.lib.format.write_array(f, array)
+    return path.read_bytes()
+
+
 def _zip_hot(data: bytes) -> tuple[tuple[int, int], ...]:
     """The first local header and the central directory with its end record."""
     return ((0, 80), (data.find(b"PK\x01\x02"), len(data)))
@@ -223,6 +236,8 @@ def make_seeds(folder: Path) -> dict[str, Seed]:
     seeds["scan.npy"] = Seed("scan.npy", data, ((0, 128),), text_header=128)
     data = _written(folder, "scan.npz")
     seeds["scan.npz"] = Seed("scan.npz", data, _zip_hot(data))
+    data = _lzma_npz(folder)
+    seeds["lzma.npz"] = Seed("lzma.npz", data, _zip_hot(data))
     for name, method in (("deflated.zip", zipfile.ZIP_DEFLATED), ("stored.zip", zipfile.ZIP_STORED),
                          ("bzip2.zip", zipfile.ZIP_BZIP2), ("lzma.zip", zipfile.ZIP_LZMA)):
         data = _zip(folder, method)
@@ -341,7 +356,7 @@ def fuzz(seed: Seed, cases: int, folder: Path) -> tuple[list[str], dict[str, int
 
 
 _KINDS = ("kitti.bin", "nuscenes.pcd.bin", "ascii.pcd", "binary.pcd", "compressed.pcd", "ascii.ply", "binary.ply",
-          "scan.las", "scan.laz", "layered.laz", "scan.npy", "scan.npz", "deflated.zip", "stored.zip", "bzip2.zip",
+          "scan.las", "scan.laz", "layered.laz", "scan.npy", "scan.npz", "lzma.npz", "deflated.zip", "stored.zip", "bzip2.zip",
           "lzma.zip")
 
 
@@ -375,3 +390,29 @@ def test_mutated_files_end_in_a_scan_or_an_input_error(seeds: dict[str, Seed], t
 def test_thousands_of_mutated_files_end_in_a_scan_or_an_input_error(seeds: dict[str, Seed], tmp_path: Path,
                                                                     kind: str) -> None:
     _check(seeds[kind], SLOW_FUZZ_CASES, tmp_path)
+
+
+#: Cases that killed the reading process (SIGABRT: lazrs asked for 4-64 GiB for a chunk table or a layer)
+#: or raised a Rust panic, before the LAZ bounds; each must now be the reader's own refusal.
+_FORMER_CRASHES = {"scan.laz": (2, 16, 24, 49), "layered.laz": (0, 1, 21, 97)}
+
+
+@pytest.fixture
+def server_workers():
+    """`lidar.sandbox`'s pool under the server's limits for one test, then back to the reader's."""
+    sandbox = pytest.importorskip("lidar.sandbox")
+    yield sandbox, sandbox.configure(sandbox.SERVER_LIMITS)
+    sandbox.configure(sandbox.READER_LIMITS)
+
+
+def test_former_crashes_are_refused_by_the_reader_inside_the_server_worker(seeds, tmp_path, server_workers):
+    """Through the worker an abort would come back as `OverLimits` ("could not be read within the server's
+    limits"); the bounds make each of these the reader's own `InputError`, with the worker alive to say so."""
+    sandbox, _ = server_workers
+    for kind, cases in _FORMER_CRASHES.items():
+        for case in cases:
+            path = tmp_path / f"{case:05d}_{kind}"
+            path.write_bytes(mutate(seeds[kind], case))
+            with pytest.raises(InputError) as err:
+                sandbox.read_points(path)
+            assert not isinstance(err.value, sandbox.OverLimits), f"{path}: {err.value}"

@@ -40,6 +40,10 @@ MAX_NPZ_MEMBERS = 64
 MAX_NPZ_DIRECTORY = 1 << 20
 EOCD = struct.Struct("<4s4H2LH")  # end-of-central-directory record
 EOCD_SIGNATURE = b"PK\x05\x06"
+#: A member's local header: signature, versions, flags, method, time, CRC, sizes, then name and extra lengths.
+_LOCAL_HEADER = struct.Struct("<4s5H3L2H")
+#: Largest dictionary an LZMA member may ask its decoder for: 7-Zip's largest preset (ultra) uses 64 MiB.
+MAX_LZMA_DICTIONARY = 64 * 2**20
 
 
 def _npy_header(path: Path, f: BinaryIO, what: str) -> tuple[tuple[int, ...], np.dtype]:
@@ -105,6 +109,27 @@ def zip_directory(path: Path, what: str = "zip") -> tuple[int, int]:
     return entries, directory_bytes
 
 
+def check_lzma_member(path: Path, member: zipfile.ZipInfo, label: str) -> None:
+    """Refuse an LZMA member whose properties ask for a dictionary past `MAX_LZMA_DICTIONARY`, before
+    `zipfile` builds its decoder: liblzma allocates the whole dictionary up front, and the properties (a
+    4-byte size ahead of the member's data) may ask for 4 GiB."""
+    if member.compress_type != zipfile.ZIP_LZMA or not 0 <= member.header_offset < path.stat().st_size:
+        return  # not LZMA, or a header zipfile refuses itself
+    with path.open("rb") as f:
+        f.seek(member.header_offset)
+        local = f.read(_LOCAL_HEADER.size)
+        if len(local) < _LOCAL_HEADER.size:
+            return  # zipfile refuses the truncated header itself
+        name_bytes, extra_bytes = _LOCAL_HEADER.unpack(local)[-2:]
+        f.seek(member.header_offset + _LOCAL_HEADER.size + name_bytes + extra_bytes)
+        head = f.read(9)  # version (2), properties size (2), lc/lp/pb (1), dictionary size (4)
+    if len(head) == 9 and struct.unpack_from("<I", head, 5)[0] > MAX_LZMA_DICTIONARY:
+        raise PointCloudError(
+            f"{label}: the LZMA member {shown(member.filename)} asks for a {struct.unpack_from('<I', head, 5)[0]:,}-byte "
+            f"dictionary; expected at most {MAX_LZMA_DICTIONARY:,} (7-Zip's largest preset)"
+        )
+
+
 def _check_zip_directory(path: Path) -> None:
     """Refuse an archive whose central directory lists more members, or more bytes, than a cloud needs."""
     entries, directory_bytes = zip_directory(path, ".npz")
@@ -127,6 +152,7 @@ def _member_headers(path: Path) -> dict[str, tuple[tuple[int, ...], np.dtype]]:
         check_decoded_size(path, sum(m.file_size for m in members), "the .npz archive")
         for member in members:
             what = f" of member {shown(member.filename)}"
+            check_lzma_member(path, member, str(path))
             with archive.open(member) as f:
                 shape, dtype = _npy_header(path, f, what)
                 _check_npy_header(path, shape, dtype, member.file_size - f.tell(), what)
