@@ -28,12 +28,13 @@ MAX_MESSAGE_CHARS = 1000
 
 
 def capped(text: str, limit: int = MAX_MESSAGE_CHARS) -> str:
-    """`text`, or its first and last parts with the count of characters cut between them."""
+    """`text`, or its first and last parts around a note of its length, `limit` characters in all."""
     if len(text) <= limit:
         return text
+    note = f" … ({len(text):,} characters, cut) … "
     tail = limit // 4
-    head = limit - tail
-    return f"{text[:head]} … ({len(text) - head - tail:,} characters cut) … {text[-tail:]}"
+    head = limit - tail - len(note)
+    return f"{text[:head]}{note}{text[-tail:]}"
 
 
 def shown(value: object, limit: int = MAX_SHOWN_CHARS) -> str:

@@ -13,7 +13,7 @@ import pytest
 import inference
 from inference.__main__ import main
 from inference.limits import APP_LIMITS, CONFIG_MAX_GUIDANCE, CONFIG_MAX_STEPS, LIBRARY_LIMITS
-from lidar.errors import InputError
+from lidar.errors import MAX_MESSAGE_CHARS, InputError
 from lidar.formats import PointCloudError
 from lidar.sequence import open_recording
 from tests.helpers import sweep_points
@@ -137,3 +137,12 @@ def test_a_times_txt_value_past_the_bound_is_refused(tmp_path):
         open_recording(folder)
     (folder / "times.txt").write_text("1.3e9\n1300000000.1\n")  # Unix time is fine
     np.testing.assert_allclose(open_recording(folder).times, [1.3e9, 1.3e9 + 0.1])
+
+
+def test_an_input_error_keeps_the_start_and_the_end_of_a_long_message():
+    message = "scan.pcd: no x/y/z field among " + "f, " * 1_000_000 + "; expected at least x, y, z"
+    text = str(InputError(message))
+    assert len(text) <= MAX_MESSAGE_CHARS
+    assert text.startswith("scan.pcd: no x/y/z field among f, ") and text.endswith("; expected at least x, y, z")
+    assert "(3,000,058 characters, cut)" in text
+    assert str(InputError("short")) == "short"
