@@ -246,7 +246,7 @@ def test_forecast_continues_a_real_kitti_scan():
     # the viewer shows the observed scan (grey) plus the continued world
     assert n_vertices == min(stats["input points"] + stats["world points"], app.VIEWER_MAX_POINTS)
     assert stats["frames"] == 2 and len(frame_pngs) == 2 and Image.open(bev).n_frames == 2
-    assert stats["input sensor"] == "hdl64"
+    assert stats["input sensor"] == "hdl64-measured"  # its own beam table, measured from its rings
     gen.close()
 
 
@@ -309,7 +309,7 @@ def test_an_unknown_sensor_name_is_refused(tmp_path):
         _forecast(path, sensor="hdl-1000")
 
 
-def test_an_undetectable_sensor_asks_the_user_to_choose_one(tmp_path):
+def test_a_beam_table_no_preset_describes_is_measured_and_a_cloud_without_beams_asks_for_a_sensor(tmp_path):
     # a 20-beam sensor (+5 to -15 deg) that no preset describes, seen from inside a 15 m cylinder
     odd = Sensor.from_angles("odd20", np.linspace(5.0, -15.0, 20), width=360)
     dirs = odd.ray_directions().reshape(-1, 3)
@@ -317,10 +317,18 @@ def test_an_undetectable_sensor_asks_the_user_to_choose_one(tmp_path):
     pts = np.concatenate([dirs * ranges[:, None], np.full((len(dirs), 1), 0.5)], axis=1).astype(np.float32)
     path = tmp_path / "odd20.npy"
     np.save(path, pts)
-    with pytest.raises(gr.Error, match=re.escape("Could not tell which sensor recorded 'odd20.npy'; choose it under 'Sensor'")):
-        _forecast(path)
+    stats = _forecast(path).stats
+    assert stats["frames"] == 2 and stats["input sensor"].endswith("-measured")
     stats = _forecast(path, sensor="vlp16").stats
     assert stats["input sensor"] == "vlp16" and stats["frames"] == 2
+    # directions spread evenly over the field of view: no beams to measure, no preset that fits
+    rng = np.random.default_rng(0)
+    elevation, azimuth = np.radians(rng.uniform(-15.0, 5.0, 8000)), rng.uniform(-np.pi, np.pi, 8000)
+    cloud = np.stack([np.cos(elevation) * np.cos(azimuth), np.cos(elevation) * np.sin(azimuth), np.sin(elevation)], 1)
+    cloud = np.concatenate([cloud * 15.0, np.full((len(cloud), 1), 0.5)], axis=1).astype(np.float32)
+    np.save(tmp_path / "spread.npy", cloud)
+    with pytest.raises(gr.Error, match=re.escape("Could not tell which sensor recorded 'spread.npy'; choose it under 'Sensor'")):
+        _forecast(tmp_path / "spread.npy")
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -445,7 +453,7 @@ def test_a_fresh_clone_offers_the_shipped_examples_and_each_one_forecasts(fresh_
         gen = app.forecast_from_scan(str(path), app.AUTO_SENSOR, "Straight", 1, 1, 0)
         stats = first_yield(gen).stats
         gen.close()
-        assert stats["frames"] == 1 and stats["input sensor"] in ("hdl64", "hdl32", "os1-128"), path.name
+        assert stats["frames"] == 1 and stats["input sensor"].removesuffix("-measured") in ("hdl64", "hdl32", "os1-128"), path.name
 
 
 @needs_real_scans

@@ -198,7 +198,7 @@ def test_a_fresh_clone_offers_the_shipped_example_scans_and_one_forecasts(client
     assert scans == [list(SHIPPED_EXAMPLES)], "the server was started with no real scans"
     *_, stats, downloads = client.predict(handle_file(str(REPO / "examples" / "scans" / SHIPPED_EXAMPLES[1])),
                                           "auto-detect", "Straight", 1, 1, 0, api_name="/forecast_from_scan")
-    assert stats["input sensor"] == "hdl32" and stats["frames"] == 1 and len(downloads) == 4
+    assert stats["input sensor"] == "hdl32-measured" and stats["frames"] == 1 and len(downloads) == 6
 
 
 @pytest.mark.parametrize(("kind", "message"), [
@@ -250,7 +250,7 @@ def test_a_bad_upload_gets_a_clear_error_and_the_next_good_request_works(client,
         handle_file(str(KITTI_SCAN)), "auto-detect", "Straight", 2, 2, 0, api_name="/forecast_from_scan"
     )
     assert stats["input points"] == 124_668 and stats["frames"] == 2
-    assert sorted(Path(p).suffix for p in downloads) == [".las", ".pcd", ".ply", ".zip"]
+    assert sorted(Path(p).suffix for p in downloads) == [".las", ".mcap", ".pcd", ".ply", ".rrd", ".zip"]
 
 
 @needs_real_scans
