@@ -16,9 +16,11 @@ A generation request runs in three parts: prepare (read, check and register the 
 sampler; on ZeroGPU the only part inside `spaces.GPU`) and deliver (previews, animations and downloads).
 Its outputs are named (`Outputs`), and each event maps the names to its components.
 
+Uploads are read, unzipped and registered in worker processes under the server's memory, CPU and time
+limits (`lidar.sandbox`), never in the server's own process: a file that crashes its decoder costs a worker.
 Every route goes through one bounded queue (`api_open=False`), and each client (by IP address; behind
-proxies, the one the nearest proxy saw, see `PROXY_HOPS_ENV`) may hold only a few places in it and upload
-only so many bytes while Gradio's cache still keeps them. Generation runs on one worker
+proxies, the one the nearest proxy saw, see `PROXY_HOPS_ENV`) may hold only a few places in it, send only
+small join and call bodies, and upload only so many bytes while Gradio's cache still keeps them. Generation runs on one worker
 thread under a lock of its own; a request that is cancelled or whose client disconnects is stopped at its
 next checkpoint (a decode, a zip chunk, a registered sweep, a sampler step, a written picture or file), so it
 frees the worker, not just Gradio's slot.
@@ -84,7 +86,7 @@ from inference.loader import ModelSourceError, Provenance, env_flag
 from inference.network import WorldModelConfig
 from inference.observed import ObservedScene, check_inside, observe, record_prefix, shifted_path
 from inference.results4d import write_views
-from lidar import render
+from lidar import render, sandbox
 from lidar.cancel import Cancelled, checkpoint, stop_when
 from lidar.errors import InputError, shown
 from lidar.formats import (
@@ -117,6 +119,9 @@ MAX_TOPIC_CHARS = 200
 #: (an Ouster 128x2048 with two returns); every point costs worker time, ~1 s a million here, and an LZF
 #: stream of back-references declares the readers' own 5 M limit in 1 MB.
 MAX_UPLOAD_POINTS = 1_000_000
+#: Uploads are read and registered in worker processes under the server's limits (`lidar.sandbox`); this
+#: many wait started ahead, so a visitor's read pays the hand-over, not an interpreter's start.
+WORKER_SPARES = 2
 MAX_SEED = APP_LIMITS.max_seed
 # Generation holds the model: one at a time per replica, and a bounded wait list so memory stays bounded.
 GENERATION_CONCURRENCY = 1
@@ -139,6 +144,12 @@ UPLOAD_BYTES_PER_CLIENT = 500 * 2**20
 UPLOAD_BYTES_TOTAL = 5 * 2**30
 #: How often a running request looks for its client (seconds): a disconnected one is stopped.
 CLIENT_POLL_S = 0.2
+#: Most bytes of a join or call body, and most file references in one: a request for 50 sweeps (`MAX_SWEEPS`)
+#: takes ~25 KB; files themselves go through /upload.
+MAX_REQUEST_BODY_BYTES = 256 * 1024
+MAX_FILES_PER_REQUEST = MAX_SWEEPS
+#: Seconds a client has to send a join or call body, once its headers are in.
+REQUEST_BODY_TIMEOUT_S = 10.0
 
 ACTIONS = {label: action for action, label in ACTION_LABELS.items()}
 AUTO_SENSOR = "auto-detect"
@@ -382,41 +393,77 @@ def _worker(fn: Callable[..., Iterator[tuple]]) -> Callable[..., AsyncIterator[t
 
 class ClientLimits:
     """ASGI middleware: each client (IP address) may hold `MAX_QUEUED_PER_CLIENT` places in the queue, and
-    upload `UPLOAD_BYTES_PER_CLIENT` bytes (all clients together `UPLOAD_BYTES_TOTAL`) per `UPLOAD_WINDOW_S`.
+    upload `UPLOAD_BYTES_PER_CLIENT` bytes (all clients together `UPLOAD_BYTES_TOTAL`) per `UPLOAD_WINDOW_S`;
+    a join or call body may take `MAX_REQUEST_BODY_BYTES` and list `MAX_FILES_PER_REQUEST` files.
 
     Gradio bounds the queue as a whole, so without this one client could fill it and lock every visitor
-    out, and it keeps uploads until its cache cleaner runs, so a client could fill the disk meanwhile.
-    A refusal is a 429 (507 when all uploads together are over budget) whose detail says why.
+    out, and it keeps uploads until its cache cleaner runs, so a client could fill the disk meanwhile. It
+    also parses and checks a request's every file reference on the event loop, so a body listing 30,000
+    files held every visitor for seconds: bodies are read and bounded here first, within
+    `REQUEST_BODY_TIMEOUT_S`, and no lock is held while a client sends (a half-sent body holds up nobody).
+    A refusal is a 4xx (507 when all uploads together are over budget) whose detail says why.
     """
 
     def __init__(self, app: ASGIApp, blocks: gr.Blocks, proxy_hops: int = 0) -> None:
         self.app, self.blocks, self.proxy_hops = app, blocks, proxy_hops
-        self.joining = asyncio.Lock()  # a client's count and its join are one step, so bursts cannot race it
+        #: joins that have passed the count and not yet reached Gradio's queue, by client: counted with the
+        #: queue's events, so a burst cannot slip between a count and its event
+        self.joining: dict[str, int] = defaultdict(int)
         self.uploads: dict[str, deque[tuple[float, int]]] = defaultdict(deque)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         path = scope.get("path", "") if scope["type"] == "http" and scope.get("method") == "POST" else ""
-        headers = dict(scope.get("headers") or [])
-        client = self.client_of(headers.get(b"x-forwarded-for", b"").decode("latin-1"),
-                                (scope.get("client") or ("unknown",))[0])
+        raw = list(scope.get("headers") or [])
+        lines = [value.decode("latin-1") for key, value in raw if key == b"x-forwarded-for"]
+        client = self.client_of(", ".join(lines), (scope.get("client") or ("unknown",))[0])
         if path.endswith("/queue/join") or "/call/" in path:
-            async with self.joining:
-                refusal = self._call_refusal(path) or self._queue_refusal(client)
-                if refusal is None:
-                    await self.app(scope, receive, send)
-                    return
+            refusal = self._call_refusal(path)
+            body = b""
+            if refusal is None:
+                body, refusal = await _bounded_body(receive, dict(raw).get(b"content-length"))
+            refusal = refusal or self._queue_refusal(client)
+            if refusal is None:  # no await between the count and this: the reservation is the count's
+                await self._join(client, scope, _replay(body, receive), send)
+                return
         elif path.endswith("/upload"):
-            refusal = self._upload_refusal(client, headers.get(b"content-length"))
+            refusal = self._upload_refusal(client, dict(raw).get(b"content-length"))
         else:
             refusal = None
         if refusal is None:
             await self.app(scope, receive, send)
         else:
-            logger.warning("refused %s from %s: %s", path, client, refusal[1])
+            logger.warning("refused %s from %s: %s", path[:100], client, refusal[1])
             await JSONResponse({"detail": refusal[1]}, status_code=refusal[0])(scope, receive, send)
 
+    async def _join(self, client: str, scope: Scope, receive: Receive, send: Send) -> None:
+        """Pass a join to Gradio with `client` holding one more place until Gradio answers it (its event is
+        in the queue by then, or it was refused)."""
+        self.joining[client] += 1
+        reserved = True
+
+        def release() -> None:
+            nonlocal reserved
+            if reserved:
+                reserved = False
+                self.joining[client] -= 1
+                if not self.joining[client]:
+                    del self.joining[client]
+
+        async def answered(message: dict[str, Any]) -> None:
+            if message["type"] == "http.response.start":
+                release()
+            await send(message)
+
+        try:
+            await self.app(scope, receive, answered)
+        finally:
+            release()
+
     def client_of(self, forwarded: str, peer: str) -> str:
-        """The visitor's address: the `proxy_hops`-th X-Forwarded-For entry from the right, else the peer."""
+        """The visitor's address: the `proxy_hops`-th X-Forwarded-For entry from the right, else the peer.
+
+        `forwarded` is every X-Forwarded-For line joined in order (HTTP reads repeated header lines as one
+        comma-separated list), so a client that sends its own lines cannot move the proxies' entries."""
         hops = [hop.strip() for hop in forwarded.split(",") if hop.strip()]
         return hops[-self.proxy_hops] if 0 < self.proxy_hops <= len(hops) else peer
 
@@ -429,10 +476,12 @@ class ClientLimits:
         return 404, f"No endpoint named {name[:64]!r}; see the API page for the ones this app offers."
 
     def _queue_refusal(self, client: str) -> tuple[int, str] | None:
-        """A 429 when `client` already holds its share of the queue (waiting or running events)."""
+        """A 429 when `client` already holds its share of the queue (waiting or running events, and joins on
+        their way in). Each event's client is read as `__call__` reads it, from the same header lines."""
         requests = [event.request for event in list(self.blocks._queue.event_ids_to_events.values())]
-        held = sum(1 for request in requests if request is not None and request.client is not None
-                   and self.client_of(request.headers.get("x-forwarded-for", ""), request.client.host) == client)
+        held = self.joining.get(client, 0) + sum(
+            1 for request in requests if request is not None and request.client is not None
+            and self.client_of(", ".join(request.headers.getlist("x-forwarded-for")), request.client.host) == client)
         if held < MAX_QUEUED_PER_CLIENT:
             return None
         return 429, (f"You have {held} requests waiting or running; at most {MAX_QUEUED_PER_CLIENT} per visitor. "
@@ -458,6 +507,64 @@ class ClientLimits:
             return 507, "The server holds as many uploads as it can; try again in a few minutes."
         self.uploads[client].append((now, size))
         return None
+
+
+async def _bounded_body(receive: Receive, length: bytes | None) -> tuple[bytes, tuple[int, str] | None]:
+    """A join or call body, read whole before Gradio sees it, or the refusal of one that is too large, lists
+    too many files or does not arrive within `REQUEST_BODY_TIMEOUT_S`."""
+    too_large = 413, (f"A request body may take at most {MAX_REQUEST_BODY_BYTES // 1024} KB; upload files through "
+                      "/upload and send their references.")
+    if length is not None and (not length.isdigit() or int(length) > MAX_REQUEST_BODY_BYTES):
+        return b"", too_large
+    chunks, size = [], 0
+    try:
+        async with asyncio.timeout(REQUEST_BODY_TIMEOUT_S):
+            while True:
+                message = await receive()
+                if message["type"] != "http.request":  # the client left
+                    return b"", (400, "The request body did not arrive.")
+                chunks.append(message.get("body", b""))
+                size += len(chunks[-1])
+                if size > MAX_REQUEST_BODY_BYTES:
+                    return b"", too_large
+                if not message.get("more_body", False):
+                    break
+    except TimeoutError:
+        return b"", (408, f"The request body did not arrive within {REQUEST_BODY_TIMEOUT_S:g} s.")
+    body = b"".join(chunks)
+    files = _file_count(body)
+    if files > MAX_FILES_PER_REQUEST:
+        return b"", (413, f"The request lists {files:,} files; at most {MAX_FILES_PER_REQUEST} per request.")
+    return body, None
+
+
+def _file_count(body: bytes) -> int:
+    """How many file references (objects with a "path") a JSON body holds; one that is not JSON holds none
+    here, and Gradio refuses it."""
+    try:
+        data = json.loads(body)
+    except (ValueError, RecursionError):
+        return 0
+    count, stack = 0, [data]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, dict):
+            count += "path" in item
+            stack.extend(item.values())
+        elif isinstance(item, list):
+            stack.extend(item)
+    return count
+
+
+def _replay(body: bytes, receive: Receive) -> Receive:
+    """`receive` for an app after the middleware has read the body: the body once, then the client's own
+    messages (a disconnect)."""
+    pending = [{"type": "http.request", "body": body, "more_body": False}]
+
+    async def replayed() -> dict[str, Any]:
+        return pending.pop() if pending else await receive()
+
+    return replayed
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -699,7 +806,7 @@ def _read_scan(path: Path, sensor_name: str) -> tuple[Scan, Sensor]:
     unless it is in its sensor's frame, which the model's rays need."""
     sensor = None if sensor_name == AUTO_SENSOR else get_sensor(sensor_name)
     with _user_errors("Cannot read the scan", path), point_limit(MAX_UPLOAD_POINTS):  # errors name the file, not its path
-        scan = read_points(path, sensor)
+        scan = sandbox.read_points(path, sensor)
         if sensor is not None:
             check_sensor(scan, sensor)
     if not scan.sensor_frame:  # no sensor choice helps: the model needs rays from the LiDAR's origin
@@ -1234,6 +1341,7 @@ def main(argv: list[str] | None = None) -> None:
     except InputError as err:  # a bad --model or $LIDARVERSE_MODEL; any other failure is a bug: traceback
         parser.error(f"cannot load the model: {err}")
     SWITCH = switch_policy(args.model, args.allow_source, args.allow_model_switch, args.allow_any_source)
+    sandbox.configure(sandbox.SERVER_LIMITS, spares=WORKER_SPARES)
     allowed = [str(EXAMPLE_SCANS_DIR), *([str(REAL_SCANS_DIR)] if REAL_SCANS_DIR.is_dir() else [])]
     demo = build_demo()
     demo.launch(
@@ -1245,6 +1353,8 @@ def main(argv: list[str] | None = None) -> None:
 
 #: The page at import, as `gradio app.py` (reload mode) and other importers find it: built without loading a
 #: model, no switching. Serving it needs a model: `main()` loads one and rebinds `demo` before it launches.
+#: Uploads are read under the server's limits from the start; `main()` starts the spare workers.
+sandbox.configure(sandbox.SERVER_LIMITS)
 demo = build_demo()
 
 if __name__ == "__main__":

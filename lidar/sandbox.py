@@ -449,7 +449,7 @@ class WorkerPool:
         if "memory allocation" in stderr or "MemoryError" in stderr or "bad_alloc" in stderr:
             return self._memory()
         if code is not None and code < 0:
-            return f"the reader crashed ({signal.Signals(-code).name})"
+            return f"the reader crashed with {signal.Signals(-code).name}"
         return f"the reader ended without an answer (exit status {code})"
 
     def _memory(self) -> str:

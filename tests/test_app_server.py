@@ -17,6 +17,7 @@ import json
 import os
 import secrets
 import shutil
+import signal
 import socket
 import struct
 import subprocess
@@ -101,9 +102,10 @@ class Server:
 
 
 @contextlib.contextmanager
-def launch_app(model: Path, workdir: Path, timeout: float = 120.0) -> Iterator[Server]:
+def launch_app(model: Path, workdir: Path, timeout: float = 120.0, proxy_hops: int = 1) -> Iterator[Server]:
     """Start `python app.py` on a free port with its own temp and Gradio cache dirs, as a fresh clone would
-    run it (no shared real scans); stop it afterwards."""
+    run it (no shared real scans) behind `proxy_hops` proxies, one as on a Space (each test visitor's
+    X-Forwarded-For is what that proxy appended); stop it afterwards."""
     port = free_port()
     tmp = workdir / "tmp"
     tmp.mkdir(parents=True, exist_ok=True)
@@ -112,7 +114,8 @@ def launch_app(model: Path, workdir: Path, timeout: float = 120.0) -> Iterator[S
     # creeps up by ~20-30 MiB per wave of requests from fragmentation alone, which would hide a real leak.
     env = {**os.environ, "TMPDIR": str(tmp), "GRADIO_TEMP_DIR": str(workdir / "gradio"), "OMP_NUM_THREADS": "1",
            "MALLOC_ARENA_MAX": "2", "GRADIO_ANALYTICS_ENABLED": "False", "HF_HUB_OFFLINE": "1",
-           "PYTHONUNBUFFERED": "1", "LIDARVERSE_REAL_SCANS": str(workdir / "no_real_scans")}
+           "PYTHONUNBUFFERED": "1", "LIDARVERSE_REAL_SCANS": str(workdir / "no_real_scans"),
+           "LIDARVERSE_PROXY_HOPS": str(proxy_hops)}
     log = workdir / "server.log"
     with log.open("wb") as out:
         proc = subprocess.Popen(
@@ -161,8 +164,8 @@ SLOW = (3, "urban", "Straight", 32, 50, 0, 10.0)
 
 
 def as_client(address: str) -> dict[str, str]:
-    """Headers that make a request come from `address`: uvicorn takes X-Forwarded-For from a proxy it
-    trusts, by default 127.0.0.1, so each test visitor can have an address of its own."""
+    """Headers that make a request come from `address`, as the Space's proxy would append it to
+    X-Forwarded-For, so each test visitor can have an address of its own."""
     return {"X-Forwarded-For": address}
 
 
@@ -595,6 +598,198 @@ def test_soak_hostile_requests_mixed_with_visitors(server, hostile_files):
     # against the issue's 144.5 s. The bounds leave room for a busier machine.
     assert median < 10 * idle + 0.5 and worst < 10.0, (median, worst, idle)
     assert server.process.poll() is None and server.scratch_dirs() == []
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Uploads are read in bounded workers; join and call bodies are bounded before Gradio sees them
+
+
+@contextlib.contextmanager
+def served_meanwhile(server: Server) -> Iterator[dict[str, float]]:
+    """Another visitor's plain GETs of the page, one every 0.1 s while the block runs, and the server's
+    memory (its workers included) watched: yields a dict that ends with the slowest GET ("worst", s), how
+    many there were and the RSS growth ("rss", bytes)."""
+    seen = {"worst": 0.0, "count": 0, "rss": 0}
+    baseline, done = server.rss_bytes(), threading.Event()
+
+    def visit() -> None:
+        while not done.wait(0.1):
+            seen["worst"] = max(seen["worst"], timed(lambda: httpx.get(server.url, timeout=30).raise_for_status()))
+            seen["count"] += 1
+            with contextlib.suppress(psutil.Error):
+                seen["rss"] = max(seen["rss"], server.rss_bytes() - baseline)
+
+    thread = threading.Thread(target=visit, daemon=True)
+    thread.start()
+    try:
+        yield seen
+    finally:
+        done.set()
+        thread.join(60)
+
+
+def workers(server: Server) -> list[psutil.Process]:
+    """The server's live reading workers (`python -m lidar.sandbox`), spares and busy ones."""
+    found = []
+    for child in psutil.Process(server.process.pid).children():
+        with contextlib.suppress(psutil.Error):
+            if "lidar.sandbox" in " ".join(child.cmdline()) and child.status() != psutil.STATUS_ZOMBIE:
+                found.append(child)
+    return found
+
+
+def busy_worker(server: Server, timeout: float = 60.0) -> psutil.Process:
+    """The worker that holds a task (its stderr goes to its task folder), once there is one."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        for worker in workers(server):
+            with contextlib.suppress(psutil.Error):
+                if any("lidarverse-worker-" in f.path for f in worker.open_files()):
+                    return worker
+        time.sleep(0.02)
+    raise TimeoutError("no worker took a task")
+
+
+def spares_back(server: Server, timeout: float = 10.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while len(workers(server)) != app.WORKER_SPARES:
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.1)
+    return True
+
+
+@pytest.fixture(scope="module")
+def slow_upload(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """990,000 points 5-50 m around the sensor as a KITTI .bin (16 MB, under the app's 1 M-point bound):
+    about a second of reading in a worker."""
+    rng = np.random.default_rng(0)
+    n = 990_000
+    az, r = rng.uniform(-np.pi, np.pi, n), rng.uniform(5, 50, n)
+    points = np.stack([r * np.cos(az), r * np.sin(az), rng.uniform(-1.7, 2.0, n), rng.uniform(0, 1, n)], 1)
+    path = tmp_path_factory.mktemp("slow_upload") / "slow.bin"
+    points.astype("<f4").tofile(path)
+    return path
+
+
+def test_a_worker_that_crashes_is_one_message_and_the_server_serves_on(server, slow_upload):
+    """A decoder that aborts (SIGABRT) on a visitor's file, as lazrs did on a chunk table claiming 0xFFFFFFFF
+    chunks: the worker dies, not the server; the visitor reads one message naming the file, another
+    visitor's GETs are served meanwhile, and a fresh spare takes the dead worker's place."""
+    visitor = Client(server.url, verbose=False, download_files=False, headers=as_client("10.9.0.1"))
+    outcome: dict[str, str] = {}
+
+    def upload() -> None:
+        try:
+            visitor.predict(handle_file(str(slow_upload)), "auto-detect", "Straight", 1, 1, 0,
+                            api_name="/forecast_from_scan")
+        except AppError as err:
+            outcome["message"] = str(err)
+
+    with served_meanwhile(server) as seen:
+        thread = threading.Thread(target=upload)
+        thread.start()
+        os.kill(busy_worker(server).pid, signal.SIGABRT)
+        thread.join(60)
+    message = outcome["message"]
+    print(f"\nworker crash: {message!r}; GETs meanwhile: {seen['count']}, worst {seen['worst']:.2f} s")
+    assert message == ("Cannot read the scan: slow.bin could not be read within the server's limits "
+                       "(the reader crashed with SIGABRT)")
+    assert seen["worst"] < 2.0 and seen["rss"] < 2**30 and server.process.poll() is None
+    assert spares_back(server) and visitor.predict(api_name="/model_info")["iteration"] == 7
+
+
+def test_cancelling_a_request_kills_its_worker(server, slow_upload):
+    client = Client(server.url, verbose=False, download_files=False, headers=as_client("10.9.0.2"))
+    stopped = server.stopped_count()
+    job = client.submit(handle_file(str(slow_upload)), "auto-detect", "Straight", 1, 1, 0,
+                        api_name="/forecast_from_scan")
+    worker = busy_worker(server)
+    job.cancel()
+    start = time.perf_counter()
+    with contextlib.suppress(psutil.TimeoutExpired):
+        worker.wait(5)
+    killed = time.perf_counter() - start
+    print(f"\ncancel: the reading worker was gone {killed:.2f} s after the cancel")
+    assert not worker.is_running() or worker.status() == psutil.STATUS_ZOMBIE, "the worker read on"
+    deadline = time.monotonic() + 10
+    while server.stopped_count() == stopped and time.monotonic() < deadline:  # the log line follows the kill
+        time.sleep(0.1)
+    assert killed < 2.0 and server.stopped_count() - stopped == 1 and spares_back(server)
+
+
+def test_two_sweeps_of_random_points_are_refused_at_once_and_nobody_waits(server, tmp_path):
+    """150 k random points a sweep kept KISS-ICP (holding the GIL) busy for 15 s+ while other visitors'
+    GETs waited; now the worker refuses them from their keypoints."""
+    rng = np.random.default_rng(0)
+    sweeps = []
+    for i in range(2):
+        path = tmp_path / f"{i:06d}.bin"
+        np.c_[rng.uniform(-50, 50, (150_000, 3)), rng.uniform(0, 1, 150_000)].astype("<f4").tofile(path)
+        sweeps.append(handle_file(str(path)))
+    client = Client(server.url, verbose=False, download_files=False, headers=as_client("10.9.0.3"))
+    with served_meanwhile(server) as seen:
+        start = time.perf_counter()
+        with pytest.raises(AppError, match=r"000000\.bin\) has [\d,]+ registration points") as err:
+            client.predict(sweeps, "Straight", 1, 1, 0, api_name="/forecast_from_scans")
+        seconds = time.perf_counter() - start
+    print(f"\nrandom sweeps refused in {seconds:.2f} s (uploads included); GETs meanwhile worst {seen['worst']:.2f} s")
+    assert len(str(err.value)) < 400 and seconds < 10.0 and seen["worst"] < 2.0 and seen["rss"] < 2**30
+
+
+def _file_refs(count: int) -> list[dict]:
+    return [{"path": f"/tmp/gradio/{i:040d}/sweep_{i:06d}.bin", "orig_name": f"sweep_{i:06d}.bin", "size": 2_000,
+             "mime_type": "application/octet-stream", "meta": {"_type": "gradio.FileData"}} for i in range(count)]
+
+
+def test_a_request_listing_thousands_of_files_is_refused_before_gradio_reads_it(server):
+    """30,000 file references (5.7 MB of JSON) took 11-14 s to refuse, with the event loop blocked; the body
+    is now bounded by its size (stated or not) and its count of files before Gradio parses it."""
+    url = f"{server.url}gradio_api/call/forecast_from_scans"
+    huge = json.dumps({"data": [_file_refs(30_000), "Straight", 1, 1, 0]}).encode()
+    assert len(huge) > 5 * 2**20
+    with served_meanwhile(server) as seen:
+        stated = httpx.post(url, content=huge, headers={**as_client("10.9.0.4"), "Content-Type": "application/json"},
+                            timeout=30)
+        chunked = httpx.post(url, content=iter([huge[i:i + 65536] for i in range(0, len(huge), 65536)]),
+                             headers=as_client("10.9.0.4"), timeout=30)
+        many = httpx.post(url, json={"data": [_file_refs(app.MAX_FILES_PER_REQUEST + 10), "Straight", 1, 1, 0]},
+                          headers=as_client("10.9.0.4"), timeout=30)
+    print(f"\n30,000 files: {stated.status_code} in {stated.elapsed.total_seconds():.3f} s, chunked "
+          f"{chunked.status_code} in {chunked.elapsed.total_seconds():.3f} s; GETs meanwhile worst {seen['worst']:.2f} s")
+    assert stated.status_code == chunked.status_code == 413 and "at most 256 KB" in stated.json()["detail"]
+    assert many.status_code == 413 and f"lists {app.MAX_FILES_PER_REQUEST + 10} files" in many.json()["detail"]
+    assert max(r.elapsed.total_seconds() for r in (stated, chunked, many)) < 1.0 and seen["worst"] < 2.0
+
+
+def test_a_half_sent_join_body_holds_up_no_other_visitor(server):
+    """A client that sends a join's headers and part of its body, then nothing: other visitors' joins and
+    GETs go on (the per-client limiter held its lock while it awaited the body, so every one of them hung)."""
+    host, port = server.url.removeprefix("http://").rstrip("/").split(":")
+    with socket.create_connection((host, int(port))) as stalled:
+        stalled.sendall(b"POST /gradio_api/queue/join HTTP/1.1\r\nHost: " + host.encode() + b"\r\n"
+                        b"Content-Type: application/json\r\nContent-Length: 1000\r\nX-Forwarded-For: 10.9.0.5\r\n"
+                        b"\r\n{\"data\": [")
+        time.sleep(0.3)  # the middleware is now waiting for the rest
+        other = Client(server.url, verbose=False, download_files=False, headers=as_client("10.9.0.6"))
+        joined = timed(lambda: other.predict(api_name="/model_info"))
+        got = timed(lambda: httpx.get(server.url, timeout=30).raise_for_status())
+    print(f"\nwith a half-sent join open: another visitor's join {joined:.2f} s, GET {got:.2f} s")
+    assert joined < 2.0 and got < 2.0
+
+
+def test_two_x_forwarded_for_lines_are_one_client(server):
+    """A client that adds its own X-Forwarded-For line before the proxy's: the proxy's entry (the last)
+    is its address for the key and for the count alike, so it holds at most its share (8 of 8 were
+    accepted against a limit of 4 when the two read different lines)."""
+    url = f"{server.url}gradio_api/call/generate_world"
+    burst = [httpx.post(url, json={"data": [3, "urban", "Straight", 16, 16, i, 1.0]}, timeout=30,
+                        headers=[("X-Forwarded-For", f"203.0.113.{i}"), ("X-Forwarded-For", "10.9.0.7")])
+             for i in range(8)]
+    codes = [r.status_code for r in burst]
+    assert codes == [200] * app.MAX_QUEUED_PER_CLIENT + [429] * (8 - app.MAX_QUEUED_PER_CLIENT), codes
+    for response in burst[: app.MAX_QUEUED_PER_CLIENT]:  # let the burst finish before the next test
+        httpx.get(f"{url}/{response.json()['event_id']}", timeout=120)
 
 
 def _open_generate(page) -> None:

@@ -154,7 +154,7 @@ def test_a_worker_that_dies_by_a_signal_is_one_clear_message_and_the_caller_carr
     thread.join(10)
     err = outcome["error"]
     assert isinstance(err, sandbox.OverLimits), err
-    assert str(err) == f"{slow_bin} could not be read within the reader's limits (the reader crashed (SIGABRT))"
+    assert str(err) == f"{slow_bin} could not be read within the reader's limits (the reader crashed with SIGABRT)"
     assert _gone(worker) and task_folders() == []
     assert sandbox.read_points(SHIPPED_KITTI).num_points == 124_668
 
