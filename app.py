@@ -432,7 +432,7 @@ class ClientLimits:
         if refusal is None:
             await self.app(scope, receive, send)
         else:
-            logger.warning("refused %s from %s: %s", path[:100], client, refusal[1])
+            logger.warning("refused %s from %s: %s", shown(path), shown(client), refusal[1])
             await JSONResponse({"detail": refusal[1]}, status_code=refusal[0])(scope, receive, send)
 
     async def _join(self, client: str, scope: Scope, receive: Receive, send: Send) -> None:
@@ -473,7 +473,7 @@ class ClientLimits:
         public = {fn.api_name for fn in self.blocks.fns.values() if fn.api_name and fn.api_visibility == "public"}
         if not name or name in public:
             return None
-        return 404, f"No endpoint named {name[:64]!r}; see the API page for the ones this app offers."
+        return 404, f"No endpoint named {shown(name)}; see the API page for the ones this app offers."
 
     def _queue_refusal(self, client: str) -> tuple[int, str] | None:
         """A 429 when `client` already holds its share of the queue (waiting or running events, and joins on
@@ -811,12 +811,12 @@ def _read_scan(path: Path, sensor_name: str) -> tuple[Scan, Sensor]:
             check_sensor(scan, sensor)
     if not scan.sensor_frame:  # no sensor choice helps: the model needs rays from the LiDAR's origin
         why = "; ".join(note for note in scan.notes if "sensor frame" in note)
-        raise gr.Error(f"{path.name!r} is {why or 'not in the sensor frame'}. Forecasting needs a sweep whose "
+        raise gr.Error(f"{shown(path.name)} is {why or 'not in the sensor frame'}. Forecasting needs a sweep whose "
                        "origin is the LiDAR (e.g. KITTI velodyne .bin, nuScenes LIDAR_TOP, an Ouster frame).")
     if sensor is None:
         sensor = detect_sensor(scan)
     if sensor is None:
-        raise gr.Error(f"Could not tell which sensor recorded {path.name!r}; choose it under 'Sensor'.")
+        raise gr.Error(f"Could not tell which sensor recorded {shown(path.name)}; choose it under 'Sensor'.")
     return scan, sensor
 
 
@@ -840,7 +840,7 @@ def forecast_from_scan(
     start = time.perf_counter()
     job = RolloutJob("forecast", {"prefix_scans": [scan], "action": action, "frames": frames, "steps": steps,
                                   "seed": seed}, "Forecasting")
-    result = _generate(job, progress, f"Cannot forecast from {path.name!r}", path)
+    result = _generate(job, progress, f"Cannot forecast from {shown(path.name)}", path)
     stats = {"input": path.name, "input points": len(scan.points), "input sensor": sensor.name, "input notes": scan.notes}
     request = {"input": path.name, "input_sensor": sensor.name, "action": action, "frames": frames,
                "steps": steps, "seed": seed}
@@ -1005,11 +1005,11 @@ def reload_model(choice: Any) -> tuple[dict[str, Any], str]:
         with _GENERATION:  # not while a generation runs (it holds the model it started with anyway)
             load_model(source, public_text(label))
     except ModelSourceError as err:
-        logger.warning("could not load %r (%s): %s", label, source, err)
-        raise gr.Error(f"Could not load {public_text(label)!r}; the details are in the server log.") from None
+        logger.warning("could not load %s (%s): %s", shown(label), shown(source), err)
+        raise gr.Error(f"Could not load {shown(public_text(label))}; the details are in the server log.") from None
     except Exception:
-        logger.exception("loading %r (%s) failed", label, source)
-        raise gr.Error(f"Loading {public_text(label)!r} failed on the server; the details are in the server log.") from None
+        logger.exception("loading %s (%s) failed", shown(label), shown(source))
+        raise gr.Error(f"Loading {shown(public_text(label))} failed on the server; the details are in the server log.") from None
     return model_info(), f"Loaded **{SOURCE_LABEL}** in {time.perf_counter() - start:.1f} s."
 
 

@@ -14,6 +14,7 @@ import inspect
 import io
 import itertools
 import json
+import logging
 import re
 import sys
 import threading
@@ -329,6 +330,46 @@ def test_a_beam_table_no_preset_describes_is_measured_and_a_cloud_without_beams_
     np.save(tmp_path / "spread.npy", cloud)
     with pytest.raises(gr.Error, match=re.escape("Could not tell which sensor recorded 'spread.npy'; choose it under 'Sensor'")):
         _forecast(tmp_path / "spread.npy")
+
+
+# ----------------------------------------------------------------------------------------------------------
+# A visitor's input in messages and in the server log
+
+#: What a visitor may send as a text value over the API (a choice, a file name, a header).
+HUGE = "x" * 5_000_000
+#: Longest message or log line a 5 MB value may turn into: the quoted start and a note of its length.
+SHORT = 600
+
+
+def test_a_5_mb_action_string_is_neither_echoed_nor_logged_at_length(tmp_path, caplog):
+    scan = tmp_path / "scan.bin"
+    write_points(scan, np.zeros((10, 4), np.float32) + 5)
+    calls = {
+        "generate": lambda: first_yield(app.generate_world(3, "urban", HUGE, 1, 1, 0, 1.0)),
+        "map preview": lambda: app.preview_map(3, "urban", HUGE, 1, 0),
+        "forecast": lambda: first_yield(app.forecast_from_scan(str(scan), app.AUTO_SENSOR, HUGE, 1, 1, 0)),
+        "sweeps": lambda: first_yield(app.forecast_from_scans([str(scan), str(scan)], HUGE, 1, 1, 0)),
+        "sensor": lambda: first_yield(app.forecast_from_scan(str(scan), HUGE, "Straight", 1, 1, 0)),
+        "style": lambda: first_yield(app.generate_world(3, HUGE, "Straight", 1, 1, 0, 1.0)),
+    }
+    with caplog.at_level(logging.DEBUG):
+        for what, call in calls.items():
+            with pytest.raises(gr.Error) as info:
+                call()
+            message = str(info.value)
+            assert len(message) < SHORT and "5,000,000 characters" in message, (what, message[:200])
+    assert caplog.records and max(len(r.getMessage()) for r in caplog.records) < SHORT
+
+
+def test_what_the_server_logs_of_a_client_is_capped(caplog):
+    """A refusal is logged with the client's address and the path it asked for, both the visitor's to
+    write (the address behind a proxy is the X-Forwarded-For entry the proxy appended as it came)."""
+    limits = _limits([], proxy_hops=1)
+    with caplog.at_level(logging.WARNING, logger="app"):
+        status, body = asyncio.run(_through(limits, f"/gradio_api/call/{HUGE[:100_000]}", "10.0.0.1",
+                                            {"X-Forwarded-For": HUGE[:100_000]}))
+    assert status == 404 and len(body["detail"]) < SHORT
+    assert "refused" in caplog.text and max(len(r.getMessage()) for r in caplog.records) < SHORT
 
 
 # ----------------------------------------------------------------------------------------------------------
