@@ -108,8 +108,9 @@ def _layout(source: LayoutSource | None, time_s: float, pose: np.ndarray, sensor
 def _finish(x: torch.Tensor, kept: MeasuredView | None, pose: np.ndarray, sensor: Sensor,
             settle: bool) -> tuple[RangeImage, np.ndarray, np.ndarray]:
     """A sampled flow image -> the frame's range image, its sensor-frame points and its world-frame points: with
-    `kept`, the measurement written back (and with `settle`, the additions settled against it, for frames
-    without a map or a layout, on which they rest on nothing else); the car's own body is no world point."""
+    `kept`, the measurement written back, its points beside the grid after the image's (and with `settle`, the
+    additions settled against it, for frames without a map or a layout, on which they rest on nothing else);
+    the car's own body is no world point."""
     if kept is not None:
         x = keep_measured(x, kept, sensor)
     image = decode_image(to_encoded_image(x[0]), sensor)
@@ -119,8 +120,9 @@ def _finish(x: torch.Tensor, kept: MeasuredView | None, pose: np.ndarray, sensor
     points = measured_points_of(image, points, kept)
     if settle:
         image, points = settle_additions(image, points, kept)
-    body = kept.body[image.mask]
-    return image, points, transform_points(points[~body], pose)
+    world = points[~kept.body[image.mask]]
+    points = np.concatenate([points, kept.beside])  # the measurement's rays that share a pixel
+    return image, points, transform_points(np.concatenate([world, kept.beside]), pose)
 
 
 def frame_times(count: int, times: np.ndarray | None, start: float = 0.0) -> np.ndarray:

@@ -341,8 +341,11 @@ def test_what_the_network_adds_settles_against_the_measurement(pipe) -> None:
     added[row - 1 : row + 2, 46] = 15.0  # ... beside ground the network drew: the car hides nothing
     image = RangeImage(np.maximum(measured, added), np.full(sensor.shape, 0.5, np.float32))
     points = unproject(image, sensor)
-    view = MeasuredView(RangeImage(measured, np.full(sensor.shape, 0.5, np.float32)), np.zeros((measured.size, 4)),
-                        np.zeros(sensor.shape, bool), body)
+    measured_image = RangeImage(measured, np.full(sensor.shape, 0.5, np.float32))
+    measured_points = np.zeros((measured.size, 4), np.float32)
+    measured_points[measured_image.mask.reshape(-1)] = unproject(measured_image, sensor)
+    # seen from afar (no near-ground rule), with nothing beside the grid
+    view = MeasuredView(measured_image, measured_points, np.zeros(sensor.shape, bool), body, np.zeros((0, 4)), np.inf)
     out, kept = settle_additions(image, points, view)
     np.testing.assert_allclose(out.range[row - 1 : row + 2, 15], 10.0)
     assert 18.0 * BEHIND_RATIO > 10.0
@@ -382,3 +385,112 @@ def test_an_actor_box_in_front_of_a_measured_point_hides_it(pipe, observed) -> N
     assert plain.mask[:, :half].any() and not kept.mask[:, :half].any()
     np.testing.assert_array_equal(kept.image.range[:, half:], plain.image.range[:, half:])
     assert plain.misses[~seen.shadow].any() and not (kept.misses & ~seen.shadow).any()
+
+
+KITTI00 = Path(__file__).resolve().parents[2] / "shared" / "data" / "real_seq" / "kitti00"
+
+
+@pytest.mark.skipif(not KITTI00.is_dir(), reason=f"shared KITTI 00 sweeps not found at {KITTI00}")
+def test_a_native_zero_shift_resimulation_of_a_kitti_sweep_keeps_every_measured_point(pipe) -> None:
+    from lidar.formats import read_points
+
+    sweep = read_points(sorted((KITTI00 / "velodyne").glob("*.bin"))[0])
+    points = sweep.points[np.linalg.norm(sweep.points[:, :3], axis=1) > 0]
+    pose = np.eye(4)[None]
+    frame = pipe.resimulate([sweep], pose, pose, steps=1, seed=0).frames[0]
+    assert frame.range_image.shape[0] == 64 and frame.range_image.shape[1] >= 1990  # the sweep's own geometry
+    assert len(points) > 100_000
+    # every measured point is in the frame where it was measured, with its intensity (float32 world trip)
+    dist, _ = cKDTree(frame.points[:, :3]).query(points[:, :3])
+    assert (dist < 1e-4).all(), f"{(dist >= 1e-4).sum()} of {len(points)} measured points lost"
+
+
+def test_a_second_point_on_a_pixel_that_is_a_ray_of_its_own_is_kept_beside_the_grid(pipe) -> None:
+    from inference.measured import beside_grid
+
+    sensor = pipe.sensor
+    elevation = sensor.elevations[sensor.height // 2]
+    col = np.deg2rad(360.0 / sensor.width)
+    azimuths = np.array([0.1, 0.9]) * col  # one pixel, two directions 0.8 pixel apart (> a fine ray cell)
+    ranges = np.array([10.0, 10.3])
+    scan = np.c_[ranges * np.cos(elevation) * np.cos(azimuths), ranges * np.cos(elevation) * np.sin(azimuths),
+                 ranges * np.sin(elevation), np.full(2, 0.5)].astype(np.float32)
+    poses = np.stack([np.eye(4), np.eye(4)])
+    poses[1, 0, 3] = -5.0  # a second sweep taken elsewhere, which saw only a wall far behind
+    elsewhere = np.array([[-40.0, 0.0, 0.0, 0.5]], np.float32)
+    seen = observation([scan, elsewhere], poses, sensor)
+    target = np.eye(4)
+    target[0, 3] = 0.2  # a moved pose (towards the points): no sweep was taken here
+    view = measured_view(seen, target, sensor)
+    ahead = np.linalg.norm(view.points[:, :3], axis=1) < 20
+    assert (view.mask.reshape(-1) & ahead).sum() == 1  # both points fall on one pixel ...
+    assert len(view.beside) == 1  # ... and the farther is a ray of its own
+    both = np.concatenate([view.points[view.mask.reshape(-1) & ahead], view.beside])
+    np.testing.assert_allclose(np.sort(np.linalg.norm(both[:, :3], axis=1)),
+                               np.sort(np.linalg.norm(seen.seen_from(target)[:2, :3], axis=1)), rtol=1e-5)
+    # a nearer point on the same fine ray hides it: one point per fine ray
+    hidden = scan.copy()
+    hidden[1, :3] = scan[0, :3] * 1.2
+    view = measured_view(observation([hidden, elsewhere], poses, sensor), target, sensor)
+    assert len(view.beside) == 0 and beside_grid(seen.points[:0], seen, target, sensor, view.mask.reshape(-1),
+                                                 np.zeros(0, int)).shape == (0, 4)
+
+
+def test_near_the_observation_only_the_ground_around_the_car_is_added(pipe) -> None:
+    from inference.measured import MISS_BASELINE_M, NEAR_GROUND_M, MeasuredView, settle_additions
+    from lidar.range_image import RangeImage, unproject
+
+    sensor = pipe.sensor
+    ground_row = sensor.height - 2  # a low beam: its rays meet the ground near the car
+    ground_range = sensor.mount_height / np.sin(-sensor.elevations[ground_row])
+    assert ground_range < NEAR_GROUND_M
+    measured = np.zeros(sensor.shape, np.float32)
+    measured[ground_row, : sensor.width // 2] = ground_range  # measured ground on half the ring
+    added = np.zeros(sensor.shape, np.float32)
+    added[ground_row, sensor.width // 2 :] = ground_range  # the network's ground on the other half
+    wall = slice(sensor.height // 2 - 2, sensor.height // 2 + 1)
+    added[wall, 40:50] = NEAR_GROUND_M * 1.2  # and a wall of its own beyond the near ground
+    image = RangeImage(np.maximum(measured, added), np.full(sensor.shape, 0.5, np.float32))
+    points = unproject(image, sensor)
+    measured_image = RangeImage(measured, np.full(sensor.shape, 0.5, np.float32))
+    measured_points = np.zeros((measured.size, 4), np.float32)
+    measured_points[measured_image.mask.reshape(-1)] = unproject(measured_image, sensor)
+
+    def settled(baseline: float) -> RangeImage:
+        view = MeasuredView(measured_image, measured_points, np.zeros(sensor.shape, bool),
+                            np.zeros(sensor.shape, bool), np.zeros((0, 4), np.float32), baseline)
+        return settle_additions(image, points, view)[0]
+
+    near = settled(MISS_BASELINE_M / 2)
+    assert (near.range[ground_row] > 0).all()  # the ground stays, measured and added
+    assert (near.range[wall] == 0).all()  # the wall goes
+    far = settled(MISS_BASELINE_M * 2)  # far from every observing sensor the network fills what is silent
+    assert (far.range[wall, 40:50] == added[wall, 40:50]).all()
+
+
+def test_an_addition_on_a_fine_ray_a_measured_point_returns_on_goes(pipe) -> None:
+    from inference.measured import MeasuredView, settle_additions
+    from lidar.range_image import RangeImage, unproject
+    from lidar.ray_grid import ray_cells
+    from lidar.sensors import HDL64
+
+    sensor = HDL64.with_width(1024)  # pixels finer than a wall's spread, so it is no lone return
+    row, col = sensor.height // 2, 100
+    measured = np.zeros(sensor.shape, np.float32)
+    measured[row, col - 3 : col + 1] = 20.0
+    measured_image = RangeImage(measured, np.full(sensor.shape, 0.5, np.float32))
+    measured_points = np.zeros((measured.size, 4), np.float32)
+    measured_points[measured_image.mask.reshape(-1)] = unproject(measured_image, sensor)
+    added = np.zeros(sensor.shape, np.float32)
+    added[row, col + 1 : col + 4] = 18.0  # the network's surface in front, beside the measured one
+    image = RangeImage(np.maximum(measured, added), np.full(sensor.shape, 0.5, np.float32))
+    points = unproject(image, sensor)
+    # the measured ray: a point kept beside the grid on the first added pixel's fine ray
+    beside = points[np.flatnonzero(image.mask.reshape(-1)) == row * sensor.width + col + 1] * [1.1, 1.1, 1.1, 1]
+    view = MeasuredView(measured_image, measured_points, np.zeros(sensor.shape, bool), np.zeros(sensor.shape, bool),
+                        beside.astype(np.float32), np.inf)
+    out, kept = settle_additions(image, points, view)
+    assert out.range[row, col + 1] == 0.0  # on the measured fine ray: gone
+    assert ray_cells(beside)[0] not in ray_cells(kept[~view.mask[out.mask]])
+    assert (out.range[row, col + 2 : col + 4] == 18.0).all()  # its own rays: kept
+    np.testing.assert_array_equal(out.range[view.mask], measured[view.mask])
