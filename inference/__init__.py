@@ -28,6 +28,8 @@ _EXPORTS = {
     "Frame": "inference.rollout",
     "Progress": "inference.rollout",
     "RolloutResult": "inference.rollout",
+    "UpsampleResult": "inference.upsample",
+    "upsample": "inference.upsample",
     "ACTIONS": "lidar.vocabulary",
 }
 

@@ -6,11 +6,15 @@
         [--topic T] --action straight --frames 8 --out DIR
     python -m inference resimulate --model SRC --scan FILE [FILE ...] [--poses FILE | --register] \\
         --shift DX DY --yaw DEG [--frames N] --out DIR
+    python -m inference upsample --model SRC --scan FILE [--factor 4 | --sensor NAME] [--method edge-aware] \\
+        --out DIR --format pcd
     python -m inference info --model SRC [--json]
 
 `--prefix` / `--scan` take sweep files, a folder of them, one zip, or one recording (a ROS bag, an MCAP, a
 Velodyne or Ouster pcap, a nuScenes root, an Argoverse 2 log; `--topic` picks a bag's PointCloud2 topic;
 `lidar.sequence`); several sweeps without `--poses` are registered with KISS-ICP (`lidar.registration`).
+`upsample` takes one sweep file and writes it on a denser beam table (`inference.upsample`): `upsampled.<ext>`,
+every input point first and unchanged, then the filled rays, and `upsample.json`.
 Output folders hold one point file per frame (sensor frame), `world.<ext>` (the accumulated world, world
 frame), `poses.json`, whose `prefix` list gives each observed sweep's file and pose, and the rollout with
 its observed sweeps as `result.rrd` (Rerun) and `result.mcap` (PointCloud2 and /tf; `inference.results4d`). Bad input (an `InputError`: a file, pose file,
@@ -45,11 +49,22 @@ from inference.pipeline import (
 )
 from inference.results4d import BoxSource, write_views
 from inference.rollout import Progress, RolloutResult
+from inference.upsample import (
+    DEFAULT_FACTOR,
+    DEFAULT_METHOD,
+    METHODS,
+    RECORD_NAME,
+    check_factor,
+    write_upsample,
+)
 from lidar.errors import InputError, shown
+from lidar.formats import READ_SUFFIXES, read_points
 from lidar.sim import ACTIONS, STYLES, make_world
 from lidar.sim.world import World
 
 FORMATS = ("bin", "pcd", "ply", "npz")
+#: `upsample` writes one sweep, in any format `lidar.formats` reads and writes.
+SWEEP_FORMATS = tuple(suffix.lstrip(".") for suffix in READ_SUFFIXES)
 
 
 def main(argv: list[str] | None = None, started: float | None = None) -> int:
@@ -147,6 +162,25 @@ def _resimulate(args: argparse.Namespace, started: float) -> int:
     }
     _write(args, pipe, out, ready, request, scene)
     record_prefix(args.out, scene)
+    return 0
+
+
+def _upsample(args: argparse.Namespace, started: float) -> int:
+    _check_out(args)
+    if (args.out / RECORD_NAME).exists() and not args.overwrite:
+        raise InputError(f"{args.out} already holds an upsampled sweep ({RECORD_NAME}); choose another --out or "
+                         "pass --overwrite")
+    scan = read_points(args.scan)  # fail on a bad file before loading the model
+    pipe = _load(args)
+    ready = time.perf_counter() - started
+    out = pipe.upsample(scan, args.factor, sensor=args.sensor, method=args.method, steps=args.steps, seed=args.seed)
+    request = {"command": args.command, "scan": str(args.scan), "factor": args.factor, "sensor": args.sensor,
+               "method": args.method, "steps": args.steps, "seed": args.seed}
+    record = write_upsample(args.out, out, args.format, provenance=pipe.provenance, request=request,
+                            overwrite=args.overwrite)
+    print(f"wrote {record['file']} ({record['input_points']:,} input + {record['filled_points']:,} filled points, "
+          f"{out.sensor.height} x {out.sensor.width} {out.sensor.name}) and {RECORD_NAME} to {args.out}")
+    print(f"ready {ready:.2f} s, upsample {out.timings['total']:.2f} s, write {record['timings']['write']:.2f} s")
     return 0
 
 
@@ -276,6 +310,8 @@ def _check_arguments(args: argparse.Namespace) -> None:
         LIBRARY_LIMITS.check_steps(args.steps)
     if getattr(args, "guidance", None) is not None:
         LIBRARY_LIMITS.check_guidance(args.guidance)
+    if getattr(args, "factor", None) is not None:
+        check_factor(args.factor)
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -375,6 +411,22 @@ def _parser() -> argparse.ArgumentParser:
     sampling_args(rs)
     output_args(rs)
     rs.set_defaults(run=_resimulate)
+
+    up = sub.add_parser("upsample", help="put new beams between a sweep's measured ones, or fill its missing rays")
+    common(up)
+    up.add_argument("--scan", type=Path, required=True, help="one sweep file (sensor frame)")
+    target = up.add_mutually_exclusive_group()
+    target.add_argument("--factor", type=_WHOLE, default=None,
+                        help=f"beams per measured gap (default {DEFAULT_FACTOR}; 1 fills the sweep's own silent rays)")
+    target.add_argument("--sensor", default=None, help="a preset whose beam table to fill, at the sweep's columns")
+    up.add_argument("--method", default=DEFAULT_METHOD, choices=METHODS, help="what fills the new rays")
+    up.add_argument("--steps", type=_WHOLE, default=None,
+                    help=f"sampler steps of --method model, 1..{MAX_STEPS} (default: the model's)")
+    up.add_argument("--seed", type=_WHOLE, default=0)
+    up.add_argument("--out", type=Path, required=True, help="output folder")
+    up.add_argument("--format", default="pcd", choices=SWEEP_FORMATS, help="point file format (bin drops the rings)")
+    up.add_argument("--overwrite", action="store_true", help="replace an upsampled sweep already in --out")
+    up.set_defaults(run=_upsample)
 
     info = sub.add_parser("info", help="print the model's provenance")
     common(info)

@@ -27,6 +27,7 @@ from inference.loader import Provenance, load_model
 from inference.measured import Observation, ego_body, observation, without_ego_body
 from inference.network import WorldModel, WorldModelConfig
 from inference.rollout import Progress, RolloutResult, cache_from_scans, frame_times, rollout
+from inference.upsample import DEFAULT_METHOD, UpsampleResult, upsample
 from lidar.errors import InputError, shown
 from lidar.formats import Scan, detect_sensor, write_points
 from lidar.range_image import RangeImage, project, unproject
@@ -52,7 +53,7 @@ Callback = Callable[[Progress], None]
 
 
 class LidarVersePipeline:
-    """A world model ready for inference: `generate_world`, `forecast`, `resimulate`, `sample_sweep`."""
+    """A world model ready for inference: `generate_world`, `forecast`, `resimulate`, `sample_sweep`, `upsample`."""
 
     def __init__(self, model: WorldModel, provenance: Provenance) -> None:
         self.model = model
@@ -293,6 +294,25 @@ class LidarVersePipeline:
             callback=callback,
             sensor=grid,
         )
+
+    def upsample(
+        self,
+        points: Scan | np.ndarray,
+        factor: int | None = None,
+        *,
+        sensor: Sensor | str | None = None,
+        mask: np.ndarray | None = None,
+        method: str = DEFAULT_METHOD,
+        steps: int | None = None,
+        seed: int = 0,
+        callback: Callback | None = None,
+    ) -> UpsampleResult:
+        """`points` (one sweep) on a denser beam table, or with its missing rays filled; every input point comes
+        back bit for bit (`inference.upsample.upsample`: `factor` beams per measured gap, or `sensor`'s beam
+        table; `mask` the rays to fill; `method` what fills them, "model" this pipeline's network)."""
+        steps, _ = self._check_sampling(steps, None, seed, callback)
+        return upsample(self.model, points, factor, sensor=sensor, mask=mask, method=method, steps=steps, seed=seed,
+                        callback=callback)
 
     # ------------------------------------------------------------------------------------------------------
 

@@ -409,6 +409,53 @@ def brute_force_view(boxes: np.ndarray, pose: np.ndarray, sensor: Sensor) -> tup
 
 
 # ----------------------------------------------------------------------------------------------------------
+# Ring-by-ring sweeps of a known scene (upsampling tests and its evaluation)
+
+#: The scene `ring_sweep` draws: flat ground this far below the sensor, a round wall at this distance, and a
+#: box face across the road ahead (x, half width, top height) when `box` is asked for.
+SCENE_GROUND_M = 1.7
+SCENE_WALL_M = 25.0
+SCENE_BOX = (10.0, 2.0, 0.5)
+
+
+def scene_ranges(elevations_deg: np.ndarray, azimuths: np.ndarray, wall: bool = True, box: bool = True) -> np.ndarray:
+    """(H, W) range (m, 0 = no return) of each ray (beam elevation by azimuth, rad) into the scene."""
+    el = np.radians(np.asarray(elevations_deg, dtype=np.float64))[:, None]
+    az = np.asarray(azimuths, dtype=np.float64)
+    shape = np.broadcast_shapes(el.shape, az.shape)
+    out = np.full(shape, np.inf)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        out = np.where(el < 0, SCENE_GROUND_M / np.sin(-el), out)
+        if wall:
+            out = np.minimum(out, SCENE_WALL_M / np.cos(el))
+        if box:
+            ahead, half, top = SCENE_BOX
+            hit = ahead / (np.cos(el) * np.cos(az))
+            y, z = hit * np.cos(el) * np.sin(az), hit * np.sin(el)
+            out = np.where((np.cos(az) > 0) & (np.abs(y) <= half) & (z <= top) & (hit < out), hit, out)
+    return np.where(np.isfinite(out), out, 0.0)
+
+
+def ring_sweep(elevations_deg: np.ndarray, width: int, seed: int = 0, drop: float = 0.05, wall: bool = True,
+               box: bool = True) -> tuple[np.ndarray, np.ndarray]:
+    """A sweep of the scene (`scene_ranges`) on the given beams (highest first) and `width` firings a turn, each
+    firing a little off its column's centre, a share `drop` of rays without a return, stored ring by ring from
+    behind the sensor: (N, 4) float32 points and (N,) ring (0 = the highest beam)."""
+    rng = np.random.default_rng(seed)
+    height = len(elevations_deg)
+    az = np.pi * (1.0 - (2.0 * np.arange(width) + 1.0) / width) + rng.uniform(-0.2, 0.2, (height, width)) * np.pi / width
+    ranges = scene_ranges(elevations_deg, az, wall, box)
+    ranges[rng.random(ranges.shape) < drop] = 0.0
+    el = np.radians(np.asarray(elevations_deg, dtype=np.float64))[:, None]
+    xyz = np.stack(np.broadcast_arrays(ranges * np.cos(el) * np.cos(az), ranges * np.cos(el) * np.sin(az),
+                                       ranges * np.sin(el)), axis=-1)
+    keep = ranges > 0
+    ring = np.broadcast_to(np.arange(height)[:, None], keep.shape)[keep]
+    points = np.concatenate([xyz[keep], rng.uniform(0.0, 1.0, (int(keep.sum()), 1))], axis=1)
+    return points.astype(np.float32), ring.astype(np.int64)
+
+
+# ----------------------------------------------------------------------------------------------------------
 # Multi-process checkpointing runs (checkpointing.crashtest and tests/ckpt_worker.py)
 
 def rank_outputs(out: Path, world_size: int) -> list[dict]:
