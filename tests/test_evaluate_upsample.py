@@ -1,0 +1,100 @@
+"""`python -m training.evaluate_upsample` on a tiny case: sweeps of a known scene written to files, a tiny
+release, every setting and method scored, the bars, the pictures and the report."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import numpy as np
+import pytest
+
+from inference import load_pipeline
+from inference.upsample import EDGE_AWARE, LINEAR, MODEL, NEAREST
+from lidar.formats import write_points
+from tests.helpers import ring_sweep, sweep_points, tiny_model, write_release
+from training.evaluate_upsample import (
+    BAR_SETTING,
+    SETTINGS,
+    UpsampleEvalConfig,
+    evaluate,
+    format_report,
+    main,
+)
+
+ELEVATIONS = np.linspace(8.0, -24.0, 16)
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory: pytest.TempPathFactory):
+    folder = tmp_path_factory.mktemp("sweeps")
+    for seed in (0, 1):
+        points, ring = ring_sweep(ELEVATIONS, 128, seed=seed)
+        write_points(folder / f"{seed:06d}.pcd", points, ring=ring)
+    shutil.copy(folder / "000001.pcd", folder / "copy.pcd")
+    write_points(folder / "cloud.bin", sweep_points(0)[np.random.default_rng(0).permutation(2000)])  # no beams
+    release = write_release(tmp_path_factory.mktemp("release"), tiny_model(seed=4))
+    return folder, release
+
+
+@pytest.fixture(scope="module")
+def report(data, tmp_path_factory, one_torch_thread):
+    folder, release = data
+    pictures = tmp_path_factory.mktemp("pictures")
+    out = evaluate(load_pipeline(release, device="cpu"), UpsampleEvalConfig(data=(str(folder),), steps=1),
+                   pictures=pictures)
+    return out, pictures
+
+
+def test_each_sweep_is_scored_once_and_what_cannot_be_scored_says_why(report):
+    out, _ = report
+    protocol = out["protocol"]
+    assert protocol["sweeps"] == ["000000.pcd", "000001.pcd"]
+    assert protocol["duplicates"] == ["copy.pcd (= 000001.pcd)"]
+    assert len(protocol["skipped"]) == 1 and protocol["skipped"][0].startswith("cloud.bin: no beams")
+
+
+def test_every_setting_and_method_has_its_metrics_and_the_fills_beat_their_baselines(report):
+    out, _ = report
+    assert list(out["tables"]) == [s.name for s in SETTINGS]
+    for table in out["tables"].values():
+        assert list(table) == [NEAREST, LINEAR, EDGE_AWARE, MODEL]
+        for method, row in table.items():
+            # an untrained model may return on none of the rays to fill: no range error to take there
+            scored = ("iou", "chamfer") if method == MODEL else ("mae", "median", "iou", "chamfer")
+            assert all(row[k] is not None and np.isfinite(row[k]) for k in scored)
+            assert 0.0 <= row["iou"] <= 1.0 and row["sweeps_per_s"] > 0
+    rings = out["tables"][BAR_SETTING]
+    assert rings[EDGE_AWARE]["median"] < rings[LINEAR]["median"] < rings[NEAREST]["median"]
+    assert rings[EDGE_AWARE]["iou"] == rings[LINEAR]["iou"] == rings[NEAREST]["iou"]
+
+
+def test_the_bars_are_ratios_to_linear_on_the_bar_setting(report):
+    out, _ = report
+    table = out["tables"][BAR_SETTING]
+    by = {b["method"]: b for b in out["bars"]}
+    assert set(by) == {EDGE_AWARE, MODEL}
+    edge = by[EDGE_AWARE]
+    assert edge["mae_ratio"] == pytest.approx(table[EDGE_AWARE]["mae"] / table[LINEAR]["mae"])
+    assert edge["chamfer_ratio"] == pytest.approx(table[EDGE_AWARE]["chamfer"] / table[LINEAR]["chamfer"])
+    assert edge["mae_pass"] == (edge["mae_ratio"] <= 0.8) and edge["iou_pass"] is True
+
+
+def test_the_pictures_and_the_markdown(report):
+    out, pictures = report
+    assert sorted(p.name for p in pictures.iterdir()) == sorted(
+        [f"upsample_bev_{k}.png" for k in range(4)] + [f"upsample_range_{k}.png" for k in range(4)])
+    text = format_report(out)
+    assert all(s.name in text for s in SETTINGS) and "Bars on" in text and "copy.pcd" in text
+
+
+def test_the_command_writes_its_json_and_refuses_a_missing_folder(data, tmp_path, capsys, one_torch_thread):
+    folder, release = data
+    out = tmp_path / "report.json"
+    assert main(["--model", str(release), "--data", str(folder / "000000.pcd"), "--methods", "linear", "edge-aware",
+                 "--out", str(out)]) == 0
+    written = json.loads(out.read_text())
+    assert written["protocol"]["methods"] == [LINEAR, EDGE_AWARE] and written["model"]["iteration"] == 123
+    assert main(["--model", str(release), "--data", str(tmp_path / "nowhere")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].startswith("error: --data") and "no such file or folder" in err[-1]
