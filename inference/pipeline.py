@@ -22,7 +22,7 @@ import numpy as np
 import torch
 
 from inference.cache import SpatialCache
-from inference.limits import LIBRARY_LIMITS
+from inference.limits import LIBRARY_LIMITS, Limits
 from inference.loader import Provenance, load_model
 from inference.measured import Observation, ego_body, observation, without_ego_body
 from inference.network import WorldModel, WorldModelConfig
@@ -305,14 +305,16 @@ class LidarVersePipeline:
         method: str = DEFAULT_METHOD,
         steps: int | None = None,
         seed: int = 0,
+        limits: Limits = LIBRARY_LIMITS,
         callback: Callback | None = None,
     ) -> UpsampleResult:
         """`points` (one sweep) on a denser beam table, or with its missing rays filled; every input point comes
         back bit for bit (`inference.upsample.upsample`: `factor` beams per measured gap, or `sensor`'s beam
-        table; `mask` the rays to fill; `method` what fills them, "model" this pipeline's network)."""
+        table; `mask` the rays to fill; `method` what fills them, "model" this pipeline's network; `limits` the
+        target's rays, e.g. an app's stricter `APP_LIMITS`)."""
         steps, _ = self._check_sampling(steps, None, seed, callback)
         return upsample(self.model, points, factor, sensor=sensor, mask=mask, method=method, steps=steps, seed=seed,
-                        callback=callback)
+                        limits=limits, callback=callback)
 
     # ------------------------------------------------------------------------------------------------------
 

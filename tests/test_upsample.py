@@ -17,7 +17,7 @@ import torch
 
 from inference import load_pipeline
 from inference.__main__ import main
-from inference.limits import LIBRARY_LIMITS
+from inference.limits import APP_LIMITS, LIBRARY_LIMITS
 from inference.network import RETURN
 from inference.upsample import (
     EDGE_AWARE,
@@ -214,6 +214,10 @@ def test_the_pipeline_delegates_and_checks_its_sampling_arguments(tmp_path, one_
     assert pipe.upsample(scan, 2, method=MODEL, steps=1).method == MODEL
     with pytest.raises(InputError, match="steps"):
         pipe.upsample(scan, method=MODEL, steps=0)
+    wide = Sensor.from_angles("wide", np.linspace(10, -20, 128), width=2560)  # within the library's, over the app's
+    assert pipe.upsample(scan, sensor=wide, method=NEAREST).sensor == wide
+    with pytest.raises(InputError, match="expected at most 262,144"):
+        pipe.upsample(scan, sensor=wide, limits=APP_LIMITS)
 
 
 def _no_rings() -> np.ndarray:
