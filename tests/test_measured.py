@@ -79,8 +79,12 @@ def test_a_pose_next_to_one_sweep_keeps_that_sweeps_returns_and_fills_from_the_o
     own = _moved(measured_points(scans[1:], poses[1:]), target, pipe.sensor)
     other = _moved(measured_points(scans[:1], poses[:1]), target, pipe.sensor)
     np.testing.assert_allclose(out[own.mask], own.range[own.mask], rtol=1e-5)
-    fill = other.mask & ~own.mask
+    from inference.measured import row_misses
+
+    stale = row_misses(np.flatnonzero(own.mask.reshape(-1)), pipe.sensor)  # the near sweep saw them empty
+    fill = other.mask & ~own.mask & ~stale
     np.testing.assert_allclose(out[fill], other.range[fill], rtol=1e-5)
+    assert (other.mask & stale).any() and (out[other.mask & stale] == 0).all()
     # where the other sweep's point lies nearer on a ray the near sweep returns on, the near sweep still wins
     assert (own.mask & other.mask & (other.range < own.range - 0.1)).any()
     # halfway between the sweeps neither sees for the pose
@@ -494,3 +498,27 @@ def test_an_addition_on_a_fine_ray_a_measured_point_returns_on_goes(pipe) -> Non
     assert ray_cells(beside)[0] not in ray_cells(kept[~view.mask[out.mask]])
     assert (out.range[row, col + 2 : col + 4] == 18.0).all()  # its own rays: kept
     np.testing.assert_array_equal(out.range[view.mask], measured[view.mask])
+
+
+def test_an_older_point_on_a_ray_the_own_sweep_measured_empty_is_stale(pipe) -> None:
+    sensor = pipe.sensor
+    row = sensor.height // 2
+    elevation = sensor.elevations[row]
+    step = 2 * np.pi / sensor.width
+
+    def ring(columns: np.ndarray, distance: float) -> np.ndarray:
+        az = np.pi - (columns + 0.5) * step  # column centres (azimuth +180 deg at column 0)
+        return np.c_[distance * np.cos(elevation) * np.cos(az), distance * np.cos(elevation) * np.sin(az),
+                     np.full(len(columns), distance * np.sin(elevation)), np.full(len(columns), 0.5)]
+
+    cols = np.arange(20, 31)
+    newest = ring(cols[cols != 25], 12.0).astype(np.float32)  # silent on column 25, between its returns
+    older = ring(np.array([25]), 10.0).astype(np.float32)  # an older, nearer copy there
+    poses = np.stack([np.eye(4), np.eye(4)])
+    poses[0, 0, 3] = -3.0  # the older sweep, 3 m back
+    seen = observation([older, newest], poses, sensor)
+    target = np.eye(4)
+    target[0, 3] = 0.1  # just ahead of the newest sweep: its eyes
+    view = measured_view(seen, target, sensor)
+    assert not view.mask[row, 25] and view.misses[row, 25]
+    assert view.mask[row, 24] and view.mask[row, 26]
