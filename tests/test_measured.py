@@ -512,13 +512,14 @@ def test_an_older_point_on_a_ray_the_own_sweep_measured_empty_is_stale(pipe) -> 
                      np.full(len(columns), distance * np.sin(elevation)), np.full(len(columns), 0.5)]
 
     cols = np.arange(20, 31)
-    newest = ring(cols[cols != 25], 12.0).astype(np.float32)  # silent on column 25, between its returns
-    older = ring(np.array([25]), 10.0).astype(np.float32)  # an older, nearer copy there
     poses = np.stack([np.eye(4), np.eye(4)])
     poses[0, 0, 3] = -3.0  # the older sweep, 3 m back
-    seen = observation([older, newest], poses, sensor)
     target = np.eye(4)
     target[0, 3] = 0.1  # just ahead of the newest sweep: its eyes
+    # the rays as the target sees them, each sweep's points in its own frame
+    newest = ring(cols[cols != 25], 12.0) + np.array([0.1, 0, 0, 0])  # silent on column 25, between its returns
+    older = ring(np.array([25]), 10.0) + np.array([3.1, 0, 0, 0])  # an older, nearer copy there
+    seen = observation([older.astype(np.float32), newest.astype(np.float32)], poses, sensor)
     view = measured_view(seen, target, sensor)
     assert not view.mask[row, 25] and view.misses[row, 25]
     assert view.mask[row, 24] and view.mask[row, 26]
