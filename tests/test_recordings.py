@@ -22,10 +22,11 @@ from rosbags.rosbag2 import Writer as Writer2
 from rosbags.typesys import Stores, get_types_from_msg, get_typestore
 from scipy.spatial.transform import Rotation
 
+from lidar import sandbox
 from lidar.errors import InputError
 from lidar.formats import azimuth_coverage_deg
 from lidar.range_image import beam_rows, point_elevations
-from lidar.recordings import open_container
+from lidar.recordings import is_container, open_container
 from lidar.sensors import HDL64
 from lidar.sequence import open_recording, read_sequence
 
@@ -420,3 +421,40 @@ def test_forecast_from_a_nuscenes_root(tmp_path, kitti):
 def test_forecast_from_a_shared_capture(tmp_path, source):
     forecast(source, tmp_path / "out")
     check_views(tmp_path / "out", len(open_container(source)))
+
+
+# --- paths the file system refuses ------------------------------------------------------------------------------
+
+
+LONG_NAME = "x" * 300  # a file name may have 255 bytes (ENAMETOOLONG past them)
+
+
+@pytest.mark.parametrize("name", [f"{LONG_NAME}.bag", f"{LONG_NAME}.bin", f"{LONG_NAME}/drive.mcap"],
+                         ids=["container", "sweep", "folder"])
+def test_a_path_too_long_is_an_input_error_naming_it(tmp_path, name):
+    path = tmp_path / name
+    for read in (is_container, open_container, open_recording, read_sequence, sandbox.open_recording):
+        with pytest.raises(InputError, match=r"cannot be read \(File name too long\)") as refused:
+            read(path)
+        message = str(refused.value)  # the path's start and end, around a note of its length
+        assert message.startswith(str(path)[:50]) and f"{str(path)[-20:]}: cannot be read" in message
+        assert len(message) < 300
+
+
+def test_the_command_lines_end_a_path_too_long_in_one_error_line(tmp_path):
+    path = tmp_path / f"{LONG_NAME}.pcap"
+    for argv in (["info", str(path)], ["convert", str(path), str(tmp_path / "out.mcap")]):
+        done = run_lidar(*argv)
+        lines = done.stderr.strip().splitlines()
+        assert done.returncode == 2 and len(lines) == 1 and lines[0].startswith("lidar: error: ")
+        assert "cannot be read (File name too long)" in lines[0]
+
+
+@needs_recordings
+def test_a_container_gone_after_it_was_indexed_is_an_input_error(tmp_path):
+    copy = tmp_path / "gone.pcap"
+    copy.write_bytes(HDL32_PCAP.read_bytes())
+    rec = open_container(copy)
+    copy.unlink()
+    with pytest.raises(InputError, match=r"gone.pcap: cannot be read \(No such file or directory\)"):
+        rec[0]

@@ -11,9 +11,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from lidar.errors import MAX_SHOWN_CHARS, capped
 from lidar.formats.scan import PointCloudError
 from lidar.recordings.bag_guard import MCAP_MAGIC, ROS1_MAGIC, SQLITE_MAGIC
-from lidar.recordings.base import ContainerRecording
+from lidar.recordings.base import ContainerRecording, unreadable
 from lidar.sensors import Sensor
 
 #: File suffixes of the single-file containers (what an upload may be); folders are recognised by layout.
@@ -24,13 +25,20 @@ ROS2_METADATA = "metadata.yaml"
 
 
 def is_container(path: str | Path) -> bool:
-    """True for a file with a container suffix, a ROS 2 bag folder, a nuScenes root or an Argoverse 2 log."""
+    """True for a file with a container suffix, a ROS 2 bag folder, a nuScenes root or an Argoverse 2 log.
+
+    A path the file system refuses to look at (a name too long, a folder it may not search) is a
+    `PointCloudError` naming it, not an `OSError`.
+    """
     from lidar.recordings.argoverse import is_argoverse
     from lidar.recordings.nuscenes import is_nuscenes
 
     path = Path(path)
-    if path.is_dir():
-        return (path / ROS2_METADATA).is_file() or is_nuscenes(path) or is_argoverse(path)
+    try:
+        if path.is_dir():
+            return (path / ROS2_METADATA).is_file() or is_nuscenes(path) or is_argoverse(path)
+    except OSError as err:
+        raise unreadable(path, err) from err
     return path.suffix.lower() in CONTAINER_SUFFIXES
 
 
@@ -39,12 +47,20 @@ def open_container(path: str | Path, *, topic: str | None = None, sensor: Sensor
     """The recording in a container file or folder; an `InputError` names what was wrong and what was expected.
 
     `max_sweeps` refuses a bag whose topic lists more messages before any is read (an upload's sweep limit).
+    A path or a member file the file system refuses is a `PointCloudError` naming it.
     """
     path = Path(path)
+    try:
+        return _open(path, topic, sensor, max_sweeps)
+    except OSError as err:
+        raise unreadable(path, err) from err
+
+
+def _open(path: Path, topic: str | None, sensor: Sensor | None, max_sweeps: int | None) -> ContainerRecording:
     if path.is_dir():
         return _open_folder(path, topic, sensor, max_sweeps)
     if not path.is_file():
-        raise PointCloudError(f"{path}: no such file or folder")
+        raise PointCloudError(f"{capped(str(path), MAX_SHOWN_CHARS)}: no such file or folder")
     with path.open("rb") as f:
         head = f.read(16)
     if head.startswith(_BAG_MAGICS):

@@ -11,13 +11,13 @@ city- or UTM-frame pose thousands of metres from its origin does not cost float3
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
-from scipy.spatial.transform import Rotation, Slerp
 
+from lidar.errors import MAX_SHOWN_CHARS, capped
 from lidar.formats import Scan
 from lidar.formats.scan import MAX_DECODED_BYTES, PointCloudError
 from lidar.sequence import Recording
@@ -57,10 +57,23 @@ class ContainerRecording(Recording):
     def names(self) -> list[str]:
         return list(self.labels)
 
-    def sweep(self, index: int) -> Scan:
+    def position(self, index: int) -> int:
+        """`index` (negatives count from the end) as a sweep's position; IndexError past either end."""
         if not -len(self) <= index < len(self):
             raise IndexError(f"sweep {index} of a recording of {len(self)}")
-        return self.decode(int(index) % len(self))
+        return int(index) % len(self)
+
+    def sweep(self, index: int) -> Scan:
+        position = self.position(index)
+        try:
+            return self.decode(position)
+        except OSError as err:  # the container moved, or its disk failed, since it was indexed
+            raise unreadable(self.files[0], err) from err
+
+    def sweeps(self, indices: Iterable[int]) -> Iterator[Scan]:
+        """The sweeps at `indices`, decoded one at a time (a worker's recording reads them in batches)."""
+        for index in indices:
+            yield self.sweep(index)
 
 
 def make_recording(
@@ -84,6 +97,14 @@ def make_recording(
     labels = labels or [f"{stem}_{i:06d}" for i in range(len(stamps))]
     return ContainerRecording(files=[source], poses=poses, times=times, labels=labels, stamps_ns=stamps, kind=kind,
                               topic=topic, decode=decode)
+
+
+def unreadable(path: Path, err: OSError) -> PointCloudError:
+    """The refusal of a path the file system will not look at (a name too long, no permission, a failing
+    disk), naming the path it refused (capped: a too-long name is the visitor's) and why. Raised `from err`,
+    so a worker still sees an ENOMEM underneath as its memory limit."""
+    where = err.filename if isinstance(err.filename, str) and err.filename else str(path)
+    return PointCloudError(f"{capped(where, MAX_SHOWN_CHARS)}: cannot be read ({err.strerror or err})")
 
 
 def check_sweep_count(source: Path, count: int, topic: str | None = None, limit: int | None = None) -> None:
@@ -118,6 +139,8 @@ def rebase(poses: np.ndarray) -> np.ndarray:
 
 def pose_matrix(translation: Sequence[float], quat_xyzw: Sequence[float]) -> np.ndarray:
     """A 4x4 rigid transform from a translation and an (x, y, z, w) quaternion (normalised here)."""
+    from scipy.spatial.transform import Rotation  # scipy.spatial costs every worker ~0.15 s to import
+
     out = np.eye(4)
     quat = np.asarray(quat_xyzw, dtype=np.float64)
     norm = np.linalg.norm(quat)
@@ -134,6 +157,8 @@ def interpolate_poses(stamps_ns: np.ndarray, sample_ns: np.ndarray, samples: np.
     A stamp outside the samples takes the nearest one when it lies within `MAX_POSE_GAP_S`; farther, its
     rows are NaN (no pose there). One sample poses every stamp within the gap.
     """
+    from scipy.spatial.transform import Rotation, Slerp
+
     stamps = np.asarray(stamps_ns, dtype=np.int64)
     out = np.full((len(stamps), 4, 4), np.nan)
     if len(sample_ns) == 0:
