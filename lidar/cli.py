@@ -4,8 +4,9 @@
     python -m lidar convert IN OUT [--sensor S] [--topic T] [--sweeps START:STOP]
     python -m lidar render FILE --out PNG [--view bev|range] [--sensor S]
 
-Files are read in a worker process with bounded memory, CPU and time (`lidar.sandbox`), so a file that
-crashes its decoder or needs more than the reader's limits is bad input too. Bad input (an `InputError`: a
+Files, and recording containers (their index and every sweep), are read in worker processes with bounded
+memory, CPU and time (`lidar.sandbox`), so a file that crashes its decoder or needs more than the reader's
+limits is bad input too. Bad input (an `InputError`: a
 file that is not a sweep, an unknown sensor, an unwritable output) prints one `lidar: error: ...` line to
 stderr and exits with status 2. Anything else is a bug and ends in a traceback
 with status 1, so it is reported rather than passed off as the user's mistake.
@@ -31,9 +32,16 @@ from lidar.formats import (
 )
 from lidar.formats.io import format_for
 from lidar.range_image import beam_rows, point_elevations, project
-from lidar.recordings import is_container, open_container
-from lidar.recordings.convert import BAG_SUFFIXES, convert_recording, print_recording, summarize_recording
-from lidar.sandbox import read_points
+from lidar.recordings import is_container
+from lidar.recordings.convert import (
+    BAG_SUFFIXES,
+    check_bag_output,
+    convert_recording,
+    convert_sweep,
+    print_recording,
+    summarize_recording,
+)
+from lidar.sandbox import WorkerContainer, open_recording, read_points
 from lidar.sensors import PRESETS, Sensor, get_sensor
 
 EXIT_USAGE = 2
@@ -134,7 +142,7 @@ def _print_notes(scan: Scan) -> None:
 def cmd_info(args: argparse.Namespace) -> int:
     sensor = _sensor_arg(args.sensor)
     if is_container(args.file):  # a bag, pcap or dataset log: the recording, and its first sweep
-        summary = summarize_recording(open_container(args.file, topic=args.topic, sensor=sensor))
+        summary = summarize_recording(_container(args.file, args.topic, sensor))
         print(json.dumps(summary, indent=2)) if args.json else print_recording(summary)
         return 0
     info = summarize(read_points(args.file, sensor=sensor), sensor)
@@ -172,12 +180,22 @@ def cmd_convert(args: argparse.Namespace) -> int:
 
 def _convert_recording(args: argparse.Namespace) -> int:
     """A container to a bag, or one sweep file to a bag of one sweep."""
+    check_bag_output(args.output)
     sensor = _sensor_arg(args.sensor)
-    single = None if is_container(args.input) else read_points(args.input, sensor=sensor)
-    count, points = convert_recording(args.input, args.output, topic=args.topic, sweeps=args.sweeps, sensor=sensor,
-                                      single=single)
+    if is_container(args.input):
+        count, points = convert_recording(_container(args.input, args.topic, sensor), args.output, sweeps=args.sweeps)
+    else:
+        count, points = convert_sweep(read_points(args.input, sensor=sensor), args.output)
     print(f"wrote {args.output} ({count} sweeps, {points:,} points)")
     return 0
+
+
+def _container(path: Path, topic: str | None, sensor: Sensor | None) -> WorkerContainer:
+    """The recording in the container `path`, indexed and decoded in workers."""
+    rec = open_recording(path, sensor=sensor, topic=topic)
+    if not isinstance(rec, WorkerContainer):  # is_container said so from the path; the worker read the layout
+        raise PointCloudError(f"{path}: not a recording container")
+    return rec
 
 
 def _check_picture_path(out: Path) -> None:

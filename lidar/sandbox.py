@@ -43,7 +43,7 @@ import tempfile
 import threading
 import time
 import traceback
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, fields
 from multiprocessing.connection import Connection
 from pathlib import Path
@@ -54,6 +54,7 @@ import numpy as np
 from lidar.cancel import checkpoint
 from lidar.errors import InputError
 from lidar.formats.scan import PointCloudError, Scan, max_points, point_limit
+from lidar.recordings.base import ContainerRecording
 from lidar.sensors import Sensor
 from lidar.sequence import Recording, SweepSequence
 
@@ -98,6 +99,10 @@ POLL_S = 0.05
 MAX_REPLY_BYTES = 1 << 20
 #: Most characters of a dead worker's stderr that go to the log.
 MAX_LOGGED_STDERR = 2000
+#: Most sweeps of a recording one worker decodes for `WorkerContainer.sweeps`: every task starts an
+#: interpreter and re-indexes the container (~0.5 s), so a conversion reads its sweeps in batches; a batch
+#: waits on disk in its task folder (16 KITTI sweeps: ~35 MB) and in the caller's memory once loaded.
+SWEEPS_PER_TASK = 16
 #: Most characters of the names a refusal lists for a sequence of files.
 MAX_LABEL_CHARS = 200
 #: Environment of every worker: native thread pools of one thread (the task is bounded by `RLIMIT_CPU`, which
@@ -240,11 +245,41 @@ def _task_register(args: dict[str, Any], inputs: list[np.ndarray], out: _Arrays)
     return _registration_out(register_sweeps(inputs, names=args["names"]), out)
 
 
-def _task_open_recording(args: dict[str, Any], inputs: list[np.ndarray], out: _Arrays) -> dict[str, Any]:
+def _names_out(names: Sequence[str], arrays: _Arrays) -> dict[str, str] | None:
+    """A list of names as a string array (a drive lists 100,000 sweeps: more than a JSON reply may hold)."""
+    return arrays.put(np.array(list(names), dtype=str))
+
+
+def _names_in(ref: dict[str, str] | None, arrays: _Arrays) -> list[str]:
+    names = arrays.get(ref)
+    return [] if names is None else [str(name) for name in names.tolist()]
+
+
+def _open_in_worker(args: dict[str, Any]) -> Recording:
     from lidar.sequence import open_recording
 
-    rec = open_recording(args["folder"])
-    return {"files": [str(f) for f in rec.files], "poses": out.put(rec.poses), "times": out.put(rec.times)}
+    return open_recording(args["source"], sensor=_sensor_in(args["sensor"]), topic=args["topic"])
+
+
+def _task_open_recording(args: dict[str, Any], inputs: list[np.ndarray], out: _Arrays) -> dict[str, Any]:
+    """A recording's index: its files, poses and times, and for a container its sweeps' names, stamps,
+    kind and topic."""
+    from lidar.recordings import ContainerRecording
+
+    rec = _open_in_worker(args)
+    reply: dict[str, Any] = {"files": _names_out([str(f) for f in rec.files], out), "poses": out.put(rec.poses),
+                             "times": out.put(rec.times), "container": None}
+    if isinstance(rec, ContainerRecording):
+        reply["container"] = {"labels": _names_out(rec.labels, out), "stamps_ns": out.put(rec.stamps_ns),
+                              "kind": rec.kind, "topic": rec.topic}
+    return reply
+
+
+def _task_recording_sweeps(args: dict[str, Any], inputs: list[np.ndarray], out: _Arrays) -> dict[str, Any]:
+    """Sweeps `indices` of a recording, re-opened here: each is written out as it is decoded, so the worker
+    holds one sweep at a time."""
+    rec = _open_in_worker(args)
+    return {"scans": [_scan_out(rec[int(i)], out) for i in args["indices"]]}
 
 
 _TASKS: dict[str, Callable[[dict[str, Any], list[np.ndarray], _Arrays], dict[str, Any]]] = {
@@ -252,6 +287,7 @@ _TASKS: dict[str, Callable[[dict[str, Any], list[np.ndarray], _Arrays], dict[str
     "read_sequence": _task_read_sequence,
     "register": _task_register,
     "open_recording": _task_open_recording,
+    "recording_sweeps": _task_recording_sweeps,
 }
 
 
@@ -549,18 +585,49 @@ def register_sweeps(sweeps: Sequence[np.ndarray | Scan], *, names: Sequence[str]
 
 @dataclass
 class WorkerRecording(Recording):
-    """A `lidar.sequence.Recording` whose sweeps are read in a worker, one task a sweep."""
+    """A `lidar.sequence.Recording` of sweep files whose sweeps are read in a worker, one task a sweep."""
 
     def sweep(self, index: int) -> Scan:
         return read_points(self.files[index], self.sensor)
 
 
-def open_recording(folder: str | Path, *, sensor: Sensor | None = None) -> WorkerRecording:
-    """`lidar.sequence.open_recording` with its poses and times files parsed in a worker, and each sweep read
-    in one when indexed."""
-    with pool().run("open_recording", {"folder": str(folder)}, _label([folder])) as (data, out):
-        return WorkerRecording([Path(f) for f in data["files"]], out.get(data["poses"]), out.get(data["times"]),
-                               sensor)
+@dataclass
+class WorkerContainer(ContainerRecording):
+    """A container's recording (a bag's topic, a pcap, a dataset log) as `lidar.recordings.open_container`
+    gives it in process, with the same names, stamps, poses, kind and topic, but indexed in a worker and
+    with its sweeps decoded in workers: one task a sweep when indexed, `SWEEPS_PER_TASK` a task through
+    `sweeps`. Each task opens the container afresh, on its own topic."""
+
+    def sweeps(self, indices: Iterable[int]) -> Iterator[Scan]:
+        chosen = [self.position(i) for i in indices]
+        for start in range(0, len(chosen), SWEEPS_PER_TASK):
+            yield from _recording_sweeps(self.files[0], self.sensor, self.topic, chosen[start:start + SWEEPS_PER_TASK])
+
+
+def _recording_args(source: str | Path, sensor: Sensor | None, topic: str | None) -> dict[str, Any]:
+    return {"source": str(source), "sensor": _sensor_out(sensor), "topic": topic}
+
+
+def _recording_sweeps(source: Path, sensor: Sensor | None, topic: str | None, indices: list[int]) -> list[Scan]:
+    args = {**_recording_args(source, sensor, topic), "indices": indices}
+    with pool().run("recording_sweeps", args, _label([source])) as (data, out):
+        return [_scan_in(scan, out) for scan in data["scans"]]
+
+
+def open_recording(source: str | Path, *, sensor: Sensor | None = None,
+                   topic: str | None = None) -> WorkerRecording | WorkerContainer:
+    """`lidar.sequence.open_recording` in a worker: a folder's poses and times files, or a container's index
+    (its `topic` where it holds several), parsed there, and each sweep decoded in a worker when read."""
+    with pool().run("open_recording", _recording_args(source, sensor, topic), _label([source])) as (data, out):
+        files = [Path(f) for f in _names_in(data["files"], out)]
+        poses, times, container = out.get(data["poses"]), out.get(data["times"]), data["container"]
+        if container is None:
+            return WorkerRecording(files, poses, times, sensor)
+        labels, stamps, topic = _names_in(container["labels"], out), out.get(container["stamps_ns"]), container["topic"]
+    rec = WorkerContainer(files, poses, times, sensor, labels=labels, stamps_ns=stamps, kind=str(container["kind"]),
+                          topic=topic)
+    rec.decode = lambda index: _recording_sweeps(files[0], sensor, topic, [index])[0]
+    return rec
 
 
 if __name__ == "__main__":

@@ -4,7 +4,8 @@ PointCloud2 messages that lie about their layout, and pcaps of packets no LiDAR 
 
 The containers are crafted here byte by byte (or written with rosbags where the container itself is valid),
 and each is opened the way an upload is (`lidar.sequence.read_sequence`). The bombs run in a fresh process
-whose peak memory is measured.
+whose peak memory is measured. The command lines read them in their bounded workers and end in one
+`error:` line with exit status 2.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import pytest
 from rosbags.rosbag2 import StoragePlugin, Writer
 from rosbags.typesys import Stores, get_types_from_msg, get_typestore
 
+from lidar import cli
 from lidar.errors import InputError
 from lidar.recordings.base import MAX_CONTAINER_MESSAGES
 from lidar.sequence import read_sequence
@@ -265,3 +267,58 @@ def test_bombs_are_refused_within_bounded_memory(tmp_path, make):
     kind, grown = done.stdout.split()
     assert kind == "PointCloudError", done.stderr
     assert int(grown) < BOUNDED_BYTES
+
+
+# --- the command lines, which read containers in their bounded workers ----------------------------------------
+
+
+def bz2_bomb_bag(path: Path) -> Path:
+    compressor = bz2.BZ2Compressor(9)
+    bomb = b"".join(compressor.compress(bytes(1 << 20)) for _ in range(64)) + compressor.flush()
+    return ros1_bag(path, ros1_record({"op": b"\x05", "compression": b"bz2", "size": struct.pack("<I", 4096)}, bomb))
+
+
+def blob_mcap(path: Path) -> Path:
+    store = get_typestore(Stores.ROS2_HUMBLE)
+    store.register(get_types_from_msg("uint8[] payload", "acme_msgs/msg/Blob"))
+    blob = store.types["acme_msgs/msg/Blob"](payload=np.zeros(16, dtype=np.uint8))
+    return ros2_bag(path, "/blob", "acme_msgs/msg/Blob", [store.serialize_cdr(blob, "acme_msgs/msg/Blob")], store)
+
+
+HOSTILE = {
+    "bz2-bomb.bag": (bz2_bomb_bag, "a compressed chunk inflates to more than the 4,096 bytes it claims"),
+    "lie.mcap": (lambda p: mcap_file(p, struct.pack("<BQ", 0x05, 2**40) + b"x" * 32), "a record claims"),
+    "blob.mcap": (blob_mcap, "no sensor_msgs/msg/PointCloud2 topic"),
+    "dns.pcap": (lambda p: pcap(p, [udp_frame(b"\x12\x34" + bytes(60), 53)] * 2000), "no Velodyne data packets"),
+}
+
+
+@pytest.mark.parametrize("name", list(HOSTILE))
+def test_lidar_info_and_convert_refuse_a_hostile_container_from_the_worker(tmp_path, name, monkeypatch, capsys):
+    make, message = HOSTILE[name]
+    path = make(tmp_path / name)
+
+    def in_the_caller(*args, **kwargs):
+        raise AssertionError("a container was opened in the caller's process, not in a worker")
+
+    monkeypatch.setattr("lidar.recordings.open_container", in_the_caller)
+    for argv in (["info", str(path)], ["convert", str(path), str(tmp_path / "out.mcap")]):
+        start = time.perf_counter()
+        assert cli.main(argv) == 2
+        assert time.perf_counter() - start < FAST_S
+        lines = capsys.readouterr().err.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith(f"lidar: error: {path}: ") and message in lines[0]
+    assert not (tmp_path / "out.mcap").exists()
+
+
+@pytest.mark.parametrize("command", [
+    [sys.executable, "-m", "lidar", "info", "{file}"],
+    [sys.executable, "-m", "inference", "forecast", "--prefix", "{file}", "--frames", "2", "--out", "{out}"],
+])
+def test_the_command_lines_end_a_container_bomb_in_one_error_line(tmp_path, command):
+    path = bz2_bomb_bag(tmp_path / "bomb.bag")
+    argv = [part.format(file=path, out=tmp_path / "out") for part in command]
+    done = subprocess.run(argv, cwd=REPO, capture_output=True, text=True, timeout=120)
+    lines = done.stderr.strip().splitlines()
+    assert done.returncode == 2 and len(lines) == 1, done.stderr
+    assert "error: " in lines[0] and "bomb.bag: a compressed chunk inflates" in lines[0] and len(lines[0]) < 400

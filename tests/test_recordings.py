@@ -22,7 +22,7 @@ from rosbags.rosbag2 import Writer as Writer2
 from rosbags.typesys import Stores, get_types_from_msg, get_typestore
 from scipy.spatial.transform import Rotation
 
-from lidar import sandbox
+from lidar import cli, sandbox
 from lidar.errors import InputError
 from lidar.formats import azimuth_coverage_deg
 from lidar.range_image import beam_rows, point_elevations
@@ -371,6 +371,7 @@ def test_read_sequence_caps_a_container_by_its_index(tmp_path, kitti, monkeypatc
 
 
 def forecast(prefix: Path, out: Path, *extra: str) -> None:
+    """`python -m inference forecast` on `prefix`, in this process; the container is read in workers."""
     from inference.__main__ import main
 
     assert main(["forecast", "--prefix", str(prefix), *extra, "--frames", "2", "--out", str(out), "--quiet"]) == 0
@@ -395,9 +396,10 @@ def check_views(out: Path, observed: int, frames: int = 2) -> None:
 
 
 @needs_kitti
-@pytest.mark.parametrize("suffix", [".bag", ".mcap"])
-def test_forecast_from_a_bag(tmp_path, kitti, suffix):
+@pytest.mark.parametrize("suffix", [".bag", ".db3", ".mcap"])
+def test_forecast_from_a_bag(tmp_path, kitti, suffix, monkeypatch):
     path = write_bag(tmp_path / f"recording{suffix}", kitti, extra_cloud_topic="/points_raw")
+    readers_only_in_workers(monkeypatch)
     forecast(path, tmp_path / "out", "--topic", "/points")
     check_views(tmp_path / "out", SWEEPS)
     seen = open_container(tmp_path / "out" / "result.mcap", topic="/observed/points")
@@ -410,17 +412,119 @@ def test_forecast_from_a_bag(tmp_path, kitti, suffix):
 
 
 @needs_kitti
-def test_forecast_from_a_nuscenes_root(tmp_path, kitti):
+def test_forecast_from_a_nuscenes_root(tmp_path, kitti, monkeypatch):
     write_nuscenes(tmp_path / "nuscenes", kitti)
+    readers_only_in_workers(monkeypatch)
     forecast(tmp_path / "nuscenes", tmp_path / "out")
     check_views(tmp_path / "out", SWEEPS)
 
 
 @needs_recordings
-@pytest.mark.parametrize("source", [HDL32_PCAP, OUSTER_PCAP, AV2_LOG], ids=["velodyne", "ouster", "argoverse2"])
-def test_forecast_from_a_shared_capture(tmp_path, source):
+@pytest.mark.parametrize("source", [HDL32_PCAP, VLP16_PCAP, OUSTER_PCAP, AV2_LOG],
+                         ids=["hdl32", "vlp16", "ouster", "argoverse2"])
+def test_forecast_from_a_shared_capture(tmp_path, source, monkeypatch):
+    readers_only_in_workers(monkeypatch)
     forecast(source, tmp_path / "out")
     check_views(tmp_path / "out", len(open_container(source)))
+
+
+@needs_kitti
+def test_forecast_names_a_bags_topics_when_none_is_chosen(tmp_path, kitti, capsys):
+    from inference.__main__ import main
+
+    path = write_bag(tmp_path / "two.mcap", kitti, extra_cloud_topic="/points_raw")
+    assert main(["forecast", "--prefix", str(path), "--frames", "2", "--out", str(tmp_path / "out"), "--quiet"]) == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: ") and "(/points, /points_raw); choose one" in lines[0]
+
+
+# --- every container through the bounded workers, as the command lines read it ------------------------------
+
+
+def readers_only_in_workers(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Make opening a container in this process fail: what passes read it in a worker."""
+    def in_the_caller(*args, **kwargs):
+        raise AssertionError("a container was opened in the caller's process, not in a worker")
+
+    monkeypatch.setattr("lidar.recordings.open_container", in_the_caller)
+
+
+#: Each container as (how it is made, the topic chosen): bags written here (two PointCloud2 topics, one
+#: chosen), a nuScenes root written here, and the shared captures.
+CONTAINERS = {
+    "ros1-bag": ("two.bag", "/points_raw"), "db3": ("two.db3", "/points"), "mcap": ("two.mcap", "/points_raw"),
+    "nuscenes": ("nuscenes", None), "hdl32": (HDL32_PCAP, None), "vlp16": (VLP16_PCAP, None),
+    "ouster": (OUSTER_PCAP, None), "argoverse2": (AV2_LOG, None),
+}
+
+
+@pytest.fixture(params=list(CONTAINERS))
+def container(request, tmp_path, kitti) -> tuple[Path, str | None]:
+    made, topic = CONTAINERS[request.param]
+    if isinstance(made, Path):
+        if not RECORDINGS.is_dir():
+            pytest.skip(f"shared recordings not found at {RECORDINGS}")
+        return made, topic
+    if made == "nuscenes":
+        write_nuscenes(tmp_path / made, kitti)
+        return tmp_path / made, topic
+    return write_bag(tmp_path / made, kitti, extra_cloud_topic="/points_raw"), topic
+
+
+def assert_same_sweeps(got, expected, indices) -> None:
+    for i, scan in zip(indices, got, strict=True):
+        np.testing.assert_array_equal(scan.points, expected[i].points)
+        np.testing.assert_array_equal(scan.ring, expected[i].ring)
+
+
+@needs_kitti
+def test_each_container_is_read_in_workers_as_in_process_by_info_and_convert(container, tmp_path, monkeypatch,
+                                                                             capsys):
+    """sandbox.open_recording gives the index open_recording gives here, and decodes the same sweeps (in
+    batches of two); `python -m lidar info` and `convert` read it so, and the converted MCAP keeps every
+    sweep's points, rings, stamps and poses."""
+    source, topic = container
+    here = open_recording(source, topic=topic)
+    readers_only_in_workers(monkeypatch)
+    monkeypatch.setattr(sandbox, "SWEEPS_PER_TASK", 2)
+    there = sandbox.open_recording(source, topic=topic)
+    assert isinstance(there, sandbox.WorkerContainer)
+    assert (there.kind, there.topic, there.names, there.files) == (here.kind, here.topic, here.names, here.files)
+    assert there.stamps_ns.tolist() == here.stamps_ns.tolist()
+    np.testing.assert_array_equal(there.times, here.times)
+    assert (there.poses is None) == (here.poses is None)
+    if here.poses is not None:
+        np.testing.assert_array_equal(there.poses, here.poses)
+    assert_same_sweeps([there[-1]], here, [len(here) - 1])
+    chosen = ["--topic", topic] if topic else []
+    assert cli.main(["info", str(source), "--json", *chosen]) == 0
+    info = json.loads(capsys.readouterr().out)
+    assert info["sweeps"] == len(here) and info["first_sweep"]["points"] == here[0].num_points
+    assert info["first_stamp_ns"] == int(here.stamps_ns[0]) and info["poses"] == (here.poses is not None)
+    copy = tmp_path / "copy.mcap"
+    assert cli.main(["convert", str(source), str(copy), *chosen]) == 0
+    rec = open_container(copy)  # read here, with the container reader the test module holds
+    assert rec.stamps_ns.tolist() == here.stamps_ns.tolist() and rec.topic == f"/{(here.topic or 'points').lstrip('/')}"
+    assert_same_sweeps(rec.sweeps(range(len(rec))), here, range(len(here)))
+    if here.poses is not None:
+        np.testing.assert_allclose(rec.poses, here.poses, atol=1e-6)
+
+
+@needs_kitti
+def test_the_command_line_names_a_bags_topics_through_the_worker(tmp_path, kitti, monkeypatch, capsys):
+    path = write_bag(tmp_path / "two.mcap", kitti, poses="none", extra_cloud_topic="/points_raw")
+    with pytest.raises(InputError) as in_process:
+        open_recording(path)
+    readers_only_in_workers(monkeypatch)
+    with pytest.raises(InputError) as in_worker:
+        sandbox.open_recording(path)
+    assert str(in_worker.value) == str(in_process.value)
+    for argv in (["info", str(path)], ["convert", str(path), str(tmp_path / "out.mcap")],
+                 ["info", str(path), "--topic", "/tf"]):
+        assert cli.main(argv) == 2
+        lines = capsys.readouterr().err.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith("lidar: error: ") and "two.mcap" in lines[0]
+    assert not (tmp_path / "out.mcap").exists()
 
 
 # --- paths the file system refuses ------------------------------------------------------------------------------

@@ -41,6 +41,7 @@ from tests.helpers import (
 
 REPO = Path(__file__).resolve().parents[1]
 SHIPPED_KITTI = REPO / "examples" / "scans" / "kitti_patchworkpp_000000.bin"
+OUSTER_PCAP = REPO.parent / "shared" / "data" / "recordings" / "ouster_os1_128_pcap" / "OS-1-128_v2.3.0_1024x10_lb_n3.pcap"
 pytestmark = pytest.mark.multiprocess
 
 
@@ -244,6 +245,19 @@ def test_a_recording_reads_its_sweeps_in_workers(tmp_path):
     rec = sandbox.open_recording(tmp_path)
     assert rec.names == ["000000.bin", "000001.bin"] and rec.poses is None
     np.testing.assert_array_equal(rec[1].points, read_points(tmp_path / "000001.bin").points)
+    assert isinstance(rec, sandbox.WorkerRecording) and task_folders() == []
+
+
+@pytest.mark.skipif(not OUSTER_PCAP.is_file(), reason=f"shared Ouster capture not found at {OUSTER_PCAP}")
+def test_a_containers_index_and_its_sweeps_are_read_within_the_limits():
+    pattern = rf"{OUSTER_PCAP.name} could not be read within the reader's limits \(it needed more than 8 MiB of memory\)"
+    with limits(memory_bytes=8 * 2**20), pytest.raises(sandbox.OverLimits, match=pattern):
+        sandbox.open_recording(OUSTER_PCAP)
+    rec = sandbox.open_recording(OUSTER_PCAP)
+    assert isinstance(rec, sandbox.WorkerContainer) and len(rec) == 3
+    with limits(memory_bytes=8 * 2**20), pytest.raises(sandbox.OverLimits, match=pattern):
+        rec[0]
+    assert rec[0].num_points > 0 and workers() == [] and task_folders() == []
 
 
 @needs_real_scans

@@ -13,8 +13,7 @@ import numpy as np
 from lidar.errors import InputError
 from lidar.export4d import BAG_SUFFIXES, Sweep, Track, write_bag
 from lidar.formats import Scan
-from lidar.recordings import ContainerRecording, open_container
-from lidar.sensors import Sensor
+from lidar.recordings import ContainerRecording
 
 
 def parse_slice(text: str | None, count: int) -> range:
@@ -65,19 +64,31 @@ def print_recording(info: dict[str, Any]) -> None:
     print("\n".join(lines))
 
 
-def convert_recording(source: Path, output: Path, *, topic: str | None = None, sweeps: str | None = None,
-                      sensor: Sensor | None = None, single: Scan | None = None) -> tuple[int, int]:
-    """Write the container `source` (or the one sweep `single`) as the bag `output`; returns (sweeps, points)."""
+def check_bag_output(output: Path) -> None:
+    """Refuse an output a recording cannot be written as, before anything is read."""
     if output.suffix.lower() not in BAG_SUFFIXES:
         raise InputError(f"{output}: a recording converts to a bag ({', '.join(BAG_SUFFIXES)}); to write one sweep "
                          "as a point file, convert a single sweep file")
+
+
+def convert_recording(rec: ContainerRecording, output: Path, *, sweeps: str | None = None) -> tuple[int, int]:
+    """Write the chosen `sweeps` (START:STOP, default all) of `rec` as the bag `output`, on the recording's
+    topic (else /points); returns (sweeps, points)."""
+    chosen = parse_slice(sweeps, len(rec))
+    stream = (Sweep(scan.points, int(rec.stamps_ns[i]), None if rec.poses is None else rec.poses[i], scan.ring)
+              for i, scan in zip(chosen, rec.sweeps(chosen), strict=True))
+    return write_sweeps(output, rec.topic or "/points", stream)
+
+
+def convert_sweep(scan: Scan, output: Path) -> tuple[int, int]:
+    """Write one sweep as a bag of one message on /points, stamped 0; returns (1, points)."""
+    return write_sweeps(output, "/points", iter([Sweep(scan.points, 0, None, scan.ring)]))
+
+
+def write_sweeps(output: Path, topic: str, stream: Iterator[Sweep]) -> tuple[int, int]:
+    """Write `stream` as the bag `output` on `topic` (frame "lidar"), a sweep at a time; returns (sweeps, points)."""
+    check_bag_output(output)
     counted = [0, 0]
-    if single is not None:
-        stream: Iterator[Sweep] = iter([Sweep(single.points, 0, None, single.ring)])
-        name = "/points"
-    else:
-        rec = open_container(source, topic=topic, sensor=sensor)
-        stream, name = _sweeps(rec, parse_slice(sweeps, len(rec))), rec.topic or "/points"
 
     def counting() -> Iterator[Sweep]:
         for sweep in stream:
@@ -85,17 +96,10 @@ def convert_recording(source: Path, output: Path, *, topic: str | None = None, s
             counted[1] += len(sweep.points)
             yield sweep
 
-    topic_name = name if name.startswith("/") else f"/{name}"
+    topic_name = topic if topic.startswith("/") else f"/{topic}"
     try:
         output.parent.mkdir(parents=True, exist_ok=True)
         write_bag(output, [Track("points", counting(), topic=topic_name, frame="lidar")])
     except OSError as err:
         raise InputError(f"{output}: cannot write ({err.strerror or err})") from err
     return counted[0], counted[1]
-
-
-def _sweeps(rec: ContainerRecording, chosen: range) -> Iterator[Sweep]:
-    """The chosen sweeps, decoded one at a time, with their stamps and (re-based) poses."""
-    for i in chosen:
-        scan = rec[i]
-        yield Sweep(scan.points, int(rec.stamps_ns[i]), None if rec.poses is None else rec.poses[i], scan.ring)
