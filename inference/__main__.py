@@ -14,7 +14,8 @@
 Velodyne or Ouster pcap, a nuScenes root, an Argoverse 2 log; `--topic` picks a bag's PointCloud2 topic;
 `lidar.sequence`); several sweeps without `--poses` are registered with KISS-ICP (`lidar.registration`).
 `upsample` takes one sweep file and writes it on a denser beam table (`inference.upsample`): `upsampled.<ext>`,
-every input point first and unchanged, then the filled rays, and `upsample.json`.
+every input point first and unchanged, then the filled rays, `upsample.json`, and the input beside the
+result as `result.rrd` and `result.mcap`.
 Output folders hold one point file per frame (sensor frame), `world.<ext>` (the accumulated world, world
 frame), `poses.json`, whose `prefix` list gives each observed sweep's file and pose, and the rollout with
 its observed sweeps as `result.rrd` (Rerun) and `result.mcap` (PointCloud2 and /tf; `inference.results4d`). Bad input (an `InputError`: a file, pose file,
@@ -47,7 +48,7 @@ from inference.pipeline import (
     load_pipeline,
     write_rollout,
 )
-from inference.results4d import BoxSource, write_views
+from inference.results4d import BoxSource, write_upsample_views, write_views
 from inference.rollout import Progress, RolloutResult
 from inference.upsample import (
     DEFAULT_FACTOR,
@@ -57,8 +58,9 @@ from inference.upsample import (
     check_factor,
     write_upsample,
 )
+from lidar import sandbox
 from lidar.errors import InputError, shown
-from lidar.formats import READ_SUFFIXES, read_points
+from lidar.formats import READ_SUFFIXES
 from lidar.sim import ACTIONS, STYLES, make_world
 from lidar.sim.world import World
 
@@ -170,7 +172,7 @@ def _upsample(args: argparse.Namespace, started: float) -> int:
     if (args.out / RECORD_NAME).exists() and not args.overwrite:
         raise InputError(f"{args.out} already holds an upsampled sweep ({RECORD_NAME}); choose another --out or "
                          "pass --overwrite")
-    scan = read_points(args.scan)  # fail on a bad file before loading the model
+    scan = sandbox.read_points(args.scan)  # in a bounded worker; a bad file fails before the model loads
     pipe = _load(args)
     ready = time.perf_counter() - started
     out = pipe.upsample(scan, args.factor, sensor=args.sensor, method=args.method, steps=args.steps, seed=args.seed)
@@ -178,8 +180,10 @@ def _upsample(args: argparse.Namespace, started: float) -> int:
                "method": args.method, "steps": args.steps, "seed": args.seed}
     record = write_upsample(args.out, out, args.format, provenance=pipe.provenance, request=request,
                             overwrite=args.overwrite)
+    views = write_upsample_views(args.out, scan, out)
     print(f"wrote {record['file']} ({record['input_points']:,} input + {record['filled_points']:,} filled points, "
-          f"{out.sensor.height} x {out.sensor.width} {out.sensor.name}) and {RECORD_NAME} to {args.out}")
+          f"{out.sensor.height} x {out.sensor.width} {out.sensor.name}), {RECORD_NAME} and {', '.join(views)} "
+          f"to {args.out}")
     print(f"ready {ready:.2f} s, upsample {out.timings['total']:.2f} s, write {record['timings']['write']:.2f} s")
     return 0
 

@@ -5,6 +5,8 @@ The generated frames are the track `generated`; the sweeps a forecast or re-simu
 track `observed`, at their recorded times (10 Hz when they came without). Generated frames follow at 10 Hz:
 a forecast's after its newest observed sweep, a generation's from 0, and a re-simulation's spread over the
 observed span, since it re-renders the same moments from another path. Stamps count from 0 (ns).
+An upsampled sweep is the track `observed` (the input) beside `generated` (every point of the result, the
+input's first), both at time 0 in the sensor frame, each with its rings.
 """
 
 from __future__ import annotations
@@ -16,7 +18,9 @@ import numpy as np
 
 from inference.observed import ObservedScene
 from inference.rollout import RolloutResult
+from inference.upsample import UpsampleResult
 from lidar.export4d import Sweep, Track, write_bag, write_rrd
+from lidar.formats import Scan
 from lidar.vocabulary import FRAME_RATE_HZ
 
 RRD_NAME = "result.rrd"
@@ -51,6 +55,17 @@ def write_views(folder: str | Path, result: RolloutResult, kind: str, scene: Obs
         tracks = [Track("generated", _generated(result, times, boxes))]
         if scene is not None:
             tracks.insert(0, Track("observed", _observed(scene)))
+        paths[name] = writer(folder / name, tracks)
+    return paths
+
+
+def write_upsample_views(folder: str | Path, scan: Scan, result: UpsampleResult) -> dict[str, Path]:
+    """Write `result.rrd` and `result.mcap` of an upsampled sweep into `folder`; returns their paths by name."""
+    folder = Path(folder)
+    paths = {}
+    for name, writer in ((RRD_NAME, write_rrd), (MCAP_NAME, write_bag)):
+        tracks = [Track("observed", [Sweep(scan.points, 0, np.eye(4), scan.ring)]),
+                  Track("generated", [Sweep(result.points, 0, np.eye(4), result.rings)])]
         paths[name] = writer(folder / name, tracks)
     return paths
 

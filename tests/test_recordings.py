@@ -343,7 +343,9 @@ def test_convert_pcap_to_mcap_and_back(tmp_path):
     assert done.returncode == 0, done.stderr
     again = open_container(back)
     assert again.stamps_ns.tolist() == source.stamps_ns[-2:].tolist()
-    np.testing.assert_array_equal(again[1].points, source[4].points)
+    for i in range(2):  # the points and rings of sweeps 3 and 4, after two conversions
+        np.testing.assert_array_equal(again[i].points, source[3 + i].points)
+        np.testing.assert_array_equal(again[i].ring, source[3 + i].ring)
     info = run_lidar("info", str(back), "--json")
     assert json.loads(info.stdout)["sweeps"] == 2 and json.loads(info.stdout)["first_sweep"]["rings"] == 32
 
@@ -409,6 +411,27 @@ def test_forecast_from_a_bag(tmp_path, kitti, suffix, monkeypatch):
     np.testing.assert_allclose(seen.times, (np.array(kitti["stamps"]) - kitti["stamps"][0]) / 1e9, atol=1e-9)
     meta = json.loads((tmp_path / "out" / "poses.json").read_text())
     assert meta["request"]["poses"] == "file"  # from /tf, not registered
+
+
+@needs_kitti
+def test_resimulate_from_a_bag_writes_both_tracks_in_its_views(tmp_path, kitti, monkeypatch):
+    from rerun.chunk import RrdReader
+
+    from inference.__main__ import main
+
+    path = write_bag(tmp_path / "recording.mcap", kitti, extra_cloud_topic="/points_raw")
+    readers_only_in_workers(monkeypatch)
+    out = tmp_path / "out"
+    assert main(["resimulate", "--scan", str(path), "--topic", "/points", "--shift", "0", "1", "--frames", "2",
+                 "--out", str(out), "--quiet"]) == 0
+    rows: dict[str, int] = {}
+    for chunk in RrdReader(out / "result.rrd").stream().to_chunks():
+        rows[chunk.entity_path] = rows.get(chunk.entity_path, 0) + chunk.num_rows
+    assert rows["/world/observed/lidar/points"] == SWEEPS and rows["/world/generated/lidar/points"] == 2
+    seen = open_container(out / "result.mcap", topic="/observed/points")
+    made = open_container(out / "result.mcap", topic="/generated/points")
+    np.testing.assert_array_equal(seen[2].points, kitti["points"][2])
+    assert len(made) == 2 and made.stamps_ns.tolist() == [seen.stamps_ns[0], seen.stamps_ns[-1]]  # the same span
 
 
 @needs_kitti

@@ -14,6 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from rerun.chunk import RrdReader
 
 from inference import load_pipeline
 from inference.__main__ import main
@@ -36,6 +37,7 @@ from lidar.errors import InputError
 from lidar.formats import Scan, read_points, sweep_geometry, write_points
 from lidar.range_image import RangeImage, azimuth_columns, project
 from lidar.real_scans import real_scans_dir
+from lidar.recordings import open_container
 from lidar.sensors import HDL64, Sensor
 from tests.helpers import (
     SCENE_GROUND_M,
@@ -316,6 +318,15 @@ def test_the_command_upsamples_a_real_scan_end_to_end(release, tmp_path):
     assert record["sensor"]["name"] == "hdl64-measured-x2" and written.ring_source == "file"
     assert written.ring.max() == len(record["sensor"]["elevations_deg"]) - 1
     assert "upsampled.ply" in done.stdout
+    views = [chunk for chunk in RrdReader(out / "result.rrd").stream().to_chunks()
+             if chunk.entity_path.endswith("/lidar/points")]  # the input beside the result, read with rerun-sdk
+    assert sorted(chunk.entity_path for chunk in views) == ["/world/generated/lidar/points", "/world/observed/lidar/points"]
+    shown = {chunk.entity_path: chunk.to_record_batch() for chunk in views}
+    positions = next(n for n in shown["/world/generated/lidar/points"].schema.names if n.endswith("Points3D:positions"))
+    assert len(shown["/world/generated/lidar/points"].column(positions).to_pylist()[0]) == record["points"]
+    made = open_container(out / "result.mcap", topic="/generated/points")
+    np.testing.assert_array_equal(made[0].points, written.points)
+    np.testing.assert_array_equal(made[0].ring, written.ring)
 
 
 def test_the_command_fills_a_synthetic_sweep_with_the_model_in_any_format(release, tmp_path, capsys,
@@ -334,15 +345,18 @@ def test_the_command_fills_a_synthetic_sweep_with_the_model_in_any_format(releas
     assert "wrote upsampled.bin" in capsys.readouterr().out
 
 
-def test_the_command_refuses_an_earlier_result_unless_told_to_overwrite(release, tmp_path, capsys):
+def test_the_command_refuses_an_earlier_result_unless_told_to_overwrite(release, tmp_path, capsys, monkeypatch):
     points, ring = ring_sweep(ELEVATIONS, WIDTH)
     scan_file = write_points(tmp_path / "sweep.pcd", points, ring=ring)
+    for module in ("lidar.formats", "lidar.formats.io"):  # the sweep is read in a bounded worker, not here
+        monkeypatch.setattr(f"{module}.read_points", lambda *a, **k: pytest.fail("read in the caller's process"))
     args = ["upsample", "--model", str(release), "--scan", str(scan_file), "--out", str(tmp_path / "out")]
     assert main([*args, "--format", "ply"]) == 0
     assert main(args) == 2
     assert "already holds an upsampled sweep" in capsys.readouterr().err
     assert main([*args, "--overwrite"]) == 0
-    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == [RECORD_NAME, "upsampled.pcd"]
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == sorted([RECORD_NAME, "result.mcap", "result.rrd",
+                                                                          "upsampled.pcd"])
 
 
 @pytest.mark.parametrize(("extra", "message"), [
