@@ -100,7 +100,7 @@ from lidar.formats import (
 )
 from lidar.real_scans import real_scans_dir
 from lidar.recordings import CONTAINER_SUFFIXES
-from lidar.sensors import PRESETS, Sensor, get_sensor
+from lidar.sensors import HDL64, PRESETS, Sensor, get_sensor
 from lidar.sequence import MAX_SWEEPS
 from lidar.sim import STYLES, HDMap, World, make_world, plan_drive
 from lidar.vocabulary import ACTION_LABELS, transform_points
@@ -148,11 +148,20 @@ CLIENT_POLL_S = 0.2
 #: takes ~25 KB; files themselves go through /upload.
 MAX_REQUEST_BODY_BYTES = 256 * 1024
 MAX_FILES_PER_REQUEST = MAX_SWEEPS
+#: Most characters of one string in a join or call body: the longest legitimate one is an uploaded file's
+#: server path (~350). Gradio's own checks quote a value they refuse in full (a choice not in a radio's
+#: list), so a longer one is refused here before it can be echoed or logged.
+MAX_REQUEST_STRING_CHARS = 1024
 #: Seconds a client has to send a join or call body, once its headers are in.
 REQUEST_BODY_TIMEOUT_S = 10.0
 
 ACTIONS = {label: action for action, label in ACTION_LABELS.items()}
 AUTO_SENSOR = "auto-detect"
+#: The generation tab's sensor choice that draws on the served model's own grid.
+MODEL_SENSOR = "model default"
+#: Columns each preset is offered at in the generation tab: the common 1,024 and the 2,048 of a native
+#: HDL-64E (KITTI's records ~2,000 points a ring) or an Ouster in its 2048 mode.
+PRESET_WIDTHS = (1024, 2048)
 #: Re-simulation sliders: how far the new path may leave the observed one (check_inside has the last word).
 MAX_LATERAL_M = 5.0
 MAX_FORWARD_M = 8.0
@@ -161,7 +170,13 @@ MAX_YAW_DEG = 45.0
 PREFIX_COLUMNS = ["file", "x m", "y m", "z m", "yaw deg", "fitness"]
 BEV_EXTENT_M = 50.0
 ANIMATION_FPS = 5.0
+#: Most points the 3D viewer is sent (observed and generated together; a seeded random subset beyond):
+#: a 6 MB PLY. Display only: 32 frames of a 64 x 2048 sensor accumulate millions, and the downloads keep
+#: every one.
 VIEWER_MAX_POINTS = 400_000
+#: About how many rows a range-image picture has: each beam is repeated up to 4 times (a 32-beam sensor 4,
+#: a 128-beam one once), so a dense sensor's animation stays small.
+RANGE_PICTURE_ROWS = 128
 VIEWER_BACKGROUND = (0.05, 0.05, 0.08, 1.0)  # RGBA; dark, so height colours stand out
 PATH_COLOUR = (0, 220, 255)
 #: Real sweeps shipped with the app (licences in its README): the forecast examples of a fresh clone.
@@ -223,6 +238,33 @@ def _choice(value: Any, name: str, choices: dict[str, str] | tuple[str, ...]) ->
     if value not in choices:
         raise gr.Error(f"{name} must be one of {', '.join(map(repr, choices))}; got {shown(value)}.")
     return choices[value] if isinstance(choices, dict) else value
+
+
+def _grid_label(sensor: Sensor) -> str:
+    """How the generation tab names a preset at its columns: "hdl64 (64 x 2048)"."""
+    return f"{sensor.name} ({sensor.height} x {sensor.width})"
+
+
+def _preset_grids() -> dict[str, Sensor]:
+    """Every preset at each of `PRESET_WIDTHS` columns within the app's rays per frame (`APP_LIMITS.max_rays`),
+    by its label."""
+    grids = (preset.with_width(width) for preset in PRESETS.values() for width in PRESET_WIDTHS)
+    return {_grid_label(grid): grid for grid in grids if grid.height * grid.width <= APP_LIMITS.max_rays}
+
+
+#: The sensors the generation tab offers besides the model's own, by label.
+GENERATION_SENSORS = _preset_grids()
+
+
+def _frames_sensor(pipe: LidarVersePipeline, sensor: Sensor | None = None, scans: list[Scan] | None = None) -> Sensor:
+    """The grid a request's frames are drawn on, as the pipeline picks it (`sensor`, else the newest of `scans`'
+    own beams and columns, else the model's), at most `APP_LIMITS.max_rays`: a denser one keeps its beams at
+    fewer columns. Worked out before the rollout, so on ZeroGPU the GPU part does not measure the scans."""
+    with _user_errors("Cannot draw frames on this sensor"):
+        grid = pipe.grid(sensor, scans)
+    if grid.height * grid.width > APP_LIMITS.max_rays:
+        grid = grid.with_width(max(APP_LIMITS.max_rays // grid.height, 1))
+    return grid
 
 
 def _upload_path(upload: str | Path | None, suffixes: tuple[str, ...] = READ_SUFFIXES) -> Path:
@@ -394,7 +436,8 @@ def _worker(fn: Callable[..., Iterator[tuple]]) -> Callable[..., AsyncIterator[t
 class ClientLimits:
     """ASGI middleware: each client (IP address) may hold `MAX_QUEUED_PER_CLIENT` places in the queue, and
     upload `UPLOAD_BYTES_PER_CLIENT` bytes (all clients together `UPLOAD_BYTES_TOTAL`) per `UPLOAD_WINDOW_S`;
-    a join or call body may take `MAX_REQUEST_BODY_BYTES` and list `MAX_FILES_PER_REQUEST` files.
+    a join or call body may take `MAX_REQUEST_BODY_BYTES`, list `MAX_FILES_PER_REQUEST` files and hold no
+    string longer than `MAX_REQUEST_STRING_CHARS`.
 
     Gradio bounds the queue as a whole, so without this one client could fill it and lock every visitor
     out, and it keeps uploads until its cache cleaner runs, so a client could fill the disk meanwhile. It
@@ -532,28 +575,34 @@ async def _bounded_body(receive: Receive, length: bytes | None) -> tuple[bytes, 
     except TimeoutError:
         return b"", (408, f"The request body did not arrive within {REQUEST_BODY_TIMEOUT_S:g} s.")
     body = b"".join(chunks)
-    files = _file_count(body)
+    files, longest = _body_shape(body)
     if files > MAX_FILES_PER_REQUEST:
         return b"", (413, f"The request lists {files:,} files; at most {MAX_FILES_PER_REQUEST} per request.")
+    if longest > MAX_REQUEST_STRING_CHARS:
+        return b"", (413, f"The request holds a value of {longest:,} characters; at most {MAX_REQUEST_STRING_CHARS:,} "
+                          "per value (files go through /upload).")
     return body, None
 
 
-def _file_count(body: bytes) -> int:
-    """How many file references (objects with a "path") a JSON body holds; one that is not JSON holds none
-    here, and Gradio refuses it."""
+def _body_shape(body: bytes) -> tuple[int, int]:
+    """How many file references (objects with a "path") a JSON body holds, and its longest string (a key or
+    a value); one that is not JSON holds none here, and Gradio refuses it."""
     try:
         data = json.loads(body)
     except (ValueError, RecursionError):
-        return 0
-    count, stack = 0, [data]
+        return 0, 0
+    count, longest, stack = 0, 0, [data]
     while stack:
         item = stack.pop()
         if isinstance(item, dict):
             count += "path" in item
+            longest = max(longest, *map(len, item), 0)
             stack.extend(item.values())
         elif isinstance(item, list):
             stack.extend(item)
-    return count
+        elif isinstance(item, str):
+            longest = max(longest, len(item))
+    return count, longest
 
 
 def _replay(body: bytes, receive: Receive) -> Receive:
@@ -652,14 +701,16 @@ def _png_bytes(image: Image.Image) -> bytes:
     return buf.getvalue()
 
 
-def _viewer_file(out: Path, world: np.ndarray, observed: np.ndarray | None) -> Path:
-    """The 3D viewer's PLY: the accumulated world coloured by height, observed points (forecast) in grey."""
+def _viewer_file(out: Path, world: np.ndarray, observed: np.ndarray | None) -> tuple[Path, int]:
+    """The 3D viewer's PLY and how many points it holds: the accumulated world coloured by height, observed
+    points (forecast) in grey, at most `VIEWER_MAX_POINTS` of them together."""
     colors = render.colorize(world, "height")
     points = world
     if observed is not None and len(observed):
         points = np.concatenate([observed[:, :4], world])
         colors = np.concatenate([np.full((len(observed), 3), 150, np.uint8), colors])
-    return render.write_ply_for_viewer(out / "world_viewer.ply", points, colors, max_points=VIEWER_MAX_POINTS)
+    path = render.write_ply_for_viewer(out / "world_viewer.ply", points, colors, max_points=VIEWER_MAX_POINTS)
+    return path, min(len(points), VIEWER_MAX_POINTS)
 
 
 def _frame_pictures(result: RolloutResult, max_range: float) -> tuple[list[Image.Image], list[Image.Image]]:
@@ -669,15 +720,17 @@ def _frame_pictures(result: RolloutResult, max_range: float) -> tuple[list[Image
     for frame in result.frames:
         checkpoint()
         bevs.append(render.bev_image(frame.points, extent=BEV_EXTENT_M, resolution=0.2, value_range=(-3.0, 5.0)))
-        ranges.append(render.range_image_png(frame.range_image, max_range=max_range, scale=4))
+        rows = int(np.clip(RANGE_PICTURE_ROWS // frame.range_image.shape[0], 1, 4))
+        ranges.append(render.range_image_png(frame.range_image, max_range=max_range, scale=rows))
     return bevs, ranges
 
 
-def _downloads(out: Path, result: RolloutResult, world: np.ndarray, pipe: LidarVersePipeline,
+def _downloads(out: Path, result: RolloutResult, world: np.ndarray, pipe: LidarVersePipeline, grid: Sensor,
                request: dict[str, Any], scene: ObservedScene | None) -> list[Path]:
-    """Per-frame KITTI .bin + poses.json (the CLI's layout) in a zip, and the world as .ply, .pcd and .las."""
+    """Per-frame KITTI .bin + poses.json (the CLI's layout; its sensor is the frames' `grid`) in a zip, and the
+    world as .ply, .pcd and .las: every point of every frame, whatever the viewer shows."""
     folder = out / "frames_kitti"
-    write_rollout(folder, result, "bin", sensor=pipe.sensor, provenance=public_provenance(pipe.provenance),
+    write_rollout(folder, result, "bin", sensor=grid, provenance=public_provenance(pipe.provenance),
                   request=request)
     if scene is not None:  # poses.json lists the observed sweeps too, as the CLI writes it
         record_prefix(folder, scene)
@@ -696,17 +749,19 @@ def _downloads(out: Path, result: RolloutResult, world: np.ndarray, pipe: LidarV
     return [frames_zip, *world_files, *views.values()]
 
 
-def _present(result: RolloutResult, out: Path, pipe: LidarVersePipeline, request: dict[str, Any],
+def _present(result: RolloutResult, out: Path, pipe: LidarVersePipeline, grid: Sensor, request: dict[str, Any],
              stats: dict[str, Any], observed: np.ndarray | None, scene: ObservedScene | None) -> Outputs:
-    """Write the files for one rollout into `out` and collect what the page shows."""
+    """Write the files for one rollout (its frames on `grid`) into `out` and collect what the page shows."""
     world = np.asarray(result.world, dtype=np.float32)
-    viewer = _viewer_file(out, world, observed)
-    bevs, ranges = _frame_pictures(result, pipe.sensor.max_range)
+    viewer, shown_points = _viewer_file(out, world, observed)
+    bevs, ranges = _frame_pictures(result, grid.max_range)
     bev_gif = render.save_animation(bevs, out / "bev.gif", fps=ANIMATION_FPS)
     range_gif = render.save_animation(ranges, out / "range.gif", fps=ANIMATION_FPS)
-    downloads = _downloads(out, result, world, pipe, request, scene)
-    stats = {**stats, "frames": len(result.frames), "world points": len(world),
-             "points per frame": round(float(np.mean([len(f.points) for f in result.frames])), 1)}
+    downloads = _downloads(out, result, world, pipe, grid, request, scene)
+    beams, columns = result.frames[0].range_image.shape
+    stats = {**stats, "beams x columns": f"{beams} x {columns}", "frames": len(result.frames), "world points": len(world),
+             "points per frame": round(float(np.mean([len(f.points) for f in result.frames])), 1),
+             "points in the 3D view": shown_points}
     return Outputs(
         viewer=str(viewer),
         bev_animation=str(bev_gif),
@@ -718,14 +773,15 @@ def _present(result: RolloutResult, out: Path, pipe: LidarVersePipeline, request
     )
 
 
-def _deliver(result: RolloutResult, started: float, pipe: LidarVersePipeline, request: dict[str, Any],
+def _deliver(result: RolloutResult, started: float, pipe: LidarVersePipeline, grid: Sensor, request: dict[str, Any],
              stats: dict[str, Any], *, observed: np.ndarray | None = None,
              scene: ObservedScene | None = None) -> Iterator[Outputs]:
-    """The CPU part after the rollout: its stats (wall time since `started`), files and pictures, handed to
-    Gradio from a request folder that lives until Gradio has taken them, i.e. until it resumes the generator."""
-    stats = {**_rollout_stats(result, time.perf_counter() - started, pipe), **stats}
+    """The CPU part after the rollout: its stats (wall time since `started`, the frames' `grid`), files and
+    pictures, handed to Gradio from a request folder that lives until Gradio has taken them, i.e. until it
+    resumes the generator."""
+    stats = {**_rollout_stats(result, time.perf_counter() - started, pipe), "frames' sensor": grid.name, **stats}
     with _request_dir() as out, _user_errors("Writing the results"):
-        yield _present(result, out, pipe, request, stats, observed, scene)
+        yield _present(result, out, pipe, grid, request, stats, observed, scene)
 
 
 def _rollout_stats(result: RolloutResult, seconds: float, pipe: LidarVersePipeline) -> dict[str, Any]:
@@ -780,25 +836,29 @@ def generate_world(
     steps: Any,
     seed: Any,
     guidance: Any,
+    sensor: Any = MODEL_SENSOR,
     progress: gr.Progress = gr.Progress(),  # noqa: B008 - Gradio finds the tracker by this default
 ) -> Iterator[Outputs]:
-    """Roll out a world around a car driving the chosen action on the chosen map."""
+    """Roll out a world around a car driving the chosen action on the chosen map, seen by the chosen sensor
+    (the model's own, or a preset at its columns: `GENERATION_SENSORS`)."""
     pipe = _pipeline()
     map_seed = _whole_number(map_seed, "Map seed", 0, MAX_SEED)
     style = _choice(style, "Style", STYLES)
     action = _choice(action, "Action", ACTIONS)
     frames, steps, seed = _rollout_numbers(frames, steps, seed)
     guidance = _real_number(guidance, "Guidance", 0.0, MAX_GUIDANCE)
+    sensor_label = _choice(sensor, "Sensor", (MODEL_SENSOR, *GENERATION_SENSORS))
+    grid = _frames_sensor(pipe, GENERATION_SENSORS.get(sensor_label))
 
     start = time.perf_counter()
     with _user_errors("Cannot generate this world"):
         world = _world(map_seed, style)
     job = RolloutJob("generate_world", {"map": world, "action": action, "frames": frames, "steps": steps, "seed": seed,
-                                        "guidance": guidance}, "Generating")
+                                        "guidance": guidance, "sensor": grid}, "Generating")
     result = _generate(job, progress, "Cannot generate this world")
     request = {"map_seed": map_seed, "style": style, "action": action, "frames": frames, "steps": steps,
-               "seed": seed, "guidance": guidance}
-    yield from _deliver(result, start, pipe, request, {})
+               "seed": seed, "guidance": guidance, "sensor": sensor_label}
+    yield from _deliver(result, start, pipe, grid, request, {})
 
 
 def _read_scan(path: Path, sensor_name: str) -> tuple[Scan, Sensor]:
@@ -836,15 +896,16 @@ def forecast_from_scan(
     action = _choice(action, "Action", ACTIONS)
     frames, steps, seed = _rollout_numbers(frames, steps, seed)
     scan, sensor = _read_scan(path, sensor_name)
+    grid = _frames_sensor(pipe, scans=[scan])
 
     start = time.perf_counter()
     job = RolloutJob("forecast", {"prefix_scans": [scan], "action": action, "frames": frames, "steps": steps,
-                                  "seed": seed}, "Forecasting")
+                                  "seed": seed, "sensor": grid}, "Forecasting")
     result = _generate(job, progress, f"Cannot forecast from {shown(path.name)}", path)
     stats = {"input": path.name, "input points": len(scan.points), "input sensor": sensor.name, "input notes": scan.notes}
     request = {"input": path.name, "input_sensor": sensor.name, "action": action, "frames": frames,
                "steps": steps, "seed": seed}
-    yield from _deliver(result, start, pipe, request, stats, observed=scan.points)
+    yield from _deliver(result, start, pipe, grid, request, stats, observed=scan.points)
 
 
 def _sweep_uploads(uploads: Any) -> list[Path]:
@@ -906,13 +967,15 @@ def forecast_from_scans(
     start = time.perf_counter()
     scene = _observed_scene(paths, progress, topic)
     yield Outputs(prefix=_prefix_table(scene))
+    grid = _frames_sensor(pipe, scans=scene.scans)
     job = RolloutJob("forecast", {"prefix_scans": scene.scans, "prefix_poses": scene.poses, "prefix_times": scene.times,
-                                  "action": action, "frames": frames, "steps": steps, "seed": seed}, "Forecasting")
+                                  "action": action, "frames": frames, "steps": steps, "seed": seed, "sensor": grid},
+                     "Forecasting")
     result = _generate(job, progress, "Cannot forecast from these sweeps")
     stats = {"inputs": scene.names, "poses": scene.pose_source}
     request = {"inputs": scene.names, "poses": scene.pose_source, "action": action, "frames": frames,
                "steps": steps, "seed": seed}
-    yield from _deliver(result, start, pipe, request, stats, observed=scene.world_points(), scene=scene)
+    yield from _deliver(result, start, pipe, grid, request, stats, observed=scene.world_points(), scene=scene)
 
 
 def resimulate(
@@ -940,14 +1003,15 @@ def resimulate(
     with _user_errors("Cannot re-simulate this scene"):
         targets = shifted_path(scene.poses, (forward, lateral), yaw, frames)
         check_inside(targets, scene.poses)
+    grid = _frames_sensor(pipe, scans=scene.scans)
     job = RolloutJob("resimulate", {"scans": scene.scans, "poses": scene.poses, "target_poses": targets, "steps": steps,
-                                    "seed": seed}, "Re-simulating")
+                                    "seed": seed, "sensor": grid}, "Re-simulating")
     result = _generate(job, progress, "Cannot re-simulate this scene")
     stats = {"inputs": scene.names, "poses": scene.pose_source, "shift (forward, left) m": [forward, lateral],
              "yaw deg": yaw}
     request = {"inputs": scene.names, "poses": scene.pose_source, "shift": [forward, lateral], "yaw_deg": yaw,
                "frames": frames, "steps": steps, "seed": seed}
-    yield from _deliver(result, start, pipe, request, stats, observed=scene.world_points(), scene=scene)
+    yield from _deliver(result, start, pipe, grid, request, stats, observed=scene.world_points(), scene=scene)
 
 
 def show_frame(index: Any, frame_pngs: list[tuple[bytes, bytes]] | None) -> tuple[Image.Image | None, Image.Image | None]:
@@ -1166,6 +1230,13 @@ def _scene_inputs(label: str) -> tuple[gr.File, gr.Dataframe]:
     return files, table
 
 
+def _generation_sensor_choice() -> gr.Dropdown:
+    """The generation tab's sensor: the model's own grid (named when a model is loaded) or a preset."""
+    own = f"{MODEL_SENSOR}: {PIPELINE.sensor.name}, {PIPELINE.sensor.height} x {PIPELINE.sensor.width}" if PIPELINE else MODEL_SENSOR
+    return gr.Dropdown([MODEL_SENSOR, *GENERATION_SENSORS], value=MODEL_SENSOR, label="Sensor (beams x columns)",
+                       info=f"{own}; the presets at their native beams", elem_id="world-sensor")
+
+
 def _action_radio() -> gr.Radio:
     return gr.Radio(list(ACTIONS), value="Straight", label="Ego action")
 
@@ -1180,14 +1251,16 @@ def _world_tab(demo: gr.Blocks) -> None:
                     map_seed = gr.Number(3, label="Map seed", precision=0, minimum=0, maximum=MAX_SEED)
                     style = gr.Dropdown(list(STYLES), value="urban", label="Style")
                 action = _action_radio()
+                sensor = _generation_sensor_choice()
                 sampling = _sampling_controls(8, dice=True, guidance=guidance)
                 generate = gr.Button("Generate", variant="primary", elem_id="generate")
             with gr.Column(scale=1):
                 map_preview = gr.Image(label="HD map (BEV)", height=340, elem_id="map-preview")
         view = RolloutView.build("world")
-        inputs = [map_seed, style, action, *sampling.inputs]
-        gr.Examples([[3, "urban", "Turn left", 8, 4, 0, guidance], [11, "suburban", "Straight", 8, 4, 1, guidance],
-                     [7, "highway", "Turn right", 8, 4, 2, guidance]], inputs)
+        inputs = [map_seed, style, action, *sampling.inputs, sensor]
+        gr.Examples([[3, "urban", "Turn left", 8, 4, 0, guidance, MODEL_SENSOR],
+                     [11, "suburban", "Straight", 8, 4, 1, guidance, MODEL_SENSOR],
+                     [7, "highway", "Turn right", 4, 4, 2, guidance, _grid_label(HDL64.with_width(2048))]], inputs)
     gr.on([demo.load, map_seed.change, style.change, action.change, sampling.frames.release, sampling.seed.change],
           preview_map, [map_seed, style, action, sampling.frames, sampling.seed], map_preview, api_visibility="private")
     view.show(generate, generate_world, inputs, "generate_world")

@@ -21,6 +21,7 @@ import threading
 import time
 import zipfile
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 from types import ModuleType, SimpleNamespace
 
@@ -33,10 +34,12 @@ from starlette.datastructures import Headers
 
 import app
 import app_policy
+from inference.limits import APP_LIMITS
 from inference.loader import MODEL_ENV
 from lidar.cancel import Cancelled, stop_when
 from lidar.formats import read_points, write_points
-from lidar.sensors import Sensor
+from lidar.recordings import open_container
+from lidar.sensors import PRESETS, Sensor
 from tests.helpers import (
     APP_SENSOR,
     KITTI_SCAN,
@@ -129,7 +132,7 @@ def test_downloads_read_back_as_the_generated_world(world_outputs, tmp_path):
     assert [f["file"] for f in poses["frames"]] == frame_names
     assert [f["points"] for f in poses["frames"]] == [len(p) for p in frame_points]
     assert poses["request"] == {"map_seed": 3, "style": "urban", "action": "turn_left", "frames": 3, "steps": 2,
-                                "seed": 0, "guidance": 1.0}
+                                "seed": 0, "guidance": 1.0, "sensor": app.MODEL_SENSOR}
     assert len(world_bin) == stats["world points"]
     mats = np.array([f["pose"] for f in poses["frames"]])
     assert mats.shape == (3, 4, 4) and np.allclose(mats[:, 3], [0, 0, 0, 1])
@@ -159,6 +162,47 @@ def test_frame_viewer_spans_the_frames_and_shows_each_one(world_outputs):
     assert not np.array_equal(np.asarray(rng0), np.asarray(rng2)), "frames 0 and 2 should differ"
     assert app.show_frame(99, frame_pngs)[1].tobytes() == rng2.tobytes(), "out-of-range index clamps"
     assert app.show_frame(0, None) == (None, None)
+
+
+def _ply_vertices(path: str | Path) -> int:
+    header = Path(path).read_bytes().split(b"end_header\n")[0].decode()
+    return int(header.split("element vertex ")[1].split("\n")[0])
+
+
+def test_an_hdl64_at_2048_columns_generates_at_its_density_and_the_view_alone_is_thinned(monkeypatch, tmp_path):
+    """Frames of 100k+ points: the 3D view gets at most its budget, the downloads every point of every frame."""
+    monkeypatch.setattr(app, "VIEWER_MAX_POINTS", 50_000)
+    gen = app.generate_world(3, "urban", "Straight", 2, 1, 0, 1.0, "hdl64 (64 x 2048)")
+    out = first_yield(gen)
+    stats = out.stats
+    assert stats["frames' sensor"] == "hdl64" and stats["beams x columns"] == "64 x 2048"
+    assert Image.open(out.range_animation).size[0] == 2048
+    assert _ply_vertices(out.viewer) == stats["points in the 3D view"] == 50_000 < stats["world points"]
+    downloads = {Path(p).name: Path(p) for p in out.downloads}
+    with zipfile.ZipFile(downloads["frames_kitti.zip"]) as zf:
+        poses = json.loads(zf.read("frames_kitti/poses.json"))
+        frames = [np.frombuffer(zf.read(f"frames_kitti/{f['file']}"), np.float32).reshape(-1, 4) for f in poses["frames"]]
+    assert [len(f) for f in frames] == [f["points"] for f in poses["frames"]]
+    assert min(len(f) for f in frames) > 100_000 and np.mean([len(f) for f in frames]) == stats["points per frame"]
+    assert Sensor.from_dict(poses["sensor"]).shape == (64, 2048) and poses["request"]["sensor"] == "hdl64 (64 x 2048)"
+    assert read_points(downloads["world.ply"]).num_points == stats["world points"]
+    bag = open_container(downloads["result.mcap"])
+    assert [bag[i].num_points for i in range(len(bag))] == [len(f) for f in frames]
+    gen.close()
+
+
+def test_the_sensor_choices_are_every_preset_within_the_apps_rays_per_frame(monkeypatch):
+    assert {grid.name for grid in app.GENERATION_SENSORS.values()} == set(PRESETS)
+    assert all(g.height * g.width <= APP_LIMITS.max_rays for g in app.GENERATION_SENSORS.values())
+    assert app.GENERATION_SENSORS["hdl64 (64 x 2048)"].elevations_deg == PRESETS["hdl64"].elevations_deg
+    stats = first_yield(app.generate_world(3, "urban", "Straight", 1, 1, 0, 1.0, app.MODEL_SENSOR)).stats
+    assert stats["beams x columns"] == f"{APP_SENSOR.height} x {APP_SENSOR.width}"
+    with pytest.raises(gr.Error, match=re.escape("Sensor must be one of 'model default', 'hdl64 (64 x 1024)'")):
+        first_yield(app.generate_world(3, "urban", "Straight", 1, 1, 0, 1.0, "hdl64 (64 x 4096)"))
+    # a server allowing fewer rays draws a dense sensor at fewer columns, beams kept
+    monkeypatch.setattr(app, "APP_LIMITS", replace(APP_LIMITS, max_rays=64 * 1000))
+    stats = first_yield(app.generate_world(3, "urban", "Straight", 1, 1, 0, 1.0, "hdl64 (64 x 2048)")).stats
+    assert stats["beams x columns"] == "64 x 1000"
 
 
 def test_the_same_seed_gives_the_same_world():
@@ -248,6 +292,8 @@ def test_forecast_continues_a_real_kitti_scan():
     assert n_vertices == min(stats["input points"] + stats["world points"], app.VIEWER_MAX_POINTS)
     assert stats["frames"] == 2 and len(frame_pngs) == 2 and Image.open(bev).n_frames == 2
     assert stats["input sensor"] == "hdl64-measured"  # its own beam table, measured from its rings
+    beams, columns = map(int, stats["beams x columns"].split(" x "))  # and the frames come out on it
+    assert beams == 64 and 1900 <= columns <= 2100 and Image.open(out.range_animation).size[0] == columns
     gen.close()
 
 
@@ -320,6 +366,7 @@ def test_a_beam_table_no_preset_describes_is_measured_and_a_cloud_without_beams_
     np.save(path, pts)
     stats = _forecast(path).stats
     assert stats["frames"] == 2 and stats["input sensor"].endswith("-measured")
+    assert stats["beams x columns"].endswith(" x 360")  # its columns (its 20 beams are measured as 32)
     stats = _forecast(path, sensor="vlp16").stats
     assert stats["input sensor"] == "vlp16" and stats["frames"] == 2
     # directions spread evenly over the field of view: no beams to measure, no preset that fits
@@ -358,7 +405,7 @@ def test_a_5_mb_action_string_is_neither_echoed_nor_logged_at_length(tmp_path, c
                 call()
             message = str(info.value)
             assert len(message) < SHORT and "5,000,000 characters" in message, (what, message[:200])
-    assert caplog.records and max(len(r.getMessage()) for r in caplog.records) < SHORT
+    assert max((len(r.getMessage()) for r in caplog.records), default=0) < SHORT
 
 
 def test_what_the_server_logs_of_a_client_is_capped(caplog):

@@ -30,6 +30,7 @@ from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import httpx
 import numpy as np
@@ -156,11 +157,12 @@ def client(server: Server) -> Client:
     return Client(server.url, verbose=False)
 
 
+#: A generation as a client written before the sensor choice sends it (gradio_client fills in the default).
 WORLD_ARGS = (3, "urban", "Turn left", 3, 2, 0, 1.0)
 #: A visitor's quickest generation, and a request that keeps the worker busy for ~10 s on the tiny model
-#: (32 frames of 50 guided sampler steps) unless it is stopped.
-ONE_FRAME = (3, "urban", "Straight", 1, 1, 0, 1.0)
-SLOW = (3, "urban", "Straight", 32, 50, 0, 10.0)
+#: (32 frames of 50 guided sampler steps) unless it is stopped: every input, as a raw call must send them.
+ONE_FRAME = (3, "urban", "Straight", 1, 1, 0, 1.0, app.MODEL_SENSOR)
+SLOW = (3, "urban", "Straight", 32, 50, 0, 10.0, app.MODEL_SENSOR)
 
 
 def as_client(address: str) -> dict[str, str]:
@@ -234,6 +236,28 @@ def test_generate_world_over_http_downloads_readable_files(client, server):
     for server_path in (str(server.tmp.parent), str(REPO), "/tmp/"):
         assert server_path not in poses, f"poses.json in the download shows the server path {server_path}"
     assert server.scratch_dirs() == [], "per-request scratch dirs must be removed after the request"
+
+
+def test_a_sensor_chosen_over_http_draws_the_frames_at_its_beams_and_columns(client):
+    stats = client.predict(3, "urban", "Straight", 1, 1, 0, 1.0, "hdl64 (64 x 2048)", api_name="/generate_world")[3]
+    assert stats["frames' sensor"] == "hdl64" and stats["beams x columns"] == "64 x 2048"
+    assert stats["points in the 3D view"] <= app.VIEWER_MAX_POINTS
+
+
+def test_a_long_action_string_is_neither_echoed_nor_logged_at_length(server):
+    """Gradio's radio quotes a value that is not one of its choices in full: a value within the body limit
+    but past the string limit (200 KB), or a 5 MB one, is refused at the door with a short answer; one at
+    the string limit is refused by Gradio quoting at most that. The server log grows by a few lines."""
+    url, logged = f"{server.url}gradio_api/call/generate_world", server.log.stat().st_size
+    for length in (200_000, 5_000_000):
+        refused = httpx.post(url, json={"data": [3, "urban", "x" * length, 1, 1, 0, 1.0, app.MODEL_SENSOR]}, timeout=30)
+        assert refused.status_code == 413 and len(refused.text) < 300, refused.text[:300]
+    at_limit = "x" * app.MAX_REQUEST_STRING_CHARS
+    event = httpx.post(url, json={"data": [3, "urban", at_limit, 1, 1, 0, 1.0, app.MODEL_SENSOR]}, timeout=30)
+    answer = httpx.get(f"{url}/{event.json()['event_id']}", timeout=60).text
+    assert "event: error" in answer and len(answer) < app.MAX_REQUEST_STRING_CHARS + 400, answer[:300]
+    time.sleep(0.5)  # the log is unbuffered; give the server a moment to write its lines
+    assert server.log.stat().st_size - logged < 20_000, "the server log took in the visitor's value"
 
 
 @needs_real_scans
@@ -420,7 +444,7 @@ def test_one_client_cannot_hold_more_than_its_share_of_the_queue(server):
     """Seven requests at once from one address: four are queued, three refused with a 429 naming the limit;
     another visitor is still served meanwhile. Each asks for 16 frames of 16 steps, so none is done before
     the last is sent (4-frame requests finished between the posts on an idle machine)."""
-    burst = [httpx.post(f"{server.url}gradio_api/call/generate_world", json={"data": [3, "urban", "Straight", 16, 16, i, 1.0]},
+    burst = [httpx.post(f"{server.url}gradio_api/call/generate_world", json={"data": [3, "urban", "Straight", 16, 16, i, 1.0, app.MODEL_SENSOR]},
                         headers=as_client("10.4.0.1"), timeout=30) for i in range(7)]
     codes = [r.status_code for r in burst]
     assert codes == [200] * app.MAX_QUEUED_PER_CLIENT + [429] * (7 - app.MAX_QUEUED_PER_CLIENT), codes
@@ -783,7 +807,7 @@ def test_two_x_forwarded_for_lines_are_one_client(server):
     is its address for the key and for the count alike, so it holds at most its share (8 of 8 were
     accepted against a limit of 4 when the two read different lines)."""
     url = f"{server.url}gradio_api/call/generate_world"
-    burst = [httpx.post(url, json={"data": [3, "urban", "Straight", 16, 16, i, 1.0]}, timeout=30,
+    burst = [httpx.post(url, json={"data": [3, "urban", "Straight", 16, 16, i, 1.0, app.MODEL_SENSOR]}, timeout=30,
                         headers=[("X-Forwarded-For", f"203.0.113.{i}"), ("X-Forwarded-For", "10.9.0.7")])
              for i in range(8)]
     codes = [r.status_code for r in burst]
@@ -792,8 +816,14 @@ def test_two_x_forwarded_for_lines_are_one_client(server):
         httpx.get(f"{url}/{response.json()['event_id']}", timeout=120)
 
 
-def _open_generate(page) -> None:
+def _open_generate(page, sensor: str | None = None) -> None:
+    """Generate, with `sensor` chosen in the tab's sensor list first when given."""
     page.wait_for_selector("#map-preview img", timeout=60_000)
+    if sensor is not None:
+        page.click("#world-sensor input")
+        page.get_by_role("option", name=sensor, exact=True).click()
+        page.wait_for_function("s => document.querySelector('#world-sensor input').value === s", arg=sensor,
+                               timeout=10_000)
     page.click("#generate")
 
 
@@ -808,13 +838,15 @@ def _open_forecast(page) -> None:
     page.click("#forecast")
 
 
-def run_in_browser(url: str, screenshot: Path, tab: str = "world") -> dict[str, float]:
-    """Open the page in chromium, start a rollout in `tab` ("world": Generate; "forecast": an example scan),
-    wait for its 3D canvas and both previews, screenshot.
+def run_in_browser(url: str, screenshot: Path, tab: str = "world", sensor: str | None = None) -> dict[str, Any]:
+    """Open the page in chromium, start a rollout in `tab` ("world": Generate, on `sensor` when given;
+    "forecast": an example scan), wait for its 3D canvas and both previews, screenshot.
 
     Returns the canvas size, how many of its pixels the point cloud lit (from a screenshot of the element,
-    since a WebGL canvas cannot be read back) and the seconds from the click to the previews being shown.
+    since a WebGL canvas cannot be read back), the seconds from the click to the previews being shown and
+    the stats as the page shows them.
     """
+    from playwright.sync_api import TimeoutError as PlaywrightTimeout
     from playwright.sync_api import sync_playwright
 
     with sync_playwright() as pw:
@@ -823,10 +855,20 @@ def run_in_browser(url: str, screenshot: Path, tab: str = "world") -> dict[str, 
             page = browser.new_page(viewport={"width": 1400, "height": 1700})
             errors: list[str] = []
             page.on("pageerror", lambda err: errors.append(str(err)))
+            console: list[str] = []
+            page.on("console", lambda message: console.append(f"{message.type}: {message.text[:300]}"))
             page.goto(url)
             start = time.perf_counter()
-            {"world": _open_generate, "forecast": _open_forecast}[tab](page)
-            page.wait_for_selector(f"#{tab}-viewer canvas", state="visible", timeout=300_000)
+            if tab == "world":
+                _open_generate(page, sensor)
+            else:
+                _open_forecast(page)
+            try:
+                page.wait_for_selector(f"#{tab}-viewer canvas", state="visible", timeout=300_000)
+            except PlaywrightTimeout:  # say what the page showed instead (an error toast, a 429)
+                viewer = page.inner_html(f"#{tab}-viewer")[:1500]
+                raise AssertionError(f"no 3D view; JavaScript errors {errors}, console {console[-10:]}, the viewer "
+                                     f"holds {viewer}") from None
             for preview in (f"#{tab}-bev img", f"#{tab}-range img"):
                 img = page.wait_for_selector(preview, state="visible", timeout=60_000)
                 page.wait_for_function("img => img.complete && img.naturalWidth > 0", arg=img, timeout=30_000)
@@ -851,7 +893,7 @@ def run_in_browser(url: str, screenshot: Path, tab: str = "world") -> dict[str, 
             assert errors == [], f"JavaScript errors on the page: {errors}"
         finally:
             browser.close()
-    return {"width": box["width"], "height": box["height"], "lit_pixels": lit, "seconds": seconds}
+    return {"width": box["width"], "height": box["height"], "lit_pixels": lit, "seconds": seconds, "stats": stats}
 
 
 @pytest.mark.browser
@@ -864,6 +906,14 @@ def test_a_rollout_in_the_browser_shows_the_3d_world_and_the_previews(server, tm
     assert seen["width"] > 200 and seen["height"] > 200
     assert seen["lit_pixels"] > 500, "the 3D viewer shows no point cloud"
     assert shot.stat().st_size > 10_000
+
+
+@pytest.mark.browser
+@pytest.mark.skipif(not CHROMIUM.is_file(), reason=f"Debian chromium is not installed ({CHROMIUM} not found)")
+def test_the_sensor_chosen_in_the_browser_draws_the_world_at_its_beams_and_columns(server, tmp_path):
+    pytest.importorskip("playwright.sync_api", reason="the playwright Python package is not installed")
+    seen = run_in_browser(server.url, tmp_path / "hdl64.png", "world", sensor="hdl64 (64 x 2048)")
+    assert '"64 x 2048"' in seen["stats"] and seen["lit_pixels"] > 500, seen["stats"]
 
 
 if __name__ == "__main__":  # the README screenshots, on the trained model

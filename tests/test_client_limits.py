@@ -83,6 +83,19 @@ def test_bodies_past_the_size_or_file_limit_are_refused_unseen():
     assert gradio.bodies == []
 
 
+def test_a_body_holding_a_string_past_the_limit_is_refused_unseen():
+    """Gradio quotes a refused choice in full, so a long string never reaches it; one at the limit does."""
+    gradio = Gradio()
+    middleware = limits(gradio)
+    long = json.dumps({"data": [3, "urban", "x" * (app.MAX_REQUEST_STRING_CHARS + 1)]}).encode()
+    status, answer = asyncio.run(post(middleware, [long]))
+    assert status == 413 and "a value of 1,025 characters; at most 1,024" in answer["detail"]
+    key = json.dumps({"data": [{"x" * (app.MAX_REQUEST_STRING_CHARS + 1): 1}]}).encode()
+    assert asyncio.run(post(middleware, [key]))[0] == 413
+    fits = json.dumps({"data": [3, "urban", "x" * app.MAX_REQUEST_STRING_CHARS]}).encode()
+    assert asyncio.run(post(middleware, [fits]))[0] == 200 and gradio.bodies == [fits]
+
+
 def test_a_body_that_never_arrives_is_refused_after_its_timeout(monkeypatch):
     monkeypatch.setattr(app, "REQUEST_BODY_TIMEOUT_S", 0.2)
     status, answer = asyncio.run(post(limits(Gradio()), [b'{"data": ['], stall=True))
