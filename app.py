@@ -100,6 +100,10 @@ from lidar.formats import (
 )
 from lidar.real_scans import real_scans_dir
 from lidar.recordings import CONTAINER_SUFFIXES
+from lidar.recordings.argoverse import CALIBRATION_FILE as AV2_CALIBRATION_FILE
+from lidar.recordings.argoverse import POSES_FILE as AV2_POSES_FILE
+from lidar.recordings.argoverse import SWEEP_FOLDER as AV2_SWEEP_FOLDER
+from lidar.recordings.nuscenes import SWEEP_FOLDERS as NUSCENES_SWEEP_FOLDERS
 from lidar.sensors import HDL64, PRESETS, Sensor, get_sensor
 from lidar.sequence import MAX_SWEEPS
 from lidar.sim import STYLES, HDMap, World, make_world, plan_drive
@@ -166,6 +170,15 @@ PRESET_WIDTHS = (1024, 2048)
 MAX_LATERAL_M = 5.0
 MAX_FORWARD_M = 8.0
 MAX_YAW_DEG = 45.0
+#: What a scene's upload may be: sweep files, a zip of them, a recording container, or the loose files of a
+#: recording (`_recording_layout`): an Ouster pcap's metadata json, nuScenes tables, Argoverse 2 feathers.
+SCENE_SUFFIXES = (*READ_SUFFIXES, ".zip", *CONTAINER_SUFFIXES, ".json", ".feather")
+#: The nuScenes tables an upload of LIDAR_TOP sweeps may bring (`lidar.recordings.nuscenes` poses the sweeps
+#: with all three), and the version folder they are laid out in.
+NUSCENES_TABLES = ("ego_pose.json", "sensor.json", "calibrated_sensor.json")
+NUSCENES_VERSION = "v1.0-upload"
+#: What names a nuScenes LIDAR_TOP sweep (`<log>__LIDAR_TOP__<microseconds>.pcd.bin`).
+NUSCENES_NAME = "__LIDAR_TOP__"
 #: Columns of the "Registered prefix" table.
 PREFIX_COLUMNS = ["file", "x m", "y m", "z m", "yaw deg", "fitness"]
 BEV_EXTENT_M = 50.0
@@ -909,32 +922,98 @@ def forecast_from_scan(
 
 
 def _sweep_uploads(uploads: Any) -> list[Path]:
-    """Several uploaded sweeps, or one zip of them, after the checks that need no parsing (count, sizes)."""
+    """Several uploaded sweeps, or one zip of them, or one recording (an Ouster .pcap with its metadata json),
+    after the checks that need no parsing (count, sizes, suffixes)."""
     items = [uploads] if isinstance(uploads, str | Path) else list(uploads or [])
     if not items:
         raise gr.Error("No sweeps uploaded: drop the sweeps of one drive (or one .zip of them) on 'Sweeps'.")
     if len(items) > MAX_SWEEPS:
         raise gr.Error(f"{len(items)} files uploaded; a scene may hold at most {MAX_SWEEPS} sweeps.")
-    zips = [Path(p) for p in items if Path(p).suffix.lower() in (".zip", *CONTAINER_SUFFIXES)]
-    if zips and len(items) > 1:
-        raise gr.Error("Upload either sweep files, or one .zip of them or one recording (.bag, .mcap, .db3, .pcap).")
-    return [_upload_path(p, (*READ_SUFFIXES, ".zip", *CONTAINER_SUFFIXES)) for p in items]
+    paths = [_upload_path(p, SCENE_SUFFIXES) for p in items]
+    alone = [p for p in paths if p.suffix.lower() in (".zip", *CONTAINER_SUFFIXES)]
+    ouster = sorted(p.suffix.lower() for p in paths) == [".json", ".pcap"]
+    if alone and len(paths) > 1 and not ouster:
+        raise gr.Error("Upload either sweep files, or one .zip of them, or one recording (.bag, .mcap, .db3, .pcap; "
+                       "an Ouster .pcap with its metadata .json).")
+    return paths
+
+
+def _upload_names(paths: list[Path]) -> dict[str, Path]:
+    """The uploads by their file names, which a recording's layout keys on; two of one name are refused."""
+    names: dict[str, Path] = {}
+    for path in paths:
+        if path.name in names:
+            raise gr.Error(f"Two uploads are named {shown(path.name)}; a recording's files need distinct names.")
+        names[path.name] = path
+    return names
+
+
+def _laid_out(into: Path, placed: dict[Path, Path]) -> None:
+    """Link each upload (value) at its place in `into` (key, relative), as a recording's reader finds it."""
+    for where, upload in placed.items():
+        target = into / where
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.symlink_to(upload.resolve())
+
+
+def _recording_layout(paths: list[Path], into: Path) -> Path | None:
+    """The file or folder a recording reader opens for loose uploads that make one recording, laid out in
+    `into` as that reader expects (links to the uploads); None for anything else (sweep files, a zip, a
+    container), which `observe` reads as it is.
+
+    - an Ouster .pcap with its metadata .json: side by side (`lidar.recordings.ouster.find_metadata`);
+    - nuScenes `<log>__LIDAR_TOP__<us>.pcd.bin` sweeps with its tables (`NUSCENES_TABLES`, ego_pose.json
+      at least): `samples/LIDAR_TOP/` and a version folder;
+    - Argoverse 2 `<ns>.feather` sweeps with `city_SE3_egovehicle.feather` and
+      `egovehicle_SE3_sensor.feather`: `sensors/lidar/`, the log folder and `calibration/`.
+    """
+    names = _upload_names(paths)
+    suffixes = {p.suffix.lower() for p in paths}
+    if suffixes == {".pcap", ".json"}:
+        _laid_out(into, {Path(name): path for name, path in names.items()})
+        return into / next(name for name in names if name.lower().endswith(".pcap"))
+    if suffixes == {".feather"}:
+        side = {AV2_POSES_FILE: Path(AV2_POSES_FILE), AV2_CALIBRATION_FILE.name: AV2_CALIBRATION_FILE}
+        odd = next((name for name in names if name not in side and not Path(name).stem.isdigit()), None)
+        if odd is not None:
+            raise gr.Error(f"{shown(odd)} is neither an Argoverse 2 sweep (<nanoseconds>.feather) nor one of "
+                           f"{', '.join(side)}.")
+        _laid_out(into, {side.get(name, AV2_SWEEP_FOLDER / name): path for name, path in names.items()})
+        return into
+    if ".json" not in suffixes:
+        return None
+    tables = {name for name in names if name.lower().endswith(".json")}
+    if "ego_pose.json" not in tables or not tables <= set(NUSCENES_TABLES) or suffixes != {".json", ".bin"}:
+        raise gr.Error(f"{shown(sorted(tables)[0])}: a .json goes with an Ouster .pcap (its metadata) or with nuScenes "
+                       f".pcd.bin sweeps (its tables: {', '.join(NUSCENES_TABLES)}, ego_pose.json at least).")
+    named = next((name for name in names if name not in tables and NUSCENES_NAME not in name), None)
+    if named is not None:
+        raise gr.Error(f"{shown(named)} is not named as a nuScenes sweep (<log>{NUSCENES_NAME}<microseconds>.pcd.bin); "
+                       "the tables pose only those.")
+    sweeps = NUSCENES_SWEEP_FOLDERS[0]
+    _laid_out(into, {Path(NUSCENES_VERSION) / name if name in tables else sweeps / name: path
+                     for name, path in names.items()})
+    return into
 
 
 def _topic(value: Any) -> str | None:
-    """A bag's PointCloud2 topic as typed, or None (the only one)."""
+    """A recording's topic as typed (a bag's PointCloud2 topic, a nuScenes log), or None (the only one)."""
     if value is None or (isinstance(value, str) and not value.strip()):
         return None
     if not isinstance(value, str) or len(value) > MAX_TOPIC_CHARS or not value.isprintable():
-        raise gr.Error(f"Topic must be a ROS topic name of at most {MAX_TOPIC_CHARS} characters, e.g. /velodyne_points.")
+        raise gr.Error(f"Topic must be a ROS topic name or a nuScenes log of at most {MAX_TOPIC_CHARS} characters, "
+                       "e.g. /velodyne_points.")
     return value.strip()
 
 
 def _observed_scene(paths: list[Path], progress: gr.Progress, topic: str | None = None) -> ObservedScene:
-    """Read the uploads and register them (several sweeps without poses) or take their poses file."""
+    """Read the uploads (in a worker, `observe`) and register them (several sweeps without poses) or take their
+    poses: a poses file's, or a recording's. Loose files of one recording are read in its own layout, from a
+    scratch folder that goes once they are read."""
     progress(0.0, desc=f"Registering {len(paths)} upload(s)")
-    with _user_errors("Cannot register these sweeps"), point_limit(MAX_UPLOAD_POINTS):
-        return observe(paths if len(paths) > 1 else paths[0], topic=topic)
+    with _request_dir() as scratch, _user_errors("Cannot register these sweeps"), point_limit(MAX_UPLOAD_POINTS):
+        source = _recording_layout(paths, scratch) or (paths if len(paths) > 1 else paths[0])
+        return observe(source, topic=topic)
 
 
 def _prefix_table(scene: ObservedScene) -> list[list[Any]]:
@@ -986,11 +1065,14 @@ def resimulate(
     frames: Any,
     steps: Any,
     seed: Any,
+    topic: Any = None,
     progress: gr.Progress = gr.Progress(),  # noqa: B008 - Gradio finds the tracker by this default
 ) -> Iterator[Outputs]:
-    """Render the uploaded scene from a path shifted sideways / forward and turned, along the observed one;
-    generated frames are not fed back, so every frame shows the observed world from its new pose."""
+    """Render the uploaded scene (files, one zip or one recording: its `topic` where it holds several) from a
+    path shifted sideways / forward and turned, along the observed one; generated frames are not fed back, so
+    every frame shows the observed world from its new pose."""
     pipe = _pipeline()
+    topic = _topic(topic)
     paths = _sweep_uploads(scan_files)
     lateral = _real_number(lateral, "Lateral shift", -MAX_LATERAL_M, MAX_LATERAL_M)
     forward = _real_number(forward, "Forward shift", -MAX_FORWARD_M, MAX_FORWARD_M)
@@ -998,7 +1080,7 @@ def resimulate(
     frames, steps, seed = _rollout_numbers(frames, steps, seed)
 
     start = time.perf_counter()
-    scene = _observed_scene(paths, progress)
+    scene = _observed_scene(paths, progress, topic)
     yield Outputs(prefix=_prefix_table(scene))
     with _user_errors("Cannot re-simulate this scene"):
         targets = shifted_path(scene.poses, (forward, lateral), yaw, frames)
@@ -1221,8 +1303,7 @@ def example_scene() -> list[str]:
 def _scene_inputs(label: str) -> tuple[gr.File, gr.Dataframe]:
     """The upload of several sweeps (or one zip), its example when there is one, and the table of their
     registered poses."""
-    files = gr.File(label=label, file_count="multiple", file_types=[*READ_SUFFIXES, ".zip", *CONTAINER_SUFFIXES],
-                    type="filepath")
+    files = gr.File(label=label, file_count="multiple", file_types=list(SCENE_SUFFIXES), type="filepath")
     if scene := example_scene():
         gr.Examples([[scene]], [files], label="KITTI seq 00, sweeps 0, 2, 4 (click)")
     table = gr.Dataframe(headers=PREFIX_COLUMNS, label="Registered prefix (world frame = the first sweep)",
@@ -1235,6 +1316,18 @@ def _generation_sensor_choice() -> gr.Dropdown:
     own = f"{MODEL_SENSOR}: {PIPELINE.sensor.name}, {PIPELINE.sensor.height} x {PIPELINE.sensor.width}" if PIPELINE else MODEL_SENSOR
     return gr.Dropdown([MODEL_SENSOR, *GENERATION_SENSORS], value=MODEL_SENSOR, label="Sensor (beams x columns)",
                        info=f"{own}; the presets at their native beams", elem_id="world-sensor")
+
+
+#: What the scene uploads take, as their labels say.
+SCENE_UPLOADS = ("files, one .zip, or one recording: a .bag, .mcap, .db3 or Velodyne .pcap, an Ouster .pcap with its "
+                 "metadata .json, nuScenes .pcd.bin sweeps with ego_pose.json, Argoverse 2 .feather sweeps with their "
+                 "poses and calibration")
+
+
+def _topic_box() -> gr.Textbox:
+    """Which stream of a recording to read where it holds several: a bag's PointCloud2 topic, a nuScenes log."""
+    return gr.Textbox(label="Topic (a bag's PointCloud2 topic, or a nuScenes log, where there are several)",
+                      max_lines=1, placeholder="/velodyne_points")
 
 
 def _action_radio() -> gr.Radio:
@@ -1280,10 +1373,8 @@ def _forecast_tab() -> None:
             with gr.Column(scale=1):
                 gr.Examples([[str(p)] for p in example_scans()], [scan_file], label="Real scans (click one)")
                 with gr.Accordion("Several sweeps of one drive: registered, then forecast", open=True):
-                    sweep_files, prefix_table = _scene_inputs("Sweeps, oldest first (files, one .zip, or one "
-                                                              ".bag, .mcap, .db3 or Velodyne .pcap)")
-                    topic = gr.Textbox(label="Topic (a bag with several PointCloud2 topics)", max_lines=1,
-                                       placeholder="/velodyne_points")
+                    sweep_files, prefix_table = _scene_inputs(f"Sweeps, oldest first ({SCENE_UPLOADS})")
+                    topic = _topic_box()
                     forecast_many = gr.Button("Register and forecast", elem_id="forecast-scans")
         view = RolloutView.build("forecast")
     view.show(forecast, forecast_from_scan, [scan_file, sensor, action, *sampling.inputs], "forecast_from_scan")
@@ -1296,7 +1387,8 @@ def _resimulate_tab() -> None:
     with gr.Tab("Re-simulate"):
         with gr.Row():
             with gr.Column(scale=1):
-                files, prefix_table = _scene_inputs("Sweeps of the scene (files or one .zip)")
+                files, prefix_table = _scene_inputs(f"Sweeps of the scene ({SCENE_UPLOADS})")
+                topic = _topic_box()
             with gr.Column(scale=1):
                 lateral = gr.Slider(-MAX_LATERAL_M, MAX_LATERAL_M, value=2.0, step=0.1, label="Lateral shift (m, left +)")
                 forward = gr.Slider(-MAX_FORWARD_M, MAX_FORWARD_M, value=0.0, step=0.1, label="Forward shift (m)")
@@ -1304,7 +1396,7 @@ def _resimulate_tab() -> None:
                 sampling = _sampling_controls(3, "Frames along the observed path")
                 button = gr.Button("Re-simulate", variant="primary", elem_id="resimulate")
         view = RolloutView.build("resim")
-    view.show(button, resimulate, [files, lateral, forward, yaw, *sampling.inputs], "resimulate", prefix_table)
+    view.show(button, resimulate, [files, lateral, forward, yaw, *sampling.inputs, topic], "resimulate", prefix_table)
 
 
 def _model_tab(demo: gr.Blocks) -> None:
