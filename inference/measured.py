@@ -268,6 +268,12 @@ def observation(scans: list[np.ndarray], poses: np.ndarray, sensor: Sensor,
                        sensor_shadow(scans, sensor), sweep, body, origin)
 
 
+def _nearest_sweep(observed: Observation, pose: np.ndarray) -> tuple[np.ndarray, int]:
+    """Each observing sensor's distance to `pose`, and the nearest sweep (of sweeps from one place, the newest)."""
+    gaps = np.linalg.norm(observed.positions - pose[:3, 3], axis=1)
+    return gaps, int(np.lexsort((-np.arange(len(gaps)), gaps))[0])
+
+
 def own_sweep(observed: Observation, pose: np.ndarray) -> int | None:
     """The sweep whose eyes a sensor at `pose` sees with, if any: the nearest observing sensor's, when the pose
     is at most `OWN_SWEEP_RATIO` times as far from it as from any sweep taken elsewhere (`EGO_TRAVEL_M` or
@@ -288,8 +294,7 @@ def own_sweep(observed: Observation, pose: np.ndarray) -> int | None:
     """
     if len(observed.positions) < 2:
         return None
-    gaps = np.linalg.norm(observed.positions - pose[:3, 3], axis=1)
-    first = int(np.lexsort((-np.arange(len(gaps)), gaps))[0])  # of sweeps from one place, the newest
+    gaps, first = _nearest_sweep(observed, pose)
     # the others: sweeps taken elsewhere (a car standing still takes all of its sweeps from one place)
     elsewhere = np.linalg.norm(observed.positions - observed.positions[first], axis=1) >= EGO_TRAVEL_M
     if not elsewhere.any():
@@ -396,8 +401,7 @@ def beside_grid(local: np.ndarray, observed: Observation, pose: np.ndarray, sens
     candidate = inside & kept[pixel]
     unplaced = ~inside  # no pixel of the grid holds them: beyond its beams or its ranges
     candidate[winners[winners < len(local)]] = False
-    gaps = np.linalg.norm(observed.positions - pose[:3, 3], axis=1)
-    here = int(np.lexsort((-np.arange(len(gaps)), gaps))[0])  # of sweeps from one place, the newest
+    gaps, here = _nearest_sweep(observed, pose)
     alone = bool((np.linalg.norm(observed.positions - observed.positions[here], axis=1) < EGO_TRAVEL_M).all())
     if gaps[here] <= (ALONE_REACH_M if alone else SAME_PLACE_M):
         chosen = np.flatnonzero((candidate | unplaced) & (observed.sweep == here))
