@@ -366,7 +366,7 @@ def test_a_beam_table_no_preset_describes_is_measured_and_a_cloud_without_beams_
     np.save(path, pts)
     stats = _forecast(path).stats
     assert stats["frames"] == 2 and stats["input sensor"].endswith("-measured")
-    assert stats["beams x columns"].endswith(" x 360")  # its columns (its 20 beams are measured as 32)
+    assert stats["beams x columns"] == "20 x 360"  # its own beams and columns
     stats = _forecast(path, sensor="vlp16").stats
     assert stats["input sensor"] == "vlp16" and stats["frames"] == 2
     # directions spread evenly over the field of view: no beams to measure, no preset that fits

@@ -131,6 +131,36 @@ def test_a_sweep_in_firing_order_or_shuffled_is_not_taken_for_ring_order():
     assert unfold_scan_order(shuffled[:, :3]) is None
 
 
+#: Beam tables no preset has, whose full grids have a point count an organised height divides: 20 x 360 is
+#: 32 x 225 points, a 40-beam unit's 40 x 1,800 (uneven: 0.33 deg in the middle, 1-6 deg at the edges, as a
+#: Pandar40P) is 32 x 2,250 and 64 x 1,125.
+_ODD_TABLES = {
+    "20 beams": Sensor.from_angles("odd20", np.linspace(5.0, -15.0, 20), width=360),
+    "40 uneven": Sensor.from_angles(
+        "odd40", [15, 11, 8, 5, 3, 2, *(1.67 - 0.33 * np.arange(24)), -7, -8, -9, -10, -11, -12, -13, -14, -19, -25],
+        width=1800,
+    ),
+}
+
+
+@pytest.mark.parametrize("sensor", _ODD_TABLES.values(), ids=_ODD_TABLES.keys())
+def test_a_full_grid_of_beams_no_organised_height_fits_is_measured_beam_for_beam(tmp_path, sensor):
+    """Every pixel stored row by row, so an organised 32-row reading finds tight, distinct-looking rows (each
+    "row" holds most of one beam), but its columns are no azimuths: the sweep is unfolded ring by ring."""
+    rng = np.random.default_rng(16)
+    rows = np.repeat(np.arange(sensor.height), sensor.width)
+    ranges = np.concatenate([_ranges(sensor, rng, sensor.width, k) for k in range(sensor.height)])
+    points = _points(sensor, rows, np.tile(sensor.azimuths, sensor.height), ranges)
+    for order in (np.arange(len(points)), rng.permutation(len(points))):
+        np.save(tmp_path / "grid.npy", points[order])
+        scan = read_points(tmp_path / "grid.npy")
+        assert not any("organised" in n for n in scan.notes)
+        geometry = sweep_geometry(scan)
+        assert geometry is not None and geometry.sensor.shape == sensor.shape
+        np.testing.assert_allclose(geometry.sensor.elevations_deg, sensor.elevations_deg, atol=1e-3)
+        np.testing.assert_array_equal(geometry.rows, rows[order])
+
+
 def test_placeholders_at_the_origin_take_their_neighbours_ring():
     sensor = VLP16.with_width(1024)
     points, rows = ring_by_ring(sensor, 0.0, seed=4)

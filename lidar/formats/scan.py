@@ -44,6 +44,10 @@ _INTENSITY_SCALES = (1.0, 255.0, 65535.0)
 STANDARD_WIDTHS = (512, 1024, 2048, 4096)
 #: Organised scans (one return per pixel, no ring column) come in these beam counts.
 _ORGANISED_HEIGHTS = (128, 64, 32, 16)
+#: An organised scan's columns are azimuths: its returns lie at most this far (deg, median) from a turn spread
+#: evenly across the width (the shared dumps: 0.6 and 1.1; a stagger is a few degrees). A sweep of other beams
+#: cut into H rows misses it by 90.
+_MAX_COLUMN_OFFSET_DEG = 10.0
 #: A scan in its sensor's frame has at least this fraction of far returns this far below the horizon (the road).
 _BELOW_HORIZON_DEG = 5.0
 _MIN_BELOW_HORIZON = 0.02
@@ -182,13 +186,26 @@ def intensity_scale_of(values: np.ndarray) -> tuple[float, str | None]:
     return vmax, f"intensity up to {vmax:g} matches no standard scale (1, 255, 65535); divided by its maximum"
 
 
+def _column_offset_deg(az: np.ndarray, column: np.ndarray, width: int) -> float:
+    """Median distance (deg) of azimuths `az` from one turn spread evenly over `width` columns, either way
+    round: small when `column` is each return's azimuth bin, as in an organised scan's pixel order."""
+    best = 180.0
+    for spin in (1.0, -1.0):
+        phase = np.exp(1j * (az - spin * 2.0 * np.pi * column / width))
+        offset = np.abs(np.angle(phase * np.conj(phase.mean())))
+        best = min(best, float(np.degrees(np.median(offset))))
+    return best
+
+
 def organised_ring(xyz: np.ndarray, sensor: Sensor | None) -> tuple[np.ndarray | None, str | None]:
     """Beam index of an organised scan (H*W points, pixel order), read off the elevation pattern.
 
     Ouster and other drivers often dump the full image without a ring column, either one azimuth column of
     H beams after another or one beam row after another; nuScenes keeps all 32 beams of every firing (about
-    1,090 columns, never a round number). The layout is accepted only when each candidate
-    beam has a tight elevation and the beams are distinct, so an unorganised cloud is never given rings.
+    1,090 columns, never a round number). The layout is accepted only when each candidate beam has a tight
+    elevation, the beams are distinct and the columns are azimuths, so an unorganised cloud is never given
+    rings, nor a sweep of another beam count whose point count H divides (a 20 x 360 grid is no 32 x 225 one:
+    its rows' medians are its beams, but each "row" covers 225 deg of a beam and the next one's start).
     """
     n = len(xyz)
     heights = (sensor.height, *_ORGANISED_HEIGHTS) if sensor is not None else _ORGANISED_HEIGHTS
@@ -196,18 +213,24 @@ def organised_ring(xyz: np.ndarray, sensor: Sensor | None) -> tuple[np.ndarray |
     valid = rng > 0.5
     elev = np.degrees(point_elevations(xyz))
     index = np.arange(n)
+    az = np.arctan2(xyz[:, 1], xyz[:, 0])
     for height in dict.fromkeys(heights):
         if n % height or not COLUMN_RANGE[0] <= n // height <= COLUMN_RANGE[1]:
             continue
         width = n // height
-        for layout, ring in (("column-major", index % height), ("row-major", index // width)):
+        layouts = (("column-major", index % height, index // height), ("row-major", index // width, index % width))
+        for layout, ring, column in layouts:
             groups = [elev[valid & (ring == k)] for k in range(height)]
             if any(len(g) < 8 for g in groups):
                 continue
             medians = np.array([np.median(g) for g in groups])
             spread = np.median([np.median(np.abs(g - m)) for g, m in zip(groups, medians, strict=True)])
             spacing = np.median(np.abs(np.diff(np.sort(medians))))
-            if spacing > 0.05 and spread < 0.25 * spacing:
+            if (
+                spacing > 0.05
+                and spread < 0.25 * spacing
+                and _column_offset_deg(az[valid], column[valid], width) <= _MAX_COLUMN_OFFSET_DEG
+            ):
                 note = f"organised {height}x{width} scan ({layout}); ring index derived from the point order"
                 return ring.astype(np.int64), note
     return None, None
