@@ -55,18 +55,16 @@ from inference.upsample import (
     DEFAULT_METHOD,
     METHODS,
     RECORD_NAME,
+    SWEEP_FORMATS,
     check_factor,
     write_upsample,
 )
 from lidar import sandbox
 from lidar.errors import InputError, shown
-from lidar.formats import READ_SUFFIXES
 from lidar.sim import ACTIONS, STYLES, make_world
 from lidar.sim.world import World
 
 FORMATS = ("bin", "pcd", "ply", "npz")
-#: `upsample` writes one sweep, in any format `lidar.formats` reads and writes.
-SWEEP_FORMATS = tuple(suffix.lstrip(".") for suffix in READ_SUFFIXES)
 
 
 def main(argv: list[str] | None = None, started: float | None = None) -> int:

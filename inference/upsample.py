@@ -51,11 +51,11 @@ from inference.loader import Provenance
 from inference.network import IMAGE_CHANNELS, WorldModel, to_encoded_image
 from inference.rollout import Progress
 from lidar.errors import InputError, shown
-from lidar.formats import Scan, sweep_geometry, write_points
+from lidar.formats import READ_SUFFIXES, Scan, SweepGeometry, sweep_geometry, write_points
 from lidar.formats.detect import ROWS_FROM_PRESET
 from lidar.formats.rings import MAX_BEAMS, recover_rings
 from lidar.range_image import RangeImage, azimuth_columns, nearest_per_pixel, point_elevations, point_ranges
-from lidar.sensors import Sensor, get_sensor
+from lidar.sensors import PRESETS, Sensor, get_sensor
 
 logger = logging.getLogger(__name__)
 
@@ -72,8 +72,10 @@ SLOPES = np.linspace(-1.0, 1.0, 17)
 #: Cost per unit of slope added to the disagreement (in log-range) of a direction: of directions that agree
 #: about as well, the vertical wins.
 SLOPE_PENALTY = 0.1
-#: What `write_upsample` writes: the points file's stem and the record beside it.
+#: What `write_upsample` writes: the points file's stem and the record beside it, and the points file's formats
+#: (any that `lidar.formats` reads and writes).
 POINTS_STEM = "upsampled"
+SWEEP_FORMATS = tuple(suffix.lstrip(".") for suffix in READ_SUFFIXES)
 RECORD_NAME = "upsample.json"
 
 
@@ -209,35 +211,76 @@ def check_factor(factor: object) -> int:
 
 
 def _target(measured: Sensor, factor: int | None, sensor: Sensor | str | None, limits: Limits) -> Sensor:
-    """The target beam table (see `upsample`), checked against `limits` and the writers' ring field."""
+    """The target beam table (see `upsample`), checked against `limits` and the writers' ring field. A factor or a
+    preset that does not fit is refused naming what does (`_what_fits`)."""
     if factor is not None and sensor is not None:
         raise InputError(f"pass factor or sensor, not both (got factor={shown(factor)} and a sensor)")
+    if isinstance(sensor, Sensor):
+        if sensor.height > MAX_BEAMS:
+            raise InputError(f"sensor {sensor.name} has {sensor.height} beams; expected at most {MAX_BEAMS}")
+        limits.check_rays(sensor.height, sensor.width, f"target sensor {sensor.name}")
+        return sensor
     if isinstance(sensor, str):
+        asked = f"sensor {sensor}"
         try:
             sensor = get_sensor(sensor).with_width(measured.width)
         except ValueError as exc:
             raise InputError(str(exc)) from None
-    if sensor is None:
+    elif sensor is None:
         factor = check_factor(DEFAULT_FACTOR if factor is None else factor)
-        if (measured.height - 1) * factor + 1 > MAX_BEAMS:
-            raise InputError(f"factor {factor} puts {(measured.height - 1) * int(factor) + 1} beams on the sweep's "
-                             f"{measured.height}; expected at most {MAX_BEAMS} beams")
-        sensor = target_sensor(measured, factor)
-    if not isinstance(sensor, Sensor):
+        asked, sensor = f"factor {factor}", target_sensor(measured, factor)
+    else:
         raise InputError(f"sensor must be a lidar.sensors.Sensor or a preset name, got {type(sensor).__name__}")
-    if sensor.height > MAX_BEAMS:
-        raise InputError(f"sensor {sensor.name} has {sensor.height} beams; expected at most {MAX_BEAMS}")
-    limits.check_rays(sensor.height, sensor.width, f"target sensor {sensor.name}")
+    if not _fits(sensor, limits):
+        rays = sensor.height * sensor.width
+        over = [f"{MAX_BEAMS} beams"] * (sensor.height > MAX_BEAMS) + [f"{limits.max_rays:,} rays"] * (rays > limits.max_rays)
+        raise InputError(f"{asked} puts {sensor.height} x {sensor.width} = {rays:,} rays on this {measured.height} x "
+                         f"{measured.width} sweep; expected at most {' and '.join(over)}: {_what_fits(measured, limits)}")
     return sensor
 
 
-def _grid(xyzi: np.ndarray, scan: Scan, factor: int | None, sensor: Sensor | str | None, limits: Limits) -> _Grid:
+def _fits(sensor: Sensor, limits: Limits) -> bool:
+    return sensor.height <= MAX_BEAMS and sensor.height * sensor.width <= limits.max_rays
+
+
+def largest_factor(measured: Sensor, limits: Limits = LIBRARY_LIMITS) -> int:
+    """The largest factor whose target of a sweep on `measured` fits `limits` and the ring field (0: none, not
+    even the sweep's own table)."""
+    return max((f for f in range(1, MAX_FACTOR + 1) if _fits(target_sensor(measured, f), limits)), default=0)
+
+
+def _what_fits(measured: Sensor, limits: Limits) -> str:
+    """What a refusal offers instead: the largest factor and the presets (at the sweep's columns) that fit."""
+    best = largest_factor(measured, limits)
+    if best == 0:
+        return "not even the sweep's own table (factor 1) fits"
+    presets = [name for name, preset in PRESETS.items() if _fits(preset.with_width(measured.width), limits)]
+    named = f", or the preset{'s' * (len(presets) > 1)} {', '.join(presets)}" if presets else ""
+    return f"at most factor {best} fits it{named}"
+
+
+def upsample_target(points: Scan | np.ndarray, factor: int | None = None, *, sensor: Sensor | str | None = None,
+                    limits: Limits = LIBRARY_LIMITS) -> Sensor:
+    """The beam table and columns `upsample` puts `points` on for these arguments, checked as it checks them:
+    for a caller that refuses or sizes a request before it runs it (an app on ZeroGPU measures the sweep
+    before the GPU part). Passed back as `sensor=`, it gives the grid `factor` or the preset name would."""
+    _, scan = _input_points(points)
+    return _target(_measured(scan).sensor, factor, sensor, limits)
+
+
+def _measured(scan: Scan) -> SweepGeometry:
+    """The sweep's own geometry, or the refusal of a cloud whose beams cannot be recovered."""
     geometry = sweep_geometry(scan)
     if geometry is None or geometry.source == ROWS_FROM_PRESET:
         raise InputError(
             f"points{f' ({scan.path})' if scan.path else ''}: no beams (rings) can be recovered from them (no ring "
             "field, not stored ring by ring, no clusters of elevation); expected a spinning LiDAR sweep in its "
             "sensor frame")
+    return geometry
+
+
+def _grid(xyzi: np.ndarray, scan: Scan, factor: int | None, sensor: Sensor | str | None, limits: Limits) -> _Grid:
+    geometry = _measured(scan)
     target = _target(geometry.sensor, factor, sensor, limits)
     measured = geometry.sensor.elevations
     landing = np.abs(target.elevations[None, :] - measured[:, None]).argmin(axis=1)

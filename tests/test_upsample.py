@@ -28,10 +28,12 @@ from inference.upsample import (
     NEAREST,
     RECORD_NAME,
     interpolate,
+    largest_factor,
     planar_range,
     sample_grid,
     target_sensor,
     upsample,
+    upsample_target,
 )
 from lidar.errors import InputError
 from lidar.formats import Scan, read_points, sweep_geometry, write_points
@@ -270,6 +272,35 @@ def test_limits_other_than_the_librarys_apply():
     sensor = Sensor.from_angles("s", np.linspace(10, -20, 16), width=4096)
     with pytest.raises(InputError, match="expected at most 1,024"):
         upsample(None, sweep(), sensor=sensor, limits=type(LIBRARY_LIMITS)(1, 1, 1.0, max_rays=1024))
+
+
+def test_a_factor_past_the_limits_is_refused_naming_the_largest_factor_and_the_presets_that_fit():
+    limits = type(LIBRARY_LIMITS)(1, 1, 1.0, max_rays=10_000)  # 16 x 255 measured: factor 2 is 7,905 rays, 3 11,730
+    with pytest.raises(InputError) as refused:
+        upsample(None, sweep(), 4, limits=limits)
+    assert str(refused.value) == ("factor 4 puts 61 x 255 = 15,555 rays on this 16 x 255 sweep; expected at most "
+                                  "10,000 rays: at most factor 2 fits it, or the presets hdl32, vlp16")
+    assert largest_factor(sweep_geometry(sweep()).sensor, limits) == 2
+    assert upsample(None, sweep(), 2, limits=limits).sensor.shape == (31, 255)
+    with pytest.raises(InputError, match="at most factor 2 fits it"):
+        upsample(None, sweep(), 3, limits=limits)
+    with pytest.raises(InputError, match=r"sensor hdl64 puts 64 x 255 = 16,320 rays .* at most factor 2"):
+        upsample(None, sweep(), sensor="hdl64", limits=limits)
+    with pytest.raises(InputError, match=r"expected at most 256 beams: at most factor 4 fits it"):
+        upsample(None, Scan(points=(d := ring_sweep(np.linspace(10.0, -20.0, 64), 64))[0], ring=d[1]), MAX_FACTOR)
+    tiny = type(LIBRARY_LIMITS)(1, 1, 1.0, max_rays=1_000)
+    with pytest.raises(InputError, match=r"expected at most 1,000 rays: not even the sweep's own table \(factor 1\)"):
+        upsample(None, sweep(), 1, limits=tiny)
+
+
+def test_the_target_worked_out_first_and_passed_back_gives_the_same_result():
+    for kwargs in (dict(factor=3), dict(factor=1), dict(sensor="hdl32")):
+        target = upsample_target(sweep(), **kwargs)
+        asked, passed = upsample(None, sweep(), **kwargs), upsample(None, sweep(), sensor=target)
+        assert target == asked.sensor
+        assert np.array_equal(bits(asked.points), bits(passed.points)) and np.array_equal(asked.mask, passed.mask)
+    with pytest.raises(InputError, match="at most factor"):
+        upsample_target(sweep(), 4, limits=type(LIBRARY_LIMITS)(1, 1, 1.0, max_rays=10_000))
 
 
 @pytest.mark.skipif(not KITTI.exists(), reason=f"shared KITTI sweep not found at {KITTI}")
