@@ -1,4 +1,5 @@
-"""Pictures and viewer files of LiDAR sweeps: range-image PNGs, BEV PNGs, Model3D PLYs and animations.
+"""Pictures and viewer files of LiDAR sweeps: range-image PNGs, BEV PNGs, Model3D PLYs, animations, and
+labelled panels of pictures to compare by eye.
 
 Everything here is pure numpy + Pillow (no matplotlib): the colour map is the Turbo polynomial, so the CLI,
 the Gradio app and the evaluation reports draw the same colours on any machine, offline.
@@ -9,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import math
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Literal
 
@@ -305,3 +307,28 @@ def save_animation(images: list[Image.Image], path: str | Path, fps: float = 10.
     frames[0].save(path, format=fmt, save_all=True, append_images=frames[1:], duration=duration, loop=0)
     logger.info("wrote %d-frame %s animation %s", len(frames), fmt, path)
     return path
+
+
+def labelled(panels: Sequence[tuple[str, Image.Image]], *, across: bool = True, label_height: int = 20) -> Image.Image:
+    """Pictures to compare by eye, each under its label: side by side with a white line between them (BEVs,
+    `across`), or one above the other (range images, wide and low). The canvas is black where a picture is
+    smaller than its neighbours."""
+    if not panels:
+        raise ValueError("labelled needs at least one (label, picture) panel, got none")
+    if label_height < 1:
+        raise ValueError(f"label_height must be a positive number of pixels, got {label_height}")
+    images = [image.convert("RGB") for _, image in panels]
+    if across:
+        size = (sum(im.width for im in images), max(im.height for im in images) + label_height)
+        corners = [(sum(im.width for im in images[:k]), 0) for k in range(len(images))]
+    else:
+        size = (max(im.width for im in images), sum(im.height + label_height for im in images))
+        corners = [(0, sum(im.height + label_height for im in images[:k])) for k in range(len(images))]
+    canvas = Image.new("RGB", size, (0, 0, 0))
+    draw, font = ImageDraw.Draw(canvas), ImageFont.load_default(size=max(label_height * 2 // 3, 1))
+    for (label, _), image, (x, y) in zip(panels, images, corners, strict=True):
+        draw.text((x + 6, y + label_height // 2), label, fill=(255, 255, 255), font=font, anchor="lm")
+        canvas.paste(image, (x, y + label_height))
+        if across and x:
+            draw.line([(x, 0), (x, canvas.height)], fill=(255, 255, 255), width=2)
+    return canvas

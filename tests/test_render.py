@@ -208,3 +208,19 @@ def test_save_animation_rejects_unknown_extension_and_empty_input(tmp_path):
         render.save_animation([frame], tmp_path / "seq.mp4")
     with pytest.raises(ValueError, match="empty"):
         render.save_animation([], tmp_path / "seq.gif")
+
+
+def test_labelled_panels_sit_under_their_labels_side_by_side_or_stacked():
+    red, blue = Image.new("RGB", (40, 30), (255, 0, 0)), Image.new("RGB", (60, 20), (0, 0, 255))
+    row = np.asarray(render.labelled([("before", red), ("after", blue)], label_height=16))
+    assert row.shape == (16 + 30, 100, 3)
+    assert (row[16:, 2:40] == (255, 0, 0)).all() and (row[16:36, 42:] == (0, 0, 255)).all()
+    assert (row[36:, 42:] == 0).all(), "black below the lower picture"
+    assert (row[:, 40] == 255).all(), "a white line between the panels"
+    assert row[:16, :40].any() and row[:16, 40:].any(), "each label is drawn"
+    column = np.asarray(render.labelled([("before", red), ("after", blue)], across=False, label_height=16))
+    assert column.shape == (16 + 30 + 16 + 20, 60, 3)
+    assert (column[16:46, :40] == (255, 0, 0)).all() and (column[62:, :] == (0, 0, 255)).all()
+    assert (column[16:46, 40:] == 0).all() and column[46:62].any()
+    with pytest.raises(ValueError, match="at least one"):
+        render.labelled([])

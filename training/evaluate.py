@@ -54,7 +54,7 @@ from typing import Any
 
 import numpy as np
 import torch
-from PIL import Image, ImageDraw, ImageFont
+from PIL import Image
 
 from inference import ModelSourceError, load_pipeline
 from inference.pipeline import LidarVersePipeline
@@ -63,7 +63,7 @@ from lidar.metrics import bev_jsd, bev_mmd, chamfer_distance, forecast_chamfer, 
 from lidar.range_image import RangeImage, elevation_span, grid_winners, point_elevations, project, unproject
 from lidar.real_scans import real_scans_dir
 from lidar.registration import RegistrationError, register_sweeps
-from lidar.render import bev_image
+from lidar.render import bev_image, labelled
 from lidar.sensors import Sensor
 from lidar.sim.dataset import MANIFEST, SIMULATOR_VERSION, SimDataset, write_dataset
 from lidar.sim.hdmap import HDMap
@@ -473,18 +473,9 @@ def real_pairs(pipe: LidarVersePipeline, cfg: EvalConfig, seed: int) -> RealResu
 
 def bev_panels(panels: Sequence[tuple[str, np.ndarray]]) -> Image.Image:
     """Side-by-side BEVs (one colour scale for all) with a label strip above each: pictures to compare by eye."""
-    images = [bev_image(points, extent=PICTURE_EXTENT, resolution=PICTURE_RESOLUTION, value_range=PICTURE_HEIGHTS)
-              for _, points in panels]
-    size = images[0].width
-    canvas = Image.new("RGB", (size * len(images), size + PICTURE_LABEL), (0, 0, 0))
-    draw = ImageDraw.Draw(canvas)
-    font = ImageFont.load_default(size=PICTURE_LABEL * 2 // 3)
-    for k, ((label, _), image) in enumerate(zip(panels, images, strict=True)):
-        canvas.paste(image, (k * size, PICTURE_LABEL))
-        draw.text((k * size + 8, PICTURE_LABEL // 2), label, fill=(255, 255, 255), font=font, anchor="lm")
-        if k:
-            draw.line([(k * size, 0), (k * size, canvas.height)], fill=(255, 255, 255), width=2)
-    return canvas
+    return labelled([(label, bev_image(points, extent=PICTURE_EXTENT, resolution=PICTURE_RESOLUTION,
+                                       value_range=PICTURE_HEIGHTS)) for label, points in panels],
+                    label_height=PICTURE_LABEL)
 
 
 def write_pictures(out_dir: Path, sim: dict[str, np.ndarray], real: dict[str, np.ndarray]) -> list[Path]:

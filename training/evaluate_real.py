@@ -34,7 +34,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from PIL import Image, ImageDraw, ImageFont
 
 from inference import load_pipeline
 from inference.pipeline import LidarVersePipeline
@@ -43,7 +42,7 @@ from lidar.metrics import forecast_chamfer, in_crop
 from lidar.range_image import elevation_span
 from lidar.ray_grid import CELL_DEG, nearest_per_ray, ray_errors, ray_image, span_rows, z_buffer
 from lidar.registration import register_sweeps
-from lidar.render import range_image_png
+from lidar.render import labelled, range_image_png
 from lidar.sequence import Recording, open_recording
 from lidar.vocabulary import FRAME_RATE_HZ, transform_points
 from training.evaluate import bev_panels, in_field_of_view, publish_report, report_arguments, start_run
@@ -347,25 +346,8 @@ def write_pictures(out_dir: Path, kept: dict[int, Forecast], start: str) -> None
         rows = span_rows(span)
         strips = {name: range_image_png(ray_image(nearest_per_ray(c), rows), max_range=PICTURE_MAX_RANGE, scale=2)
                   for name, c in clouds.items()}
-        stacked(strips).save(out_dir / f"real_range_{h}.png")
+        labelled(list(strips.items()), across=False).save(out_dir / f"real_range_{h}.png")
         logger.info("wrote the %s pictures in %s", label, out_dir)
-
-
-#: Height (px) of the label strip above each range image.
-LABEL_HEIGHT = 20
-
-
-def stacked(strips: dict[str, Image.Image]) -> Image.Image:
-    """Range images one above the other, each under its label."""
-    width = max(s.width for s in strips.values())
-    canvas = Image.new("RGB", (width, sum(s.height + LABEL_HEIGHT for s in strips.values())), (0, 0, 0))
-    draw, font = ImageDraw.Draw(canvas), ImageFont.load_default(size=LABEL_HEIGHT * 3 // 4)
-    y = 0
-    for label, strip in strips.items():
-        draw.text((6, y + LABEL_HEIGHT // 2), label, fill=(255, 255, 255), font=font, anchor="lm")
-        canvas.paste(strip, (0, y + LABEL_HEIGHT))
-        y += strip.height + LABEL_HEIGHT
-    return canvas
 
 
 def _cell(value: float | None, digits: int = 3) -> str:

@@ -41,9 +41,9 @@ from lidar.formats.detect import ROWS_FROM_PRESET, SweepGeometry
 from lidar.metrics import forecast_chamfer
 from lidar.range_image import RangeImage, azimuth_columns, project
 from lidar.real_scans import real_scans_dir
-from lidar.render import range_image_png
+from lidar.render import labelled, range_image_png
 from training.evaluate import bev_panels, publish_report, report_arguments, start_run
-from training.evaluate_real import PICTURE_MAX_RANGE, stacked
+from training.evaluate_real import PICTURE_MAX_RANGE
 
 logger = logging.getLogger(__name__)
 
@@ -246,7 +246,7 @@ def write_pictures(out_dir: Path, sweep: Sweep, results: dict[str, dict[str, Ups
         images["truth"] = sweep.truth
         strips = {label: range_image_png(image, max_range=PICTURE_MAX_RANGE, scale=2) for label, image in images.items()}
         strip = out_dir / f"upsample_range_{k}.png"
-        stacked(strips).save(strip)
+        labelled(list(strips.items()), across=False).save(strip)
         written += [bev, strip]
     logger.info("wrote %d pictures to %s", len(written), out_dir)
     return written
