@@ -61,6 +61,7 @@ from inference.upsample import (
 )
 from lidar import sandbox
 from lidar.errors import InputError, shown
+from lidar.sensors import Sensor
 from lidar.sim import ACTIONS, STYLES, make_world
 from lidar.sim.world import World
 
@@ -87,6 +88,7 @@ def _generate(args: argparse.Namespace, started: float) -> int:
     pipe = _load(args)
     ready = time.perf_counter() - started
     world = make_world(args.map_seed, args.style) if args.map_seed >= 0 else None  # its boxes go in the views
+    grid = pipe.grid()
     out = pipe.generate_world(
         map=world if world is not None else args.map_seed,
         style=args.style,
@@ -95,9 +97,10 @@ def _generate(args: argparse.Namespace, started: float) -> int:
         steps=args.steps,
         seed=args.seed,
         guidance=args.guidance,
+        sensor=grid,
         callback=_progress_printer(args.quiet),
     )
-    _write(args, pipe, out, ready, {"map_seed": args.map_seed, "style": args.style, "action": args.action},
+    _write(args, pipe, out, ready, grid, {"map_seed": args.map_seed, "style": args.style, "action": args.action},
            boxes=_world_boxes(world))
     return 0
 
@@ -119,6 +122,7 @@ def _forecast(args: argparse.Namespace, started: float) -> int:
     scene = _observe(args, args.prefix)  # fail on a bad file or registration before loading the model
     pipe = _load(args)
     ready = time.perf_counter() - started
+    grid = pipe.grid(scans=scene.scans)
     out = pipe.forecast(
         scene.scans,
         prefix_poses=scene.poses,
@@ -129,11 +133,12 @@ def _forecast(args: argparse.Namespace, started: float) -> int:
         seed=args.seed,
         guidance=args.guidance,
         feedback=args.feedback,
+        sensor=grid,
         callback=_progress_printer(args.quiet),
     )
     request = {"prefix": [str(p) for p in args.prefix], "poses": scene.pose_source, "action": args.action,
                "feedback": args.feedback}
-    _write(args, pipe, out, ready, request, scene)
+    _write(args, pipe, out, ready, grid, request, scene)
     record_prefix(args.out, scene)
     return 0
 
@@ -145,6 +150,7 @@ def _resimulate(args: argparse.Namespace, started: float) -> int:
     check_inside(targets, scene.poses)
     pipe = _load(args)
     ready = time.perf_counter() - started
+    grid = pipe.grid(scans=scene.scans)
     out = pipe.resimulate(
         scene.scans,
         scene.poses,
@@ -152,6 +158,7 @@ def _resimulate(args: argparse.Namespace, started: float) -> int:
         steps=args.steps,
         seed=args.seed,
         guidance=args.guidance,
+        sensor=grid,
         callback=_progress_printer(args.quiet),
     )
     request = {
@@ -160,7 +167,7 @@ def _resimulate(args: argparse.Namespace, started: float) -> int:
         "shift": list(args.shift),
         "yaw_deg": args.yaw,
     }
-    _write(args, pipe, out, ready, request, scene)
+    _write(args, pipe, out, ready, grid, request, scene)
     record_prefix(args.out, scene)
     return 0
 
@@ -247,12 +254,13 @@ def _write(
     pipe: LidarVersePipeline,
     out: RolloutResult,
     ready: float,
+    grid: Sensor,
     request: dict[str, Any],
     scene: ObservedScene | None = None,
     boxes: BoxSource | None = None,
 ) -> None:
-    """Frame files, world and poses.json (`write_rollout`), the 4D views (`write_views`), then the timing
-    table on stdout."""
+    """Frame files, world and poses.json (`write_rollout`; its sensor is the frames' `grid`, as the app's
+    download names it, not the model's), the 4D views (`write_views`), then the timing table on stdout."""
     request = {
         "command": args.command,
         **request,
@@ -265,7 +273,7 @@ def _write(
         args.out,
         out,
         args.format,
-        sensor=pipe.sensor,
+        sensor=grid,
         provenance=pipe.provenance,
         request=request,
         overwrite=args.overwrite,

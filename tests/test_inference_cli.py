@@ -15,6 +15,7 @@ from inference import load_pipeline
 from inference.__main__ import main
 from lidar.formats import read_points
 from lidar.real_scans import real_scans_dir
+from lidar.sensors import Sensor
 from tests.helpers import (
     patched_zip,
     run_cli_with_a_bug,
@@ -81,6 +82,7 @@ def test_generate_writes_one_file_per_frame_poses_and_the_world(release, tmp_pat
         np.testing.assert_array_equal(np.asarray(record["pose"]), frame.pose)
         np.testing.assert_array_equal(read_points(out / record["file"]).points, frame.points)
     np.testing.assert_array_equal(read_points(out / "world.bin").points, expected.world)
+    assert Sensor.from_dict(meta["sensor"]) == load_pipeline(release).sensor  # a generated world: the model's grid
     assert meta["model"]["source"] == str(release) and meta["model"]["iteration"] == 123
     assert meta["request"]["seed"] == 5 and meta["timings"]["frames_per_second"] > 0
 
@@ -112,6 +114,10 @@ def test_forecast_from_a_real_scan_file(release, tmp_path, capsys):
     assert (out / "frame_000.npz").is_file() and (out / "world.npz").is_file()
     meta = json.loads((out / "poses.json").read_text())
     assert meta["request"]["prefix"] == [str(scan)] and meta["request"]["command"] == "forecast"
+    # the frames' sensor, the sweep's own 64 x ~2,012 grid, not the tiny model's 8 x 64
+    sensor = Sensor.from_dict(meta["sensor"])
+    assert sensor == load_pipeline(release).grid(scans=[read_points(scan)]) and sensor.name == "hdl64-measured"
+    assert sensor.height == 64 and 1990 <= sensor.width <= 2030
     assert meta["request"]["feedback"] is False
     fed = tmp_path / "fed"
     assert main([*args[:-5], "--out", str(fed), "--format", "npz", "--quiet", "--feedback"]) == 0

@@ -15,6 +15,7 @@ from inference.observed import MAX_OFFSET_M, check_inside, observe, shifted_path
 from lidar.metrics import chamfer_distance
 from lidar.range_image import project, unproject
 from lidar.real_scans import real_scans_dir
+from lidar.sensors import Sensor
 from tests.helpers import tiny_config, tiny_model, write_release
 
 REPO = Path(__file__).resolve().parents[1]
@@ -120,6 +121,8 @@ def test_cli_resimulate_writes_the_shifted_path(release, tmp_path) -> None:
     poses = np.asarray([f["pose"] for f in meta["frames"]])
     assert len(poses) == 4 and np.allclose(poses[:, 1, 3], 2.0, atol=0.2)  # 2 m to the left of the path
     assert meta["request"]["shift"] == [0.0, 2.0] and len(meta["prefix"]) == 3
+    sensor = Sensor.from_dict(meta["sensor"])  # the frames' grid: the newest sweep's own, not the model's
+    assert sensor.name == "hdl64-measured" and sensor.height == 64 and 1990 <= sensor.width <= 2030
 
 
 @needs_scans
