@@ -13,17 +13,23 @@ import torch
 from inference.loader import Provenance
 from inference.network import WorldModel, WorldModelConfig
 from inference.pipeline import LidarVersePipeline
+from lidar.formats import read_points
 from lidar.range_image import RangeImage, unproject
+from lidar.real_scans import real_scans_dir
+from lidar.registration import register_sweeps
 from lidar.sensors import HDL32
 from lidar.sim.dataset import MANIFEST, SIMULATOR_VERSION, SimDataset
 from lidar.sim.hdmap import HDMap
+from lidar.vocabulary import transform_points
 from training.evaluate import (
     BAR_SPAN,
     CACHE_ONLY,
     FLOOR,
     GROUND_TRUTH,
     HORIZONS,
+    KITTI_PAIRS,
     KITTI_PICTURE,
+    KITTI_SWEEPS,
     MAP_ONLY,
     MODEL_FORECAST,
     MODEL_GENERATE,
@@ -44,6 +50,7 @@ from training.evaluate import (
     real_pairs,
     reference_set,
 )
+from training.sweep_scores import sweep_scores
 
 SENSOR = HDL32.with_width(64)
 SIM_METHODS = [MODEL_FORECAST, MODEL_GENERATE, CACHE_ONLY, MAP_ONLY, NOISE_FLOOR]
@@ -105,10 +112,21 @@ def test_kitti_pairs_are_scored_for_both_methods(quick_run) -> None:
     assert [p["pair"] for p in real["pairs"]] == ["000000->000002", "000002->000004", "000000->000004"]
     assert [p["gap_s"] for p in real["pairs"]] == pytest.approx([0.2, 0.2, 0.4])
     moved = real["mean"][MOVED_FIRST]
-    # KITTI 0.2-0.4 s apart: the moved sweep covers most rays within decimetres (the registration works).
-    assert moved["coverage"] > 0.8 and moved["l1_median"] < 0.3 and moved["chamfer"] < 1.0
+    # KITTI 0.2-0.4 s apart: the moved sweep lies within decimetres of the truth (the registration works)
+    assert moved["l1_median"] < 0.3 and moved["chamfer"] < 0.2 and 0.9 < moved["points"] < 1.1
     assert real["mean"][MODEL_FORECAST]["chamfer"] > 0.0
     assert all(r["fitness"] >= 0.5 for r in real["registration"]), "every sweep fits the ones before it"
+    # the truth is the second sweep as the sensor took it, every point, and the forecast is on its own grid
+    sweeps = [read_points(real_scans_dir() / name).points for name in KITTI_SWEEPS]
+    poses = register_sweeps(sweeps).poses
+    for pair, (a, b) in zip(real["pairs"], KITTI_PAIRS, strict=True):
+        assert pair["truth_points"] == len(sweeps[b]) and pair["forecast_shape"][0] == 64
+        moved = transform_points(sweeps[a], np.linalg.inv(poses[b]) @ poses[a])
+        alone = sweep_scores(sweeps[b], {MOVED_FIRST: moved})[0][MOVED_FIRST]
+        for key in ("chamfer", "coverage", "points"):  # a method's own scores, not the common rays'
+            assert pair["methods"][MOVED_FIRST][key] == pytest.approx(alone[key])
+        assert pair["methods"][MODEL_FORECAST]["points"] > 0.5  # not thinned to the 32 x 64 model grid
+    assert "| pair, method | Chamfer (m², 4D-Occ region) ↓ |" in format_report(quick_run[0])
 
 
 def test_noise_floor_is_close_to_the_ground_truth_but_not_identical(quick_run) -> None:

@@ -29,10 +29,10 @@ from training.evaluate_real import (
     Setting,
     baselines,
     evaluate_recording,
-    frame_scores,
     main,
     start_plan,
 )
+from training.sweep_scores import sweep_scores
 
 KITTI00 = Path(__file__).resolve().parents[2] / "shared" / "data" / "real_seq" / "kitti00"
 
@@ -62,7 +62,7 @@ def test_a_cloud_thinned_one_in_eight_covers_an_eighth_and_a_perfect_copy_scores
     truth = one_point_per_cell()
     thinned = truth[::8]
     far = truth * np.array([1.1, 1.1, 1.1, 1.0], dtype=np.float32)  # every ray returned 10 % too far
-    scores, common = frame_scores(truth, {"copy": truth.copy(), "thinned": thinned, "far": far})
+    scores, common = sweep_scores(truth, {"copy": truth.copy(), "thinned": thinned, "far": far})
     assert scores["copy"]["coverage"] == 1.0 and scores["copy"]["points"] == 1.0
     assert scores["copy"]["l1_median"] == 0.0 and scores["copy"]["chamfer"] == 0.0
     assert scores["thinned"]["coverage"] == pytest.approx(1 / 8, abs=1e-3)

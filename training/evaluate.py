@@ -21,15 +21,13 @@ Protocol (issue 10), everything measured in the same run:
    within the horizon, and the mean is steadier than one frame in small runs.
 4. Real data: KITTI seq 00 sweeps 000000, 000002, 000004 (`lidar.real_scans_dir()`), registered with
    KISS-ICP (`lidar.registration`); for the pairs 0->2, 2->4, 0->4 the model forecasts the second sweep
-   from the first at the registered pose (no map), against the first sweep moved to that pose. Chamfer
-   compares real points left where they were measured, thinned to the model sensor's density (the nearest
-   per pixel, `thin_to_grid`) for the ground truth and the moved sweep alike, and the forecast within the
-   real sensor's vertical field of view (`in_field_of_view`: KITTI's beams stop at +2 deg, the model's at
-   +10.7 deg, and above there is no ground truth). Per-ray errors compare
-   z-buffered range images on the model's grid; a z-buffer keeps the nearest of the 2-3 KITTI beams that
-   share a model row, not the range along the row's centre ray, so on the ground they favour the moved
-   sweep (z-buffered the same way) over a model that draws the surface itself. Missing scans or a failed
-   registration skip this part, logged.
+   from the first at the registered pose (no map; its frame on the first sweep's own measured grid), beside
+   the first sweep moved to that pose, every point of it. Both are scored against the second sweep as the
+   sensor took it, at full resolution (`training.sweep_scores`, as `training.evaluate_real` scores recorded
+   drives): squared Chamfer in the 4D-Occ region, per-ray L1 and AbsRel along the truth's rays on the rays
+   both return on, coverage of the truth's rays and points / the truth's, each method within the truth's
+   vertical field of view (KITTI's beams stop at +2 deg). Missing scans or a failed registration skip this
+   part, logged.
 5. Distribution metrics: BEV JSD / MMD (`lidar.metrics`) of each method's frames against the held-out
    frames; the sim-vs-sim floor compares a second, disjoint simulated set (seed `FLOOR_SEED`).
    Temporal consistency: Chamfer (m) between consecutive frames after ego-motion compensation, against the
@@ -58,9 +56,9 @@ from PIL import Image
 
 from inference import ModelSourceError, load_pipeline
 from inference.pipeline import LidarVersePipeline
-from lidar.formats import read_points
+from lidar.formats import Scan, read_points
 from lidar.metrics import bev_jsd, bev_mmd, chamfer_distance, forecast_chamfer, per_ray_errors
-from lidar.range_image import RangeImage, elevation_span, grid_winners, point_elevations, project, unproject
+from lidar.range_image import RangeImage, project, unproject
 from lidar.real_scans import real_scans_dir
 from lidar.registration import RegistrationError, register_sweeps
 from lidar.render import bev_image, labelled
@@ -70,6 +68,7 @@ from lidar.sim.hdmap import HDMap
 from lidar.sim.sequence import simulate_sequence
 from lidar.sim.world import World, make_world
 from lidar.vocabulary import FRAME_RATE_HZ, MAP_CLASS_INDEX, transform_points
+from training.sweep_scores import COLUMNS, field_of_view, in_field_of_view, sweep_scores
 
 logger = logging.getLogger(__name__)
 
@@ -403,64 +402,51 @@ class RealResult:
     picture: dict[str, np.ndarray] = field(default_factory=dict)
 
 
-def _kitti_sweeps() -> tuple[list[np.ndarray] | None, str]:
-    """The shared KITTI sweeps, or None and why not."""
+def _kitti_sweeps() -> tuple[list[Scan] | None, str]:
+    """The shared KITTI sweeps (their rings recovered, so a forecast is drawn on their own grid), or None and
+    why not."""
     folder = real_scans_dir()
     missing = [name for name in KITTI_SWEEPS if not (folder / name).is_file()]
     if missing:
         return None, f"shared real scans {missing} not found in {folder} (set LIDARVERSE_REAL_SCANS)"
-    return [read_points(folder / name).points for name in KITTI_SWEEPS], ""
+    return [read_points(folder / name) for name in KITTI_SWEEPS], ""
 
 
-def thin_to_grid(points: np.ndarray, sensor: Sensor) -> np.ndarray:
-    """A real sweep at the model sensor's density (the nearest point per pixel) with its points left in place.
-
-    Unprojecting the z-buffered image instead would move each winner onto its pixel's centre ray at the
-    winner's range: on the ground, half a beam spacing of elevation is tens of centimetres at 10 m. A model
-    that draws the ground where it is would then be scored against a ground truth that is not.
-    """
-    return np.asarray(points)[grid_winners(points, sensor)[0]]
-
-
-def in_field_of_view(points: np.ndarray, span: tuple[float, float]) -> np.ndarray:
-    """The points within the real sensor's vertical field of view (`span`: the truth's `elevation_span`).
-
-    The model's beams reach +10.7 deg where KITTI's stop at +2 deg: what it draws above has no ground truth
-    to be scored against, and a moved KITTI sweep has nothing there either.
-    """
-    elevations = point_elevations(np.asarray(points))
-    return np.asarray(points)[(elevations >= span[0]) & (elevations <= span[1])]
+#: The KITTI table's columns: `sweep_scores`' metrics (its "l1_mean" too, kept in the JSON).
+REAL_COLUMNS = {**COLUMNS, "l1_mean": "L1 mean, common rays (m) ↓"}
 
 
 def real_pairs(pipe: LidarVersePipeline, cfg: EvalConfig, seed: int) -> RealResult:
-    """Forecast each KITTI pair's second sweep from its first, against the first moved to the registered pose."""
+    """Forecast each KITTI pair's second sweep from its first; score it beside the first moved to the registered
+    pose, both against the second sweep as the sensor took it (`sweep_scores`)."""
     # 1. the sweeps and their poses
-    sweeps, reason = _kitti_sweeps()
-    if sweeps is None:
+    scans, reason = _kitti_sweeps()
+    if scans is None:
         logger.warning("real-data section skipped: %s", reason)
         return RealResult({"skipped": reason})
+    sweeps = [scan.points for scan in scans]
     try:
         reg = register_sweeps(sweeps, names=list(KITTI_SWEEPS))
     except RegistrationError as exc:
         logger.warning("real-data section skipped: registration failed: %s", exc)
         return RealResult({"skipped": f"registration failed: {exc}"})
-    # 2. both methods on every pair, scored on the model's grid
-    sensor, pairs, result = pipe.sensor, [], RealResult({})
+    # 2. both methods on every pair, against the second sweep at full resolution
+    pairs, result = [], RealResult({})
     for a, b in KITTI_PAIRS:
-        truth = project(sweeps[b], sensor)
-        truth_points = thin_to_grid(sweeps[b], sensor)
-        a_to_b = np.linalg.inv(reg.poses[b]) @ reg.poses[a]
-        moved = thin_to_grid(transform_points(sweeps[a], a_to_b), sensor)
-        forecast = pipe.forecast(prefix_scans=[sweeps[a]], prefix_poses=reg.poses[a][None], poses=reg.poses[b][None],
-                                 steps=cfg.steps, seed=seed, guidance=cfg.guidance).frames[0].points
-        clouds = {MODEL_FORECAST: in_field_of_view(forecast, elevation_span(sweeps[b])), MOVED_FIRST: moved}
+        truth = sweeps[b]
+        moved = transform_points(sweeps[a], np.linalg.inv(reg.poses[b]) @ reg.poses[a])
+        frame = pipe.forecast(prefix_scans=[scans[a]], prefix_poses=reg.poses[a][None], poses=reg.poses[b][None],
+                              steps=cfg.steps, seed=seed, guidance=cfg.guidance).frames[0]
+        clouds = {MODEL_FORECAST: frame.points, MOVED_FIRST: moved}
+        scores, common = sweep_scores(truth, clouds)
         pairs.append({"pair": f"{KITTI_FRAMES[a]:06d}->{KITTI_FRAMES[b]:06d}",
-                      "gap_s": (KITTI_FRAMES[b] - KITTI_FRAMES[a]) / FRAME_RATE_HZ,
-                      "methods": {m: frame_scores(c, truth, truth_points, sensor) for m, c in clouds.items()}})
+                      "gap_s": (KITTI_FRAMES[b] - KITTI_FRAMES[a]) / FRAME_RATE_HZ, "truth_points": len(truth),
+                      "forecast_shape": list(frame.range_image.shape), "common_rays": common, "methods": scores})
         if (a, b) == KITTI_PICTURE_PAIR:
-            result.picture = {GROUND_TRUTH: truth_points, **clouds}
+            span = field_of_view(truth)
+            result.picture = {GROUND_TRUTH: truth, **{m: in_field_of_view(c, span) for m, c in clouds.items()}}
     # 3. the mean over pairs
-    mean = {m: {k: _mean(np.array([p["methods"][m][k] for p in pairs])) for k in PER_RAY}
+    mean = {m: {k: _mean(np.array([p["methods"][m][k] for p in pairs])) for k in REAL_COLUMNS}
             for m in (MODEL_FORECAST, MOVED_FIRST)}
     for p in pairs:
         p["methods"] = {m: {k: (v if math.isfinite(v) else None) for k, v in s.items()} for m, s in p["methods"].items()}
@@ -485,7 +471,7 @@ def write_pictures(out_dir: Path, sim: dict[str, np.ndarray], real: dict[str, np
     sim_labels = {GROUND_TRUTH: "ground truth, 1.0 s", MODEL_FORECAST: "model forecast (frame 0 observed)",
                   MODEL_GENERATE: "model generate (map + layout)"}
     a, b = (f"{KITTI_FRAMES[i]:06d}" for i in KITTI_PICTURE_PAIR)
-    real_labels = {GROUND_TRUTH: f"KITTI {b} (model's density)", MODEL_FORECAST: f"model forecast from {a}",
+    real_labels = {GROUND_TRUTH: f"KITTI {b} (every point)", MODEL_FORECAST: f"model forecast from {a}",
                    MOVED_FIRST: f"{a} moved to {b}'s pose"}
     for name, clouds, labels in ((SIM_PICTURE, sim, sim_labels), (KITTI_PICTURE, real, real_labels)):
         if clouds:
@@ -575,10 +561,11 @@ def _fmt(value: float | None, digits: int = 4) -> str:
     return "–" if value is None else f"{value:.{digits}f}"
 
 
-def _per_ray_table(first_column: str, rows: list[tuple[str, dict[str, float | None]]]) -> list[str]:
-    lines = [f"| {first_column} | " + " | ".join(PER_RAY.values()) + " |", "|---" * (len(PER_RAY) + 1) + "|"]
+def _per_ray_table(first_column: str, rows: list[tuple[str, dict[str, float | None]]],
+                   columns: dict[str, str] = PER_RAY) -> list[str]:
+    lines = [f"| {first_column} | " + " | ".join(columns.values()) + " |", "|---" * (len(columns) + 1) + "|"]
     for name, scores in rows:
-        lines.append(f"| {name} | " + " | ".join(_fmt(scores.get(k), 3) for k in PER_RAY) + " |")
+        lines.append(f"| {name} | " + " | ".join(_fmt(scores.get(k), 3) for k in columns) + " |")
     return lines
 
 
@@ -601,13 +588,14 @@ def format_report(report: dict[str, Any]) -> str:
         span = f"mean over {label} (the bars)" if label == p["bar_span"] else f"at {label} (frame {p['horizons'][label]})"
         lines += ["", f"Simulated drives, {span}:", "", *_per_ray_table("method", list(table.items()))]
     real = report["real"]
-    lines += ["", "Real KITTI seq 00 pairs (KISS-ICP poses; ground truth = the second sweep at the model's density):", ""]
+    lines += ["", "Real KITTI seq 00 pairs (KISS-ICP poses; ground truth = the second sweep as the sensor took it, "
+              "every point; L1 and AbsRel along its rays on the rays both methods return on):", ""]
     if "skipped" in real:
         lines.append(f"Skipped: {real['skipped']}.")
     else:
         rows = [(f"{pair['pair']} {m}", s) for pair in real["pairs"] for m, s in pair["methods"].items()]
         rows += [(f"mean {m}", s) for m, s in real["mean"].items()]
-        lines += _per_ray_table("pair, method", rows)
+        lines += _per_ray_table("pair, method", rows, REAL_COLUMNS)
         fitness = " / ".join(f"{r['fitness']:.2f}" for r in real["registration"])
         lines += ["", f"KISS-ICP fitness of {' / '.join(real['sweeps'])}: {fitness}."]
     lines += ["", "| method | BEV JSD ↓ | BEV MMD ↓ | temporal Chamfer (m) | map adherence | return rate |",

@@ -12,11 +12,10 @@ same run (docs/evaluation.md has the protocol and its bars):
    starts; a longer horizon on the starts that reach it; one no start reaches is skipped, with the reason.
 3. Baselines at the same poses, at full density: the last prefix sweep moved to the target pose; every
    prefix sweep moved there and z-buffered together on the ray grid (`lidar.ray_grid`).
-4. Metrics (`frame_scores`): squared Chamfer in the 4D-Occ region (`forecast_chamfer`) against the whole
-   truth; per-ray L1 and AbsRel along the truth's rays (cells of `lidar.ray_grid`) on the rays every method
-   returns on, and each method's coverage of the truth's rays; points / the truth's in the region. A
-   method's points count within the truth's vertical field of view (`in_field_of_view`: above a KITTI
-   HDL-64E's +2 deg, or below its lowest beam from a moved pose, there is no truth to score against).
+4. Metrics (`training.sweep_scores`, shared with `training.evaluate`'s KITTI pairs): squared Chamfer in the
+   4D-Occ region against the whole truth; per-ray L1 and AbsRel along the truth's rays on the rays every
+   method returns on, and each method's coverage of the truth's rays; points / the truth's in the region,
+   every method within the truth's vertical field of view.
 5. Pictures: BEV and a range image on the ray grid, truth | forecast | moved prefix, at the two longest
    horizons of the longest prefix's first start.
 """
@@ -38,14 +37,13 @@ import numpy as np
 from inference import load_pipeline
 from inference.pipeline import LidarVersePipeline
 from lidar.errors import InputError
-from lidar.metrics import forecast_chamfer, in_crop
-from lidar.range_image import elevation_span
-from lidar.ray_grid import CELL_DEG, nearest_per_ray, ray_errors, ray_image, span_rows, z_buffer
+from lidar.ray_grid import nearest_per_ray, ray_image, span_rows, z_buffer
 from lidar.registration import register_sweeps
 from lidar.render import labelled, range_image_png
 from lidar.sequence import Recording, open_recording
 from lidar.vocabulary import FRAME_RATE_HZ, transform_points
-from training.evaluate import bev_panels, in_field_of_view, publish_report, report_arguments, start_run
+from training.evaluate import bev_panels, publish_report, report_arguments, start_run
+from training.sweep_scores import COLUMNS, field_of_view, in_field_of_view, sweep_scores
 
 logger = logging.getLogger(__name__)
 
@@ -60,9 +58,6 @@ MODEL = "model forecast"
 LAST_MOVED = "last sweep moved"
 PREFIX_MOVED = "every prefix sweep moved"
 METHODS = (MODEL, LAST_MOVED, PREFIX_MOVED)
-#: Report key -> table header.
-COLUMNS = {"chamfer": "Chamfer (m², 4D-Occ region) ↓", "l1_median": "L1 median, common rays (m) ↓",
-           "absrel": "AbsRel, common rays ↓", "coverage": "truth's rays returned ↑", "points": "points ÷ truth's"}
 #: Bars of the main protocol: points at 0.1 s, squared Chamfer over the better baseline per horizon (frames).
 POINTS_BAR = (1, 0.9)
 CHAMFER_BARS = {1: 1.0, 3: 1.0, 5: 0.85, 10: 0.85}
@@ -173,26 +168,6 @@ def start_plan(setting: Setting, count: int, limit: int) -> tuple[dict[int, list
                   f"{seconds(setting.reach(missing[-1]))} ahead (needs {need})"]
 
 
-def field_of_view(truth: np.ndarray) -> tuple[float, float]:
-    """The truth's vertical field of view (rad), widened by one ray cell: its percentile span (robust to stray
-    returns) lies just inside its outermost beams, whose points a method may return as well."""
-    low, high = elevation_span(truth)
-    return low - np.deg2rad(CELL_DEG), high + np.deg2rad(CELL_DEG)
-
-
-def frame_scores(truth: np.ndarray, clouds: dict[str, np.ndarray]) -> tuple[dict[str, dict[str, float]], float]:
-    """Every metric of the protocol for one target (all clouds in its sensor frame), and the share of the
-    truth's rays every method returns on."""
-    span = field_of_view(truth)
-    seen = {m: in_field_of_view(c, span) for m, c in clouds.items()}
-    truth_in_region = max(int(in_crop(truth).sum()), 1)
-    out, common = ray_errors(nearest_per_ray(truth), {m: nearest_per_ray(c) for m, c in seen.items()})
-    for method, cloud in seen.items():
-        out[method]["chamfer"] = forecast_chamfer(cloud, truth)
-        out[method]["points"] = float(in_crop(cloud).sum() / truth_in_region)
-    return out, common
-
-
 def baselines(world: list[np.ndarray], into: np.ndarray) -> dict[str, np.ndarray]:
     """Both baselines at the target pose (`into`: sensor_from_world), at full density."""
     return {LAST_MOVED: transform_points(world[-1], into),
@@ -236,7 +211,7 @@ def forecast_start(pipe: LidarVersePipeline, sweep: Callable[[int], np.ndarray],
     for h, target, frame in zip(horizons, targets, result.frames, strict=True):
         moved = baselines(world, np.linalg.inv(poses[target]))
         truth = sweep(target)
-        scores.methods[h], scores.common[h] = frame_scores(truth, {MODEL: frame.points, **moved})
+        scores.methods[h], scores.common[h] = sweep_scores(truth, {MODEL: frame.points, **moved})
         scores.kept[h] = Forecast(truth, frame.points, moved[PREFIX_MOVED])
     return scores
 

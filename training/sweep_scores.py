@@ -1,0 +1,55 @@
+"""Point clouds scored against the sweep the sensor took, at its full resolution.
+
+The project's rule for real data: a forecast (or a baseline) is compared with the truth sweep as measured,
+every point where it was measured, never with a copy thinned or z-buffered onto a model's grid. Both
+`training.evaluate` (its KITTI pairs) and `training.evaluate_real` (recorded drives) score here:
+- squared Chamfer in the 4D-Occ region (`lidar.metrics.forecast_chamfer`) against the whole truth;
+- per-ray L1 and AbsRel along the truth's rays (cells of `lidar.ray_grid`) on the rays every method returns
+  on, and each method's coverage of the truth's rays;
+- a method's points in the region over the truth's.
+
+A method's points count within the truth's vertical field of view (`in_field_of_view`): above a KITTI
+HDL-64E's +2 deg, or below its lowest beam from a moved pose, there is no truth to score against.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from lidar.metrics import forecast_chamfer, in_crop
+from lidar.range_image import elevation_span, point_elevations
+from lidar.ray_grid import CELL_DEG, nearest_per_ray, ray_errors
+
+#: Report key -> table header of `sweep_scores` (which also gives "l1_mean").
+COLUMNS = {"chamfer": "Chamfer (m², 4D-Occ region) ↓", "l1_median": "L1 median, common rays (m) ↓",
+           "absrel": "AbsRel, common rays ↓", "coverage": "truth's rays returned ↑", "points": "points ÷ truth's"}
+
+
+def in_field_of_view(points: np.ndarray, span: tuple[float, float]) -> np.ndarray:
+    """The points within the real sensor's vertical field of view (`span`, rad, low to high).
+
+    A model's beams may reach +10.7 deg where KITTI's stop at +2 deg: what it draws above has no ground truth
+    to be scored against, and a moved KITTI sweep has nothing there either.
+    """
+    elevations = point_elevations(np.asarray(points))
+    return np.asarray(points)[(elevations >= span[0]) & (elevations <= span[1])]
+
+
+def field_of_view(truth: np.ndarray) -> tuple[float, float]:
+    """The truth's vertical field of view (rad), widened by one ray cell: its percentile span (robust to stray
+    returns) lies just inside its outermost beams, whose points a method may return as well."""
+    low, high = elevation_span(truth)
+    return low - np.deg2rad(CELL_DEG), high + np.deg2rad(CELL_DEG)
+
+
+def sweep_scores(truth: np.ndarray, clouds: dict[str, np.ndarray]) -> tuple[dict[str, dict[str, float]], float]:
+    """Every metric (`COLUMNS` and "l1_mean") of each method's cloud against the truth sweep, all in the
+    truth's sensor frame, and the share of the truth's rays every method returns on."""
+    span = field_of_view(truth)
+    seen = {m: in_field_of_view(c, span) for m, c in clouds.items()}
+    truth_in_region = max(int(in_crop(truth).sum()), 1)
+    out, common = ray_errors(nearest_per_ray(truth), {m: nearest_per_ray(c) for m, c in seen.items()})
+    for method, cloud in seen.items():
+        out[method]["chamfer"] = forecast_chamfer(cloud, truth)
+        out[method]["points"] = float(in_crop(cloud).sum() / truth_in_region)
+    return out, common
