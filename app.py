@@ -1,4 +1,5 @@
-"""LidarVerse Space: generate a LiDAR world around a driving car, continue a real scan, inspect the model.
+"""LidarVerse Space: generate a LiDAR world around a driving car, continue a real scan, make a sweep denser,
+inspect the model.
 
 UI only. The model (inference), maps (lidar.sim), pictures and viewer files (lidar.render), point-cloud
 files (lidar.formats) and what visitors may see and load (app_policy) are other modules' business; this file
@@ -85,7 +86,18 @@ from inference.limits import APP_LIMITS
 from inference.loader import ModelSourceError, Provenance, env_flag
 from inference.network import WorldModelConfig
 from inference.observed import ObservedScene, check_inside, observe, record_prefix, shifted_path
-from inference.results4d import write_views
+from inference.results4d import write_upsample_views, write_views
+from inference.upsample import (
+    DEFAULT_METHOD,
+    MAX_FACTOR,
+    METHODS,
+    MODEL,
+    RECORD_NAME,
+    SWEEP_FORMATS,
+    UpsampleResult,
+    upsample_target,
+    write_upsample,
+)
 from lidar import render, sandbox
 from lidar.cancel import Cancelled, checkpoint, stop_when
 from lidar.errors import InputError, shown
@@ -98,6 +110,7 @@ from lidar.formats import (
     read_points,
     write_points,
 )
+from lidar.range_image import RangeImage
 from lidar.real_scans import real_scans_dir
 from lidar.recordings import CONTAINER_SUFFIXES
 from lidar.recordings.argoverse import CALIBRATION_FILE as AV2_CALIBRATION_FILE
@@ -192,6 +205,13 @@ VIEWER_MAX_POINTS = 400_000
 RANGE_PICTURE_ROWS = 128
 VIEWER_BACKGROUND = (0.05, 0.05, 0.08, 1.0)  # RGBA; dark, so height colours stand out
 PATH_COLOUR = (0, 220, 255)
+#: The upsample tab's target that takes the factor (`factor - 1` new beams between each two measured ones), and
+#: its factor by default: 2 fits the server's rays with every shipped example (a KITTI 64 x 2,011 sweep becomes
+#: 127 x 2,011, 255 k rays; the library's default of 4 would be 509 k, over `APP_LIMITS.max_rays`).
+BY_FACTOR = "by factor"
+UPSAMPLE_FACTOR = 2
+#: The upsample tab's download by default: PCD keeps every point's ring.
+UPSAMPLE_FORMAT = "pcd"
 #: Real sweeps shipped with the app (licences in its README): the forecast examples of a fresh clone.
 EXAMPLE_SCANS_DIR = APP_DIR / "examples" / "scans"
 # The shared real scans (more forecast examples); absent in a bare clone.
@@ -633,11 +653,19 @@ def _replay(body: bytes, receive: Receive) -> Receive:
 # What a generation shows, by name.
 
 
+class _Named:
+    """What an event shows, by name: the event maps each field's name to its component, so no list of values
+    has to follow a list of components in step. A field left None is not updated."""
+
+    def by_component(self, targets: dict[str, gr.components.Component]) -> dict[gr.components.Component, Any]:
+        """The set fields keyed by their components in `targets` (field name -> component), as Gradio takes them."""
+        return {targets[f.name]: getattr(self, f.name) for f in fields(self) if getattr(self, f.name) is not None}
+
+
 @dataclass
-class Outputs:
-    """What a generation event shows, by name: the event maps each name to its component (`RolloutView.show`),
-    so no list of values has to follow a list of components in step. A field left None is not updated: the
-    scene tabs show the registered prefix first, before the rollout has run."""
+class Outputs(_Named):
+    """What a generation event shows (`RolloutView.show`): the scene tabs show the registered prefix first,
+    before the rollout has run."""
 
     viewer: str | None = None
     bev_animation: str | None = None
@@ -649,12 +677,20 @@ class Outputs:
     #: the scene tabs' "Registered prefix" table
     prefix: list[list[Any]] | None = None
 
-    def by_component(self, targets: dict[str, gr.components.Component]) -> dict[gr.components.Component, Any]:
-        """The set fields keyed by their components in `targets` (field name -> component), as Gradio takes them."""
-        return {targets[f.name]: getattr(self, f.name) for f in fields(self) if getattr(self, f.name) is not None}
+
+@dataclass
+class UpsampleOutputs(_Named):
+    """What the upsample event shows: the 3D view (the input in grey, the filled rays by height), the input and
+    the result side by side (BEV) and one above the other (range image, on the target grid), stats, downloads."""
+
+    viewer: str
+    bev: str
+    range: str
+    stats: dict[str, Any]
+    downloads: list[str]
 
 
-def _by_component(run: Callable[..., AsyncIterator[Outputs]],
+def _by_component(run: Callable[..., AsyncIterator[_Named]],
                   targets: dict[str, gr.components.Component]) -> Callable[..., AsyncIterator[dict]]:
     """`run` (a worker's generation) yielding its `Outputs` by component. Closing it closes `run`, so a
     request Gradio gives up on still stops its work and frees the worker."""
@@ -674,15 +710,16 @@ def _by_component(run: Callable[..., AsyncIterator[Outputs]],
 
 @dataclass(frozen=True)
 class RolloutJob:
-    """A rollout as its GPU part runs it, every input read and checked on the CPU beforehand.
+    """A rollout (or the model's fill of an upsampled sweep) as its GPU part runs it, every input read and
+    checked on the CPU beforehand.
 
     On ZeroGPU the job crosses to the process that holds the GPU, so it carries arrays and numbers, never the
     pipeline: the GPU part calls the served pipeline's `method` with `kwargs`.
     """
 
-    method: Literal["generate_world", "forecast", "resimulate"]
+    method: Literal["generate_world", "forecast", "resimulate", "upsample"]
     kwargs: dict[str, Any]
-    #: what the progress bar says: "Generating", "Forecasting", "Re-simulating"
+    #: what the progress bar says: "Generating", "Forecasting", "Re-simulating", "Upsampling"
     label: str
 
 
@@ -692,14 +729,15 @@ def _on_gpu(fn: Callable) -> Callable:
 
 
 @_on_gpu
-def roll_out(job: RolloutJob, progress: gr.Progress) -> RolloutResult:
+def roll_out(job: RolloutJob, progress: gr.Progress) -> RolloutResult | UpsampleResult:
     """The sampler's frames: the only part of a request that holds a GPU on ZeroGPU, so a bad input, a slow
     registration or a slow encode never does. The pipeline is read here rather than passed, since arguments
     cross to the GPU's process; the generation lock keeps `PIPELINE` the request's model meanwhile."""
     return getattr(_pipeline(), job.method)(**job.kwargs, callback=_progress_callback(progress, job.label))
 
 
-def _generate(job: RolloutJob, progress: gr.Progress, failure: str, upload: Path | None = None) -> RolloutResult:
+def _generate(job: RolloutJob, progress: gr.Progress, failure: str,
+              upload: Path | None = None) -> RolloutResult | UpsampleResult:
     """Run `job` on the GPU, unless the request was cancelled while it was being prepared; a failure is
     reported as `failure: ...` (naming `upload` by its name)."""
     checkpoint()
@@ -726,15 +764,25 @@ def _viewer_file(out: Path, world: np.ndarray, observed: np.ndarray | None) -> t
     return path, min(len(points), VIEWER_MAX_POINTS)
 
 
+def _bev_picture(points: np.ndarray) -> Image.Image:
+    """A sweep's BEV in its sensor frame, on the one colour scale of every picture the app draws."""
+    return render.bev_image(points, extent=BEV_EXTENT_M, resolution=0.2, value_range=(-3.0, 5.0))
+
+
+def _range_picture(image: RangeImage, max_range: float) -> Image.Image:
+    """A range image with each beam repeated up to 4 times, to about `RANGE_PICTURE_ROWS` rows."""
+    rows = int(np.clip(RANGE_PICTURE_ROWS // image.shape[0], 1, 4))
+    return render.range_image_png(image, max_range=max_range, scale=rows)
+
+
 def _frame_pictures(result: RolloutResult, max_range: float) -> tuple[list[Image.Image], list[Image.Image]]:
     """Per-frame BEV and range pictures (sensor frame, one colour scale across frames), checking between
     frames whether the request was cancelled."""
     bevs, ranges = [], []
     for frame in result.frames:
         checkpoint()
-        bevs.append(render.bev_image(frame.points, extent=BEV_EXTENT_M, resolution=0.2, value_range=(-3.0, 5.0)))
-        rows = int(np.clip(RANGE_PICTURE_ROWS // frame.range_image.shape[0], 1, 4))
-        ranges.append(render.range_image_png(frame.range_image, max_range=max_range, scale=rows))
+        bevs.append(_bev_picture(frame.points))
+        ranges.append(_range_picture(frame.range_image, max_range))
     return bevs, ranges
 
 
@@ -874,18 +922,24 @@ def generate_world(
     yield from _deliver(result, start, pipe, grid, request, {})
 
 
-def _read_scan(path: Path, sensor_name: str) -> tuple[Scan, Sensor]:
-    """The uploaded sweep and the sensor that recorded it (the visitor's choice, else detected), refused
-    unless it is in its sensor's frame, which the model's rays need."""
-    sensor = None if sensor_name == AUTO_SENSOR else get_sensor(sensor_name)
+def _read_sweep(path: Path, task: str, sensor: Sensor | None = None) -> Scan:
+    """One uploaded sweep, read in a bounded worker (as `sensor` recorded it, when given), refused unless it is
+    in its sensor's frame: `task` ("Forecasting") needs rays from the LiDAR's origin."""
     with _user_errors("Cannot read the scan", path), point_limit(MAX_UPLOAD_POINTS):  # errors name the file, not its path
         scan = sandbox.read_points(path, sensor)
         if sensor is not None:
             check_sensor(scan, sensor)
-    if not scan.sensor_frame:  # no sensor choice helps: the model needs rays from the LiDAR's origin
+    if not scan.sensor_frame:  # no sensor choice helps
         why = "; ".join(note for note in scan.notes if "sensor frame" in note)
-        raise gr.Error(f"{shown(path.name)} is {why or 'not in the sensor frame'}. Forecasting needs a sweep whose "
+        raise gr.Error(f"{shown(path.name)} is {why or 'not in the sensor frame'}. {task} needs a sweep whose "
                        "origin is the LiDAR (e.g. KITTI velodyne .bin, nuScenes LIDAR_TOP, an Ouster frame).")
+    return scan
+
+
+def _read_scan(path: Path, sensor_name: str) -> tuple[Scan, Sensor]:
+    """The uploaded sweep and the sensor that recorded it (the visitor's choice, else detected)."""
+    sensor = None if sensor_name == AUTO_SENSOR else get_sensor(sensor_name)
+    scan = _read_sweep(path, "Forecasting", sensor)
     if sensor is None:
         sensor = detect_sensor(scan)
     if sensor is None:
@@ -1096,6 +1150,83 @@ def resimulate(
     yield from _deliver(result, start, pipe, grid, request, stats, observed=scene.world_points(), scene=scene)
 
 
+def upsample_scan(
+    scan_file: Any,
+    factor: Any,
+    target: Any,
+    method: Any,
+    steps: Any,
+    seed: Any,
+    fmt: Any = UPSAMPLE_FORMAT,
+    progress: gr.Progress = gr.Progress(),  # noqa: B008 - Gradio finds the tracker by this default
+) -> Iterator[UpsampleOutputs]:
+    """An uploaded sweep on a denser beam table (`factor` beams per measured gap, or the `target` preset's beams
+    at the sweep's columns), or with its silent rays filled (factor 1), by `method`; every input point is kept
+    as it was. The target is worked out and checked against the server's rays before anything runs."""
+    pipe = _pipeline()
+    path = _upload_path(scan_file)
+    factor = _whole_number(factor, "Factor", 1, MAX_FACTOR)
+    target = _choice(target, "Target beams", (BY_FACTOR, *PRESETS))
+    method = _choice(method, "Method", METHODS)
+    steps = _whole_number(steps, "Sampling steps", 1, MAX_STEPS)
+    seed = _whole_number(seed, "Seed", 0, MAX_SEED)
+    fmt = _choice(fmt, "Download format", SWEEP_FORMATS)
+    scan = _read_sweep(path, "Upsampling")
+    asked = {"factor": factor} if target == BY_FACTOR else {"sensor": target}
+    failure = f"Cannot upsample {shown(path.name)}"
+
+    start = time.perf_counter()
+    with _user_errors(failure, path):
+        grid = upsample_target(scan, **asked, limits=APP_LIMITS)
+    job = RolloutJob("upsample", {"points": scan, "sensor": grid, "method": method, "steps": steps, "seed": seed,
+                                  "limits": APP_LIMITS}, "Upsampling")
+    result = _upsampled(job, progress, failure, path)
+    request = {"input": path.name, **asked, "method": method, **({"steps": steps, "seed": seed} if method == MODEL else {})}
+    stats = {"seconds": round(time.perf_counter() - start, 3), "input": path.name, "method": method}
+    with _request_dir() as out, _user_errors("Writing the results"):
+        yield _present_upsample(out, scan, result, pipe, fmt, request, stats)
+
+
+def _upsampled(job: RolloutJob, progress: gr.Progress, failure: str, upload: Path) -> UpsampleResult:
+    """The upsampled sweep: the model's fill on the GPU (`_generate`); the interpolations are CPU work and ask
+    for none."""
+    if job.kwargs["method"] == MODEL:
+        return _generate(job, progress, failure, upload)
+    checkpoint()
+    progress(0.0, desc=job.label)
+    with _user_errors(failure, upload):
+        return _pipeline().upsample(**job.kwargs)
+
+
+def _present_upsample(out: Path, scan: Scan, result: UpsampleResult, pipe: LidarVersePipeline, fmt: str,
+                      request: dict[str, Any], stats: dict[str, Any]) -> UpsampleOutputs:
+    """Write one upsampled sweep's files into `out` (the command line's: `upsampled.<fmt>` with the rings,
+    `upsample.json`, `result.rrd` and `result.mcap`) and its pictures, and collect what the page shows."""
+    checkpoint()  # a request cancelled while the fill ran writes nothing
+    filled = result.points[result.filled]
+    viewer, shown_points = _viewer_file(out, filled, scan.points)
+    checkpoint()
+    bev = render.labelled([(f"before: {len(scan.points):,} points", _bev_picture(scan.points)),
+                           (f"after: {len(result.points):,} points", _bev_picture(result.points))])
+    checkpoint()
+    max_range = result.sensor.max_range
+    ranges = render.labelled([("before, on the target grid", _range_picture(result.given, max_range)),
+                              (f"after ({result.method})", _range_picture(result.image, max_range))], across=False)
+    bev.save(out / "upsample_bev.png")
+    ranges.save(out / "upsample_range.png")
+    checkpoint()
+    record = write_upsample(out, result, fmt, provenance=public_provenance(pipe.provenance), request=request)
+    checkpoint()
+    views = write_upsample_views(out, scan, result)  # result.rrd (Rerun) and result.mcap (Foxglove, RViz)
+    beams, columns = result.sensor.shape
+    stats = {**stats, "target sensor": result.sensor.name, "beams x columns": f"{beams} x {columns}",
+             "input points": record["input_points"], "filled points": record["filled_points"],
+             "points": record["points"], "points in the 3D view": shown_points, "device": str(pipe.provenance.device)}
+    downloads = [out / record["file"], out / RECORD_NAME, *views.values()]
+    return UpsampleOutputs(viewer=str(viewer), bev=str(out / "upsample_bev.png"), range=str(out / "upsample_range.png"),
+                           stats=stats, downloads=[str(p) for p in downloads])
+
+
 def show_frame(index: Any, frame_pngs: list[tuple[bytes, bytes]] | None) -> tuple[Image.Image | None, Image.Image | None]:
     """The BEV and range image of one generated frame, for the frame slider."""
     if not frame_pngs:
@@ -1182,7 +1313,9 @@ seeds the cache with the uploaded scans and conditions every frame on them (its 
 so its errors do not compound); re-simulation renders them from new poses. Either way, every ray the uploaded
 sweeps see keeps their measured point, the rays they measured empty stay empty, and the model draws only what
 they lack. A forecast from several registered sweeps continues at the speed and turn rate they measured.
-*Guidance* trades diversity for fidelity to the map.
+*Guidance* trades diversity for fidelity to the map. *Upsample* puts new beams between a sweep's measured ones
+(or fills the rays it left silent) from the known rays above and below, planar along the edge they agree on
+best by default, or by the model's sample; every measured point stays as it was.
 """
 
 
@@ -1399,6 +1532,42 @@ def _resimulate_tab() -> None:
     view.show(button, resimulate, [files, lateral, forward, yaw, *sampling.inputs, topic], "resimulate", prefix_table)
 
 
+def _upsample_tab() -> None:
+    """One uploaded (or example) sweep on a denser beam table, or with its silent rays filled: before | after."""
+    with gr.Tab("Upsample"):
+        with gr.Row():
+            with gr.Column(scale=1):
+                scan_file = gr.File(label="Sweep (.bin, .pcd, .ply, .npy, .las)", file_types=list(READ_SUFFIXES),
+                                    type="filepath", elem_id="upsample-file")
+                factor = gr.Slider(1, MAX_FACTOR, value=UPSAMPLE_FACTOR, step=1, label="Factor",
+                                   info="beams per measured gap: 2 puts one new beam between each two; 1 fills the "
+                                        "sweep's silent rays")
+                target = gr.Dropdown([BY_FACTOR, *PRESETS], value=BY_FACTOR, label="Target beams",
+                                     info="by the factor, or a preset's beam table at the sweep's own columns")
+                method = gr.Radio(list(METHODS), value=DEFAULT_METHOD, label="Method")
+                with gr.Accordion("Sampling (method 'model')", open=False):
+                    steps = gr.Slider(1, MAX_STEPS, value=min(4, MAX_STEPS), step=1, label="Sampling steps")
+                    seed = gr.Number(0, label="Seed", precision=0, minimum=0, maximum=MAX_SEED)
+                fmt = gr.Dropdown(list(SWEEP_FORMATS), value=UPSAMPLE_FORMAT, label="Download format",
+                                  info="every point with its ring (.bin has no place for rings)")
+                button = gr.Button("Upsample", variant="primary", elem_id="upsample")
+            with gr.Column(scale=1):
+                gr.Examples([[str(p)] for p in example_scans()], [scan_file], label="Real scans (click one)")
+                stats = gr.JSON(label="Stats", elem_id="upsample-stats")
+                downloads = gr.File(label="Downloads: the upsampled sweep, upsample.json, result.rrd / .mcap",
+                                    file_count="multiple")
+        viewer = gr.Model3D(label="Before (grey) and the filled rays (by height)", display_mode="point_cloud",
+                            clear_color=VIEWER_BACKGROUND, height=480, elem_id="upsample-viewer",
+                            camera_position=(180, 45, None))
+        bev = gr.Image(label="Bird's-eye view: before | after", type="filepath", elem_id="upsample-bev")
+        ranges = gr.Image(label="Range image on the target grid: before (above), after (below)", type="filepath",
+                          elem_id="upsample-range")
+    targets = {"viewer": viewer, "bev": bev, "range": ranges, "stats": stats, "downloads": downloads}
+    button.click(_by_component(_worker(upsample_scan), targets), [scan_file, factor, target, method, steps, seed, fmt],
+                 list(targets.values()), api_name="upsample", concurrency_id="model",
+                 concurrency_limit=GENERATION_CONCURRENCY)
+
+
 def _model_tab(demo: gr.Blocks) -> None:
     """Where the served model came from, and the source picker when the operator allows switching."""
     with gr.Tab("Model"):
@@ -1431,11 +1600,12 @@ def build_demo() -> gr.Blocks:
     with gr.Blocks(title="LidarVerse", delete_cache=DELETE_CACHE) as demo:
         gr.Markdown(
             "# LidarVerse\nGenerate a 360° LiDAR world around a driving car, continue a real scan, "
-            "and download the result for your own tools."
+            "make a sparse sweep dense, and download the result for your own tools."
         )
         _world_tab(demo)
         _forecast_tab()
         _resimulate_tab()
+        _upsample_tab()
         _model_tab(demo)
         gr.Markdown(HOW_IT_WORKS)
     # api_open=False: the REST routes (/run/..., /api/...) do not skip the queue, so its bound holds for all

@@ -132,7 +132,8 @@ needs_real_scans = pytest.mark.skipif(not KITTI_SCAN.is_file(), reason=f"shared 
 
 #: The endpoints a visitor may call, and nothing else: exposing another one is a decision made here (issue 12
 #: adds "/forecast_from_scans" and "/resimulate"). With --allow-model-switch, "/reload_model" joins them.
-PUBLIC_ENDPOINTS = frozenset({"/generate_world", "/forecast_from_scan", "/forecast_from_scans", "/resimulate", "/model_info"})
+PUBLIC_ENDPOINTS = frozenset({"/generate_world", "/forecast_from_scan", "/forecast_from_scans", "/resimulate", "/upsample",
+                              "/model_info"})
 #: What the app ships in examples/scans; a fresh clone offers these as forecast examples.
 SHIPPED_EXAMPLES = ("kitti_patchworkpp_000000.bin", "nuscenes_ff9eff4389a740848f9a56ad749a4ae8_keyframe.pcd",
                     "ouster_oustersdk_OS-1-128_v2.3.0_1024x10_lb_n3.bin")

@@ -1,8 +1,8 @@
 """The app launched for real (`python app.py --model … --port …` in a subprocess), driven over HTTP by
 gradio_client as an API user would (the named endpoints, a bad upload followed by a good request, a load
 test of 8 concurrent requests with the server's memory watched through psutil) and by a real browser:
-Debian chromium through playwright clicks Generate, and Forecast on an example scan, and sees each tab's 3D
-canvas and both previews appear.
+Debian chromium through playwright clicks Generate, Forecast on an example scan and Upsample on one, and sees
+each tab's 3D canvas and both previews (the upsample tab's before | after pictures) appear.
 All share one server, since starting one (importing torch and gradio) is most of the cost.
 
 Never `playwright install`: the browser is Debian's chromium. The README screenshot is made with the same
@@ -42,6 +42,7 @@ from gradio_client.utils import Status
 from PIL import Image
 
 import app
+from lidar.formats import read_points
 from tests.helpers import (
     BOMBS,
     KITTI_SCAN,
@@ -200,10 +201,31 @@ def test_a_visitor_can_neither_reload_the_model_nor_learn_the_server_files(clien
 def test_a_fresh_clone_offers_the_shipped_example_scans_and_one_forecasts(client):
     datasets = [c["props"]["samples"] for c in client.config["components"] if c.get("type") == "dataset"]
     scans = [[row[0] for row in samples] for samples in datasets if isinstance(samples[0][0], str)]
-    assert scans == [list(SHIPPED_EXAMPLES)], "the server was started with no real scans"
+    assert scans == [list(SHIPPED_EXAMPLES)] * 2, "the forecast and upsample tabs' examples, and no real scans"
     *_, stats, downloads = client.predict(handle_file(str(REPO / "examples" / "scans" / SHIPPED_EXAMPLES[1])),
                                           "auto-detect", "Straight", 1, 1, 0, api_name="/forecast_from_scan")
     assert stats["input sensor"] == "hdl32-measured" and stats["frames"] == 1 and len(downloads) == 6
+
+
+def test_upsample_over_http_keeps_every_input_point_and_names_the_largest_factor_that_fits(client, server):
+    scan = REPO / "examples" / "scans" / SHIPPED_EXAMPLES[0]  # KITTI, 64 x 2,011
+    viewer, bev, ranges, stats, downloads = client.predict(handle_file(str(scan)), 2, app.BY_FACTOR, "edge-aware", 4, 0,
+                                                           "pcd", api_name="/upsample")
+    assert stats["beams x columns"] == "127 x 2011" and stats["points in the 3D view"] == stats["points"]
+    assert Path(viewer).read_bytes().startswith(b"ply\n") and Image.open(bev).size == (1000, 520)
+    assert Image.open(ranges).size == (2011, 2 * (127 + 20))
+    files = {Path(p).name: Path(p) for p in downloads}
+    assert sorted(files) == ["result.mcap", "result.rrd", "upsample.json", "upsampled.pcd"]
+    given, result = read_points(scan).points, read_points(files["upsampled.pcd"])
+    assert np.array_equal(result.points[: len(given)].view(np.uint32), given.view(np.uint32))
+    assert len(result.points) == stats["points"] == len(given) + stats["filled points"] and result.ring is not None
+    record = files["upsample.json"].read_text()
+    for server_path in (str(server.tmp.parent), str(REPO), "/tmp/"):
+        assert server_path not in record, f"upsample.json in the download shows the server path {server_path}"
+    with pytest.raises(AppError, match=r"factor 4 puts 253 x 2011 = 508,783 rays on this 64 x 2011 sweep; expected at "
+                                       r"most 262,144 rays: at most factor 2 fits it"):
+        client.predict(handle_file(str(scan)), 4, app.BY_FACTOR, "edge-aware", 4, 0, "pcd", api_name="/upsample")
+    assert server.scratch_dirs() == [], "per-request scratch dirs must be removed after the request"
 
 
 @pytest.mark.parametrize(("kind", "message"), [
@@ -838,13 +860,29 @@ def _open_forecast(page) -> None:
     page.click("#forecast")
 
 
+def _open_upsample(page) -> None:
+    """The Upsample tab, its first shipped example scan loaded into the upload, then Upsample (factor 2)."""
+    example = SHIPPED_EXAMPLES[0]
+    page.get_by_role("tab", name="Upsample").click()
+    page.get_by_role("button", name=example, exact=True).click()
+    page.wait_for_function("stem => document.querySelector('#upsample-file').innerText.includes(stem)",
+                           arg=Path(example).stem, timeout=60_000)
+    page.click("#upsample")
+
+
+#: What each tab's stats show once its request is done.
+STATS_KEYS = {"world": ('"frames"', '"world points"'), "forecast": ('"frames"', '"world points"'),
+              "upsample": ('"filled points"', '"beams x columns"')}
+
+
 def run_in_browser(url: str, screenshot: Path, tab: str = "world", sensor: str | None = None) -> dict[str, Any]:
-    """Open the page in chromium, start a rollout in `tab` ("world": Generate, on `sensor` when given;
-    "forecast": an example scan), wait for its 3D canvas and both previews, screenshot.
+    """Open the page in chromium, start a request in `tab` ("world": Generate, on `sensor` when given;
+    "forecast": an example scan; "upsample": an example scan at factor 2), wait for its 3D canvas and both
+    previews, screenshot.
 
     Returns the canvas size, how many of its pixels the point cloud lit (from a screenshot of the element,
-    since a WebGL canvas cannot be read back), the seconds from the click to the previews being shown and
-    the stats as the page shows them.
+    since a WebGL canvas cannot be read back), the seconds from the click to the previews being shown, the
+    previews' sizes and the stats as the page shows them.
     """
     from playwright.sync_api import TimeoutError as PlaywrightTimeout
     from playwright.sync_api import sync_playwright
@@ -859,22 +897,22 @@ def run_in_browser(url: str, screenshot: Path, tab: str = "world", sensor: str |
             page.on("console", lambda message: console.append(f"{message.type}: {message.text[:300]}"))
             page.goto(url)
             start = time.perf_counter()
-            if tab == "world":
-                _open_generate(page, sensor)
-            else:
-                _open_forecast(page)
+            {"world": lambda: _open_generate(page, sensor), "forecast": lambda: _open_forecast(page),
+             "upsample": lambda: _open_upsample(page)}[tab]()
             try:
                 page.wait_for_selector(f"#{tab}-viewer canvas", state="visible", timeout=300_000)
             except PlaywrightTimeout:  # say what the page showed instead (an error toast, a 429)
                 viewer = page.inner_html(f"#{tab}-viewer")[:1500]
                 raise AssertionError(f"no 3D view; JavaScript errors {errors}, console {console[-10:]}, the viewer "
                                      f"holds {viewer}") from None
+            previews = []
             for preview in (f"#{tab}-bev img", f"#{tab}-range img"):
                 img = page.wait_for_selector(preview, state="visible", timeout=60_000)
                 page.wait_for_function("img => img.complete && img.naturalWidth > 0", arg=img, timeout=30_000)
+                previews.append(tuple(img.evaluate("img => [img.naturalWidth, img.naturalHeight]")))
             seconds = time.perf_counter() - start
             stats = page.inner_text(f"#{tab}-stats")
-            assert '"frames"' in stats and '"world points"' in stats, stats
+            assert all(key in stats for key in STATS_KEYS[tab]), stats
             canvas = page.query_selector(f"#{tab}-viewer canvas")
             box = canvas.bounding_box()
             deadline = time.monotonic() + 60
@@ -893,7 +931,8 @@ def run_in_browser(url: str, screenshot: Path, tab: str = "world", sensor: str |
             assert errors == [], f"JavaScript errors on the page: {errors}"
         finally:
             browser.close()
-    return {"width": box["width"], "height": box["height"], "lit_pixels": lit, "seconds": seconds, "stats": stats}
+    return {"width": box["width"], "height": box["height"], "lit_pixels": lit, "seconds": seconds, "stats": stats,
+            "previews": previews}
 
 
 @pytest.mark.browser
@@ -914,6 +953,15 @@ def test_the_sensor_chosen_in_the_browser_draws_the_world_at_its_beams_and_colum
     pytest.importorskip("playwright.sync_api", reason="the playwright Python package is not installed")
     seen = run_in_browser(server.url, tmp_path / "hdl64.png", "world", sensor="hdl64 (64 x 2048)")
     assert '"64 x 2048"' in seen["stats"] and seen["lit_pixels"] > 500, seen["stats"]
+
+
+@pytest.mark.browser
+@pytest.mark.skipif(not CHROMIUM.is_file(), reason=f"Debian chromium is not installed ({CHROMIUM} not found)")
+def test_an_example_upsampled_in_the_browser_shows_the_3d_view_and_the_before_after_pictures(server, tmp_path):
+    pytest.importorskip("playwright.sync_api", reason="the playwright Python package is not installed")
+    seen = run_in_browser(server.url, tmp_path / "upsample.png", "upsample")
+    assert '"127 x 2011"' in seen["stats"] and seen["lit_pixels"] > 500, seen["stats"]
+    assert seen["previews"] == [(1000, 520), (2011, 294)], "the BEV before | after, the range images before / after"
 
 
 if __name__ == "__main__":  # the README screenshots, on the trained model
