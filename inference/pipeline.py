@@ -194,11 +194,13 @@ class LidarVersePipeline:
             poses = action_poses(prefix_poses[-1], action, frames, motion=motion)
         if not isinstance(feedback, bool):
             raise InputError(f"feedback must be True or False, got {shown(feedback)}")
-        cache, observed = self._observed(points, prefix_poses, grid)
+        scene = _scene(map, len(poses), times)
+        cache, observed = self._observed(points, prefix_poses, grid,
+                                         _prefix_clock(len(points), prefix_times, scene["times"][0]))
         return self._rollout(
             poses,
             start,
-            **_scene(map, len(poses), times),
+            **scene,
             cache=cache,
             measured=observed,
             steps=steps,
@@ -362,11 +364,14 @@ class LidarVersePipeline:
         return replace(sensor, max_range=model.max_range)
 
     @staticmethod
-    def _observed(points: list[np.ndarray], poses: np.ndarray, sensor: Sensor) -> tuple[SpatialCache, Observation]:
-        """The cache and the measurement of observed sweeps at their poses; the car's own returns (`ego_body`,
-        found once for both) are in neither's world."""
+    def _observed(points: list[np.ndarray], poses: np.ndarray, sensor: Sensor,
+                  times: np.ndarray | None = None) -> tuple[SpatialCache, Observation]:
+        """The cache and the measurement of observed sweeps at their poses (and `times`, for a forecast: what
+        moves goes on moving); the car's own returns (`ego_body`, found once for both) are in neither's
+        world."""
         bodies = ego_body(points, poses)
-        return cache_from_scans(without_ego_body(points, bodies), poses), observation(points, poses, sensor, bodies)
+        return (cache_from_scans(without_ego_body(points, bodies), poses),
+                observation(points, poses, sensor, bodies, times))
 
     def _observed_points(self, scans: Sequence[ScanLike], name: str, sensor: Sensor) -> list[np.ndarray]:
         """Each scan as sensor-frame points for the cache, checked to be a sweep the frames' beams can see."""
@@ -541,6 +546,17 @@ class EgoMotion:
     @property
     def speed(self) -> float:
         return math.hypot(*self.velocity)
+
+
+def _prefix_clock(count: int, prefix_times: np.ndarray | None, first_frame: float) -> np.ndarray:
+    """Seconds of the prefix sweeps on the frames' clock: `prefix_times` as given (checked), else 10 Hz up to
+    one frame before the first forecast frame."""
+    if prefix_times is not None:
+        clock = frame_times(count, prefix_times)
+        if (np.diff(clock) <= 0).any():
+            raise InputError(f"prefix times must increase, got {[round(float(t), 3) for t in clock[:8]]}")
+        return clock
+    return first_frame - np.arange(count, 0, -1) / FRAME_RATE_HZ
 
 
 def measured_motion(poses: np.ndarray, times: np.ndarray | None = None) -> EgoMotion:

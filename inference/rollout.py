@@ -203,7 +203,8 @@ def rollout(
                 callback(Progress(index, len(poses), i + 1, steps))
         # 3. keep the prior where the sample only jitters it, and what was measured where it was seen; decode,
         #    unproject, feed the sweep (less the observing car's own body) back into the cache
-        kept = None if measured is None else measured_view(measured, pose, sensor, map_view, boxes)
+        kept = None if measured is None else measured_view(measured, pose, sensor, map_view, boxes,
+                                                           float(times[index]))
         image, points, world_points = _finish(model.snap_to_prior(x, prepared), kept, pose, sensor,
                                               settle=map_view is None and boxes is None)
         in_world.append(world_points)

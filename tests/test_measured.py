@@ -424,7 +424,7 @@ def test_a_second_point_on_a_pixel_that_is_a_ray_of_its_own_is_kept_beside_the_g
     elsewhere = np.array([[-40.0, 0.0, 0.0, 0.5]], np.float32)
     seen = observation([scan, elsewhere], poses, sensor)
     target = np.eye(4)
-    target[0, 3] = 0.2  # a moved pose (towards the points): no sweep was taken here
+    target[0, 3] = 0.8  # a moved pose (towards the points), farther than SAME_EYES_M: no sweep was taken here
     view = measured_view(seen, target, sensor)
     ahead = np.linalg.norm(view.points[:, :3], axis=1) < 20
     assert (view.mask.reshape(-1) & ahead).sum() == 1  # both points fall on one pixel ...
@@ -438,6 +438,35 @@ def test_a_second_point_on_a_pixel_that_is_a_ray_of_its_own_is_kept_beside_the_g
     view = measured_view(observation([hidden, elsewhere], poses, sensor), target, sensor)
     assert len(view.beside) == 0 and beside_grid(seen.points[:0], seen, target, sensor, view.mask.reshape(-1),
                                                  np.zeros(0, int)).shape == (0, 4)
+    # from within SAME_EYES_M of the sweep, the pose sees with its eyes: both of its points are rays of their own
+    near = np.eye(4)
+    near[0, 3] = 0.3
+    view = measured_view(observation([hidden, elsewhere], poses, sensor), near, sensor)
+    assert len(view.beside) == 1
+
+
+def test_an_addition_where_an_observing_sensor_saw_through_goes(pipe) -> None:
+    from inference.measured import SILENT_SEEN_M, sight_through
+
+    sensor = pipe.sensor
+    row = sensor.height // 2
+    elevation = sensor.elevations[row]
+    azimuths = np.deg2rad([0.0, 90.0, 180.0])
+    wall = np.c_[30.0 * np.cos(elevation) * np.cos(azimuths), 30.0 * np.cos(elevation) * np.sin(azimuths),
+                 np.full(3, 30.0 * np.sin(elevation)), np.zeros(3)].astype(np.float32)
+    seen = observation([wall], np.eye(4)[None], sensor)
+    view = measured_view(seen, np.eye(4), sensor)
+
+    def on_ray(rng: float, azimuth: float) -> np.ndarray:
+        a = np.deg2rad(azimuth)
+        return np.array([rng * np.cos(elevation) * np.cos(a), rng * np.cos(elevation) * np.sin(a),
+                         rng * np.sin(elevation), 0.0], np.float32)
+    additions = np.stack([on_ray(10.0, 0.0),   # before the wall the sweep saw at 30 m: it saw through
+                          on_ray(40.0, 90.0),  # behind the wall: hidden from it
+                          on_ray(29.9, 180.0),  # on the wall, within the tolerance
+                          on_ray(SILENT_SEEN_M - 5, 45.0),  # a ray it returned nothing on, near: seen empty
+                          on_ray(SILENT_SEEN_M + 20, 45.0)])  # far along it: beyond what silence tells
+    np.testing.assert_array_equal(sight_through(additions, view), [True, False, False, True, False])
 
 
 def test_near_the_observation_only_the_ground_around_the_car_is_added(pipe) -> None:
