@@ -202,7 +202,7 @@ class HDMap:
         pose = np.asarray(pose, dtype=np.float64)
         if pose.shape != (4, 4):
             raise ValueError(f"pose must be a 4x4 world_from_sensor matrix, got shape {pose.shape}")
-        dirs = sensor.ray_directions().reshape(-1, 3) @ pose[:3, :3].T
+        dirs = sensor.ray_table().reshape(-1, 3) @ pose[:3, :3].T
         t = self.intersect_terrain(pose[:3, 3], dirs, sensor.max_range, iterations=3)
         hit = np.isfinite(t)
         out = np.zeros(len(dirs), dtype=np.uint8)
