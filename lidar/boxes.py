@@ -88,13 +88,12 @@ def _pixel_windows(local_boxes: np.ndarray, sensor: Sensor) -> tuple[np.ndarray,
     whole = (dist <= radius) | (half_cols >= width / 2)
     col0 = np.where(whole, 0, np.floor(centre_col - half_cols)).astype(np.int64)
     n_cols = np.where(whole, width, np.ceil(centre_col + half_cols).astype(np.int64) - col0 + 1)
-    # every pair, box by box: k runs over each box's window in row-major order
-    counts = n_rows * n_cols
-    owners = np.repeat(np.arange(len(local_boxes)), counts)
-    k = np.arange(int(counts.sum())) - np.repeat(np.cumsum(counts) - counts, counts)
-    cols = np.repeat(n_cols, counts)
-    rows = np.repeat(row0, counts) + k // cols
-    return rows * width + (np.repeat(col0, counts) + k % cols) % width, owners
+    # every pair, box by box, row-major in a box's window: its rows, then each row's run of columns
+    box_of_row = np.repeat(np.arange(len(local_boxes)), n_rows)
+    rows = row0[box_of_row] + np.arange(len(box_of_row)) - np.repeat(np.cumsum(n_rows) - n_rows, n_rows)
+    run = n_cols[box_of_row]
+    cols = np.arange(int(run.sum())) - np.repeat(np.cumsum(run) - run - col0[box_of_row], run)
+    return np.repeat(rows * width, run) + cols % width, np.repeat(box_of_row, run)
 
 
 @dataclass
