@@ -15,6 +15,8 @@ from typing import Any
 
 import numpy as np
 
+from lidar.rows import take_rows
+
 logger = logging.getLogger(__name__)
 
 #: Voxel indices are packed into one int64 key with this many bits per axis (±2^20 voxels per axis).
@@ -43,6 +45,10 @@ class SpatialCache:
         self._observed = np.zeros(0, dtype=bool)
         #: Centre (x, y, z) of the radius bound: the position of the latest pose given to `add`.
         self._center: np.ndarray | None = None
+        #: Per point: its voxel key (`_voxel_keys`) at `_keyed_voxel`, kept so that `add` keys only the new
+        #: points; None until the next `add` after `load_state_dict`.
+        self._keys: np.ndarray | None = np.zeros(0, dtype=np.int64)
+        self._keyed_voxel = self.voxel_size
 
     def __len__(self) -> int:
         return len(self._points)
@@ -59,6 +65,7 @@ class SpatialCache:
         self._points = np.zeros((0, 4), dtype=np.float32)
         self._observed = np.zeros(0, dtype=bool)
         self._center = None
+        self._keys = np.zeros(0, dtype=np.int64)
 
     def add(self, points_world: np.ndarray, pose: np.ndarray | None = None, observed: bool = False) -> None:
         """Merge new world-frame points (N, 4); `pose` (4x4, the sensor that saw them) moves the radius centre.
@@ -70,7 +77,7 @@ class SpatialCache:
             raise ValueError(
                 f"SpatialCache.add expects world-frame points (N, 4) x,y,z,intensity, got {new.shape}"
             )
-        new = new[np.isfinite(new).all(axis=1)]
+        new = take_rows(new, np.isfinite(new).all(axis=1))
         if pose is not None:
             pose = np.asarray(pose, dtype=np.float64)
             if pose.shape != (4, 4):
@@ -78,32 +85,40 @@ class SpatialCache:
                     f"SpatialCache.add pose must be a 4x4 world_from_sensor matrix, got {pose.shape}"
                 )
             self._center = pose[:3, 3].copy()
+        if self._keys is None or self._keyed_voxel != self.voxel_size:
+            self._keys, self._keyed_voxel = self._voxel_keys(self._points[:, :3]), self.voxel_size
         pts = np.concatenate([new, self._points])
         obs = np.concatenate([np.full(len(new), bool(observed)), self._observed])
-        # 1. one point per voxel: an observed one before a generated one, then the newest (first)
-        keys = self._voxel_keys(pts[:, :3])
-        order = np.lexsort((np.arange(len(pts)), ~obs, keys))
+        keys = np.concatenate([self._voxel_keys(new[:, :3]), self._keys])
+        # 1. one point per voxel: an observed one before a generated one, then the newest (first); the sorts
+        #    are stable, so the newest leads its voxel's points of one kind
+        mixed = obs.any() and not obs.all()
+        order = np.lexsort((~obs, keys)) if mixed else np.argsort(keys, kind="stable")
         first = np.ones(len(order), dtype=bool)
         first[1:] = keys[order[1:]] != keys[order[:-1]]
-        kept = np.sort(order[first])
-        pts, obs = pts[kept], obs[kept]
+        kept = np.zeros(len(order), dtype=bool)
+        kept[order[first]] = True
+        pts, obs, keys = take_rows(pts, kept), obs[kept], keys[kept]
         # 2. radius bound around the latest pose (horizontal distance: the world is a ground plane)
         if self._center is not None:
             dist = np.hypot(pts[:, 0] - self._center[0], pts[:, 1] - self._center[1])
             keep = dist <= self.radius
-            pts, obs, dist = pts[keep], obs[keep], dist[keep]
+            pts, obs, dist, keys = take_rows(pts, keep), obs[keep], dist[keep], keys[keep]
             # 3. point budget: drop the farthest
             if len(pts) > self.max_points:
                 budget = np.sort(np.argpartition(dist, self.max_points - 1)[: self.max_points])
-                pts, obs = pts[budget], obs[budget]
+                pts, obs, keys = take_rows(pts, budget), obs[budget], keys[budget]
         elif len(pts) > self.max_points:
-            pts, obs = pts[: self.max_points], obs[: self.max_points]  # no pose yet: keep the newest
+            pts, obs, keys = pts[: self.max_points], obs[: self.max_points], keys[: self.max_points]  # the newest
         self._points = np.ascontiguousarray(pts)
         self._observed = obs
+        self._keys = keys
         logger.debug("cache: +%d points -> %d", len(new), len(self._points))
 
     def _voxel_keys(self, xyz: np.ndarray) -> np.ndarray:
-        idx = np.floor(xyz.astype(np.float64) / self.voxel_size).astype(np.int64)
+        scaled = xyz.astype(np.float64)
+        scaled /= self.voxel_size
+        idx = np.floor(scaled, out=scaled).astype(np.int64)
         if len(idx) and np.abs(idx).max() >= _KEY_OFFSET:
             raise ValueError(
                 f"SpatialCache: a point lies farther than {_KEY_OFFSET * self.voxel_size:.0f} m from the world "
@@ -138,3 +153,4 @@ class SpatialCache:
         self._center = (
             None if state["center"] is None else np.asarray(state["center"], dtype=np.float64).copy()
         )
+        self._keys = None

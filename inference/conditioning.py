@@ -27,6 +27,7 @@ where their trunks stand.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 
 import numpy as np
 import torch
@@ -35,7 +36,7 @@ from scipy.spatial.transform import Rotation
 from inference.cache import VOXEL_SIZE
 from lidar.boxes import box_range_view
 from lidar.range_image import RangeImage, decode_range, encode_range, project
-from lidar.sensors import Sensor
+from lidar.sensors import RAY_TABLES_KEPT, Sensor
 from lidar.vocabulary import BOXED_CLASSES, MAP_CLASSES, OBJECT_CLASSES, MapView, transform_points
 
 #: Boxed actor classes one-hot encoded in the layout block, in `lidar.vocabulary.BOXED_CLASSES` order.
@@ -145,10 +146,18 @@ def decode_image(x: np.ndarray | torch.Tensor, sensor: Sensor) -> RangeImage:
 
 def coordinate_channels(sensor: Sensor) -> np.ndarray:
     """(3, H, W) beam elevation and azimuth sin/cos: tells a translation-free conv where each pixel looks."""
+    return _coordinates(sensor).copy()
+
+
+@lru_cache(maxsize=RAY_TABLES_KEPT)
+def _coordinates(sensor: Sensor) -> np.ndarray:
+    """`coordinate_channels`, read-only and computed once per sensor: every frame's condition holds them."""
     height, width = sensor.shape
     elev = np.broadcast_to((sensor.elevations * (2.0 / np.pi))[:, None], (height, width))
     az = np.broadcast_to(sensor.azimuths[None, :], (height, width))
-    return np.stack([elev, np.sin(az), np.cos(az)]).astype(np.float32)
+    out = np.stack([elev, np.sin(az), np.cos(az)]).astype(np.float32)
+    out.setflags(write=False)
+    return out
 
 
 def empty_condition(sensor: Sensor, num_map_classes: int = len(MAP_CLASSES)) -> np.ndarray:
@@ -157,7 +166,7 @@ def empty_condition(sensor: Sensor, num_map_classes: int = len(MAP_CLASSES)) -> 
     cond = np.zeros((lay.channels, *sensor.shape), dtype=np.float32)
     cond[list(lay.range_channels())] = -1.0
     cond[CACHE_INTENSITY] = -1.0
-    cond[lay.coords_start :] = coordinate_channels(sensor)
+    cond[lay.coords_start :] = _coordinates(sensor)
     return cond
 
 

@@ -69,6 +69,7 @@ from lidar.range_image import (
 )
 from lidar.ray_grid import COLUMNS as RAY_COLUMNS
 from lidar.ray_grid import ROWS, ray_cells
+from lidar.rows import put_rows, take_rows
 from lidar.sensors import Sensor
 from lidar.vocabulary import MapView, transform_points
 
@@ -167,18 +168,19 @@ class MeasuredView:
         return self.image.mask
 
 
-def sensor_shadow(scans: list[np.ndarray], sensor: Sensor) -> np.ndarray:
+def sensor_shadow(scans: list[np.ndarray], sensor: Sensor, masks: list[np.ndarray] | None = None) -> np.ndarray:
     """(H, W) rays steeper than `SHADOW_ELEVATION_DEG`, inside the observing sensor's field of view, on which
     no observed sweep (N, 3+ points in its own sensor frame) returned, nor on its row within `MISS_REACH`
     columns: what the car's own body hides from a roof sensor, which travels with the sensor to every pose.
 
     Such rays meet the ground within about 10 m, where a sensor always returns; an isolated silent ray there is
-    a dropped return, so a shadow must be wider than a row miss.
+    a dropped return, so a shadow must be wider than a row miss. `masks`: each scan's `project(points,
+    sensor).mask`, when the caller has them already.
     """
     seen = np.zeros(sensor.shape, dtype=bool)
     lowest = np.inf
-    for points in scans:
-        seen |= project(np.asarray(points), sensor).mask
+    for i, points in enumerate(scans):
+        seen |= project(np.asarray(points), sensor).mask if masks is None else masks[i]
         lowest = min(lowest, elevation_span(points)[0])
     rows = (sensor.elevations < np.radians(SHADOW_ELEVATION_DEG)) & (sensor.elevations >= lowest - ELEVATION_ROUNDING)
     return rows[:, None] & ~seen & ~row_misses(np.flatnonzero(seen), sensor)
@@ -279,13 +281,15 @@ def _above_ground_nearby(points: np.ndarray) -> np.ndarray:
 def without_ego_body(scans: list[np.ndarray], bodies: list[np.ndarray]) -> list[np.ndarray]:
     """The scans with the observing vehicle's own returns (`ego_body` masks) left out: what they measured of
     the world."""
-    return [np.asarray(points)[~body] for points, body in zip(scans, bodies, strict=True)]
+    return [take_rows(np.asarray(points), ~body) for points, body in zip(scans, bodies, strict=True)]
 
 
 def observation(scans: list[np.ndarray], poses: np.ndarray, sensor: Sensor,
-                bodies: list[np.ndarray] | None = None, times: np.ndarray | None = None) -> Observation:
+                bodies: list[np.ndarray] | None = None, seen: list[np.ndarray] | None = None,
+                times: np.ndarray | None = None) -> Observation:
     """The `Observation` of sensor-frame scans (N, 3+) at their world_from_sensor poses; `bodies`, their
-    `ego_body` masks when the caller has them already. With the sweeps' `times` (s, increasing; a forecast),
+    `ego_body` masks, and `seen`, their nearest range per ray of `sensor` (`project(points, sensor).range`),
+    when the caller has them already. With the sweeps' `times` (s, increasing; a forecast),
     what moved between them (`lidar.motion.moving_objects`) moves on in the frames, and the older sweeps'
     copies of it are left out: they show where it was."""
     poses = np.asarray(poses, dtype=np.float64)
@@ -301,8 +305,11 @@ def observation(scans: list[np.ndarray], poses: np.ndarray, sensor: Sensor,
         moving = moving_objects(points, sweep, times, np.zeros(3))
         if len(moving.objects):
             points, sweep, velocity = points[~moving.stale], sweep[~moving.stale], moving.velocity[~moving.stale]
-    sight = np.stack([project(np.asarray(scan), sensor).range for scan in scans]) if scans else None
-    return Observation(points, poses[:, :3, 3].copy(), sensor_shadow(scans, sensor), sweep, body, origin,
+    if seen is None:
+        seen = [project(np.asarray(scan), sensor).range for scan in scans]
+    sight = np.stack(seen) if scans else None
+    return Observation(points, poses[:, :3, 3].copy(), sensor_shadow(scans, sensor, [r > 0 for r in seen]), sweep,
+                       body, origin,
                        velocity, time, sight, np.linalg.inv(origin) @ poses, sensor)
 
 
@@ -351,7 +358,7 @@ def _winners(local: np.ndarray, observed: Observation, pose: np.ndarray, sensor:
     if own is None:
         return index, pixels
     mine = np.flatnonzero(observed.sweep == own)
-    own_index, own_pixels = grid_winners(local[mine], sensor)
+    own_index, own_pixels = grid_winners(take_rows(local, mine), sensor)
     winner = np.full(sensor.height * sensor.width, -1)
     winner[pixels] = index
     onto = winner[own_pixels] < len(observed.points)  # the car's own body (after the world points) keeps its rays
@@ -379,7 +386,7 @@ def measured_view(observed: Observation, pose: np.ndarray, sensor: Sensor, map_v
     misses.reshape(-1)[pixels] = False
     visible = ~observed.shadow.reshape(-1)[pixels]  # the sensor's own body hides whatever lies behind it
     index, pixels = index[visible], pixels[visible]
-    ranges = point_ranges(local[index])
+    ranges = point_ranges(take_rows(local, index))
     if map_view is not None:
         misses &= (map_view.ground <= 0) & (map_view.building <= 0)
         # where the map confirms the surface, its exact range (in the prior) is better
@@ -397,7 +404,7 @@ def measured_view(observed: Observation, pose: np.ndarray, sensor: Sensor, map_v
     misses |= observed.shadow
     size = sensor.height * sensor.width
     points = np.zeros((size, 4), dtype=np.float32)
-    points[pixels] = local[index]
+    put_rows(points, pixels, take_rows(local, index))
     range_ = np.zeros(size, dtype=np.float32)
     range_[pixels] = ranges
     body = np.zeros(size, dtype=bool)
@@ -450,14 +457,14 @@ def beside_grid(local: np.ndarray, observed: Observation, pose: np.ndarray, sens
     if boxes is not None and len(chosen):
         box = encode_range(boxes.range.reshape(-1)[pixel[chosen]], sensor.max_range)
         chosen = chosen[~((box > -1.0) & (box < encode_range(rng[chosen], sensor.max_range) - SNAP_TOLERANCE))]
-    return local[chosen]
+    return take_rows(local, chosen)
 
 
 def _fine_winners(local: np.ndarray, rng: np.ndarray, eligible: np.ndarray, observed: Observation,
                   own: int | None) -> np.ndarray:
     """Indices of the nearest `eligible` point per fine ray cell, the `own` sweep's on every cell it returns on."""
     index = np.flatnonzero(eligible)
-    cells = ray_cells(local[index])
+    cells = ray_cells(take_rows(local, index))
     winners, won = nearest_per_pixel(cells, rng[index], ROWS * RAY_COLUMNS)
     if own is None:
         return index[winners]
@@ -484,7 +491,7 @@ def measured_points_of(image: RangeImage, points: np.ndarray, measured: Measured
     pixels = np.flatnonzero(image.mask)
     kept = measured.mask.reshape(-1)[pixels]
     out = points.copy()
-    out[kept] = measured.points[pixels[kept]]
+    put_rows(out, kept, take_rows(measured.points, pixels[kept]))
     return out
 
 
@@ -503,7 +510,7 @@ def _neighbours(values: np.ndarray, outside: float, reach: tuple[int, int] = (1,
 def _without(image: RangeImage, points: np.ndarray, drop: np.ndarray) -> tuple[RangeImage, np.ndarray]:
     keep = ~drop[image.mask]
     return RangeImage(np.where(drop, 0.0, image.range).astype(np.float32),
-                      np.where(drop, 0.0, image.intensity).astype(np.float32)), points[keep]
+                      np.where(drop, 0.0, image.intensity).astype(np.float32)), take_rows(points, keep)
 
 
 def settle_additions(image: RangeImage, points: np.ndarray, measured: MeasuredView) -> tuple[RangeImage, np.ndarray]:
@@ -540,13 +547,12 @@ def settle_additions(image: RangeImage, points: np.ndarray, measured: MeasuredVi
     # 1. lone additions
     mask = image.mask
     xyz = np.full((*mask.shape, 3), np.nan, dtype=np.float32)
-    xyz[mask] = points[:, :3]
+    put_rows(xyz.reshape(-1, 3), mask.reshape(-1), points[:, :3])
     reach = LONE_RADIUS_M + LONE_SLOPE * image.range
-    neighboured = np.zeros_like(mask)
-    with np.errstate(invalid="ignore"):
-        for other in _neighbours(xyz, np.nan):
-            neighboured |= np.linalg.norm(other - xyz, axis=-1) <= reach
-    image, points = _without(image, points, mask & ~measured.mask & ~neighboured)
+    lone = np.zeros_like(mask)
+    added = np.flatnonzero(mask & ~measured.mask)
+    lone.reshape(-1)[added] = _lone(xyz, reach, added)
+    image, points = _without(image, points, lone)
     # 2. additions behind a bordering measured surface continue it, along their own rays
     mask = image.mask
     nearest = np.full(mask.shape, np.inf, dtype=np.float32)
@@ -590,13 +596,35 @@ def sight_through(points: np.ndarray, measured: MeasuredView) -> np.ndarray:
     return out
 
 
+def _lone(xyz: np.ndarray, reach: np.ndarray, pixels: np.ndarray) -> np.ndarray:
+    """(len(pixels),) bool: which rays at the flat `pixels` of a (H, W, 3) point image (NaN where none) have no
+    neighbouring ray (of 8: rows end at the field of view, columns wrap in azimuth) with a point within `reach`
+    (H, W) of their own. Asked of the additions only, about a tenth of a frame's rays."""
+    height, width = reach.shape
+    flat = xyz.reshape(-1, 3)
+    rows, cols = np.divmod(pixels, width)
+    own, limit = take_rows(flat, pixels), reach.reshape(-1)[pixels]
+    neighboured = np.zeros(len(pixels), dtype=bool)
+    for dr in (-1, 0, 1):
+        for dc in (-1, 0, 1):
+            if dr or dc:
+                row = rows + dr
+                inside = np.flatnonzero((row >= 0) & (row < height))
+                other = take_rows(flat, row[inside] * width + (cols[inside] + dc) % width)
+                with np.errstate(invalid="ignore"):
+                    neighboured[inside] |= np.linalg.norm(other - take_rows(own, inside), axis=-1) <= limit[inside]
+    return ~neighboured
+
+
 def on_measured_rays(image: RangeImage, points: np.ndarray, measured: MeasuredView) -> np.ndarray:
-    """(H, W) returning rays whose point (one per returning pixel in row-major order) lies in a cell of the fine
-    ray grid (`lidar.ray_grid`) that a kept measured point lies in: a neighbouring pixel's measurement."""
-    kept = np.concatenate([measured.points[measured.mask.reshape(-1)], measured.beside])
+    """(H, W) returning rays the measurement does not keep whose point (`points`, one per returning pixel in
+    row-major order) lies in a cell of the fine ray grid (`lidar.ray_grid`) that a kept measured point lies in:
+    a neighbouring pixel's measurement."""
+    kept = np.concatenate([take_rows(measured.points, measured.mask.reshape(-1)), measured.beside])
+    added = image.mask & ~measured.mask
     out = np.zeros(image.mask.shape, dtype=bool)
-    if len(kept) and len(points):
-        out[image.mask] = np.isin(ray_cells(points), ray_cells(kept))
+    if len(kept) and added.any():
+        out[added] = np.isin(ray_cells(take_rows(points, added[image.mask])), ray_cells(kept))
     return out
 
 
@@ -608,7 +636,7 @@ def near_ground(image: RangeImage, points: np.ndarray, measured: MeasuredView) -
     world = (measured.mask & ~measured.body).reshape(-1)
     if not world.any():
         return out
-    ground = np.percentile(measured.points[world, 2], GROUND_PERCENTILE)
+    ground = np.percentile(measured.points[:, 2][world], GROUND_PERCENTILE)
     out[image.mask] = ((image.range[image.mask] <= NEAR_GROUND_M)
                        & (np.abs(points[:, 2] - ground) <= NEAR_GROUND_TOLERANCE_M))
     return out

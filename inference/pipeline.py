@@ -31,6 +31,7 @@ from inference.upsample import DEFAULT_METHOD, UpsampleResult, upsample
 from lidar.errors import InputError, shown
 from lidar.formats import Scan, detect_sensor, write_points
 from lidar.range_image import RangeImage, project, unproject
+from lidar.rows import take_rows
 from lidar.sensors import Sensor, get_sensor
 from lidar.sim import World, make_world, plan_drive
 from lidar.vocabulary import ACTION_YAW_SIGN, ACTIONS, FRAME_RATE_HZ, MapSource, check_poses
@@ -179,7 +180,7 @@ class LidarVersePipeline:
         start = time.perf_counter()
         steps, guidance = self._check_sampling(steps, guidance, seed, callback)
         grid = self.grid(sensor, prefix_scans, "prefix_scans")
-        points = self._observed_points(prefix_scans, "prefix_scans", grid)
+        points, seen = self._observed_points(prefix_scans, "prefix_scans", grid)
         measured = prefix_poses is not None
         prefix_poses = self._scan_poses(prefix_poses, len(points), "prefix_poses")
         if poses is not None:
@@ -195,7 +196,7 @@ class LidarVersePipeline:
         if not isinstance(feedback, bool):
             raise InputError(f"feedback must be True or False, got {shown(feedback)}")
         scene = _scene(map, len(poses), times)
-        cache, observed = self._observed(points, prefix_poses, grid,
+        cache, observed = self._observed(points, prefix_poses, grid, seen,
                                          _prefix_clock(len(points), prefix_times, scene["times"][0]))
         return self._rollout(
             poses,
@@ -231,11 +232,11 @@ class LidarVersePipeline:
         start = time.perf_counter()
         steps, guidance = self._check_sampling(steps, guidance, seed, callback)
         grid = self.grid(sensor, scans, "scans")
-        points = self._observed_points(scans, "scans", grid)
+        points, seen = self._observed_points(scans, "scans", grid)
         poses = self._scan_poses(poses, len(points), "poses")
         target_poses = _check_poses(target_poses, "target_poses")
         LIBRARY_LIMITS.check_frames(len(target_poses), "len(target_poses)")
-        cache, observed = self._observed(points, poses, grid)
+        cache, observed = self._observed(points, poses, grid, seen)
         return self._rollout(
             target_poses,
             start,
@@ -365,23 +366,27 @@ class LidarVersePipeline:
 
     @staticmethod
     def _observed(points: list[np.ndarray], poses: np.ndarray, sensor: Sensor,
-                  times: np.ndarray | None = None) -> tuple[SpatialCache, Observation]:
-        """The cache and the measurement of observed sweeps at their poses (and `times`, for a forecast: what
-        moves goes on moving); the car's own returns (`ego_body`, found once for both) are in neither's
-        world."""
+                  seen: list[np.ndarray], times: np.ndarray | None = None) -> tuple[SpatialCache, Observation]:
+        """The cache and the measurement of observed sweeps at their poses (`seen`: each one's nearest range
+        per ray of `sensor`; `times`, for a forecast: what moves goes on moving); the car's own returns
+        (`ego_body`, found once for both) are in neither's world."""
         bodies = ego_body(points, poses)
         return (cache_from_scans(without_ego_body(points, bodies), poses),
-                observation(points, poses, sensor, bodies, times))
+                observation(points, poses, sensor, bodies, seen, times))
 
-    def _observed_points(self, scans: Sequence[ScanLike], name: str, sensor: Sensor) -> list[np.ndarray]:
-        """Each scan as sensor-frame points for the cache, checked to be a sweep the frames' beams can see."""
+    def _observed_points(self, scans: Sequence[ScanLike], name: str,
+                         sensor: Sensor) -> tuple[list[np.ndarray], list[np.ndarray]]:
+        """Each scan as sensor-frame points for the cache, checked to be a sweep the frames' beams can see, and
+        its (H, W) nearest range per ray of `sensor` (`project(points, sensor).range`, 0 where silent): the check counts them and
+        the sensor's shadow reuses them, which spares a second projection of every sweep."""
         if isinstance(scans, np.ndarray | Scan | RangeImage) or not isinstance(scans, Sequence) or not scans:
             raise InputError(
                 f"{name} must be a non-empty list of lidar.formats.Scan, (N, 3+) arrays or RangeImages"
             )
-        return [self._checked_scan(scan, f"{name}[{i}]", sensor) for i, scan in enumerate(scans)]
+        checked = [self._checked_scan(scan, f"{name}[{i}]", sensor) for i, scan in enumerate(scans)]
+        return [points for points, _ in checked], [seen for _, seen in checked]
 
-    def _checked_scan(self, scan: ScanLike, name: str, sensor: Sensor) -> np.ndarray:
+    def _checked_scan(self, scan: ScanLike, name: str, sensor: Sensor) -> tuple[np.ndarray, np.ndarray]:
         if isinstance(scan, RangeImage):
             if scan.shape != sensor.shape:
                 raise InputError(
@@ -403,7 +408,7 @@ class LidarVersePipeline:
                 raise InputError(
                     f"{name} must be (N, 3+) points x, y, z[, intensity], got shape {points.shape}"
                 )
-            points = points[np.isfinite(points[:, :3]).all(axis=1)]
+            points = take_rows(points, np.isfinite(points[:, :3]).all(axis=1))
             image = project(points, sensor)
         returns = int(image.mask.sum())
         if returns < MIN_PREFIX_RETURNS:
@@ -413,10 +418,12 @@ class LidarVersePipeline:
                 f"{sensor.min_range}-{sensor.max_range} m); expected a LiDAR sweep in its sensor frame"
             )
         if isinstance(scan, RangeImage):
-            return unproject(image, sensor)
+            points = unproject(image, sensor)
+            return points, project(points, sensor).range
         # Every observed point goes into the cache, not only one per model pixel: seen from the next pose a
         # sweep thinned to the model's beams leaves holes between its rings (coverage 0.54 vs 0.92 on KITTI).
-        return np.asarray(points[:, :4] if points.shape[1] >= 4 else points[:, :3], dtype=np.float32)
+        out = np.asarray(points[:, :4] if points.shape[1] >= 4 else points[:, :3], dtype=np.float32)
+        return out, image.range if points.dtype == np.float32 else project(out, sensor).range
 
     @staticmethod
     def _scan_poses(poses: np.ndarray | None, count: int, name: str) -> np.ndarray:

@@ -38,6 +38,7 @@ from inference.measured import (
 )
 from inference.network import IMAGE_CHANNELS, WorldModel, to_encoded_image
 from lidar.range_image import RangeImage, unproject
+from lidar.rows import take_rows
 from lidar.sensors import Sensor
 from lidar.vocabulary import FRAME_RATE_HZ, LayoutSource, MapSource, transform_points
 
@@ -120,7 +121,7 @@ def _finish(x: torch.Tensor, kept: MeasuredView | None, pose: np.ndarray, sensor
     points = measured_points_of(image, points, kept)
     if settle:
         image, points = settle_additions(image, points, kept)
-    world = points[~kept.body[image.mask]]
+    world = take_rows(points, ~kept.body[image.mask])
     points = np.concatenate([points, kept.beside])  # the measurement's rays that share a pixel
     return image, points, transform_points(np.concatenate([world, kept.beside]), pose)
 

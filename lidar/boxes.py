@@ -12,6 +12,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from lidar.range_image import nearest_per_pixel
+from lidar.rows import take_rows
 from lidar.sensors import Sensor
 
 #: Box rows are (cx, cy, cz, length, width, height, yaw).
@@ -30,31 +31,36 @@ def check_boxes(boxes: np.ndarray, name: str = "boxes") -> np.ndarray:
     return arr
 
 
-def _slab_entry(o: np.ndarray, d: np.ndarray, boxes: np.ndarray) -> np.ndarray:
-    """Entry distance of ray i (origin o, unit direction d[i]) into box i, pairwise; inf if it misses.
+def _slab_entry(o: np.ndarray, d: np.ndarray, boxes: np.ndarray, owners: np.ndarray) -> np.ndarray:
+    """Entry distance of ray i (origin o, unit direction d[i]) into box owners[i] of `boxes`; inf if it misses.
 
     A ray starting inside its box gets inf too: a sensor inside a box sees out of it, as the simulator's
-    ego clearance does. Axis by axis on flat arrays: reductions over a length-3 axis cost more than the
-    arithmetic.
+    ego clearance does. What depends on the box alone (its rotation, the origin in its frame, the slab
+    bounds) is computed once per box, the rest per ray, axis by axis on flat arrays: reductions over a
+    length-3 axis cost more than the arithmetic.
     """
     c, s = np.cos(boxes[:, 6]), np.sin(boxes[:, 6])
     rx, ry = o[0] - boxes[:, 0], o[1] - boxes[:, 1]
     origin = (c * rx + s * ry, -s * rx + c * ry, o[2] - boxes[:, 2])
+    c, s = c[owners], s[owners]
     direction = (c * d[:, 0] + s * d[:, 1], -s * d[:, 0] + c * d[:, 1], d[:, 2])
-    t_near, t_far = np.full(len(boxes), -np.inf), np.full(len(boxes), np.inf)
+    t_near, t_far = np.full(len(owners), -np.inf), np.full(len(owners), np.inf)
     inside = np.ones(len(boxes), dtype=bool)
     for axis in range(3):
         lo_o, lo_d, half = origin[axis], direction[axis], boxes[:, 3 + axis] / 2
-        with np.errstate(divide="ignore", invalid="ignore"):
-            t1 = (-half - lo_o) / lo_d
-            t2 = (half - lo_o) / lo_d
         within = np.abs(lo_o) <= half
+        with np.errstate(divide="ignore", invalid="ignore"):
+            t1 = (-half - lo_o)[owners] / lo_d
+            t2 = (half - lo_o)[owners] / lo_d
+        near, far = np.minimum(t1, t2), np.maximum(t1, t2)
         # a ray parallel to a slab is inside it for all t (origin within the slab) or never
-        parallel = lo_d == 0
-        t_near = np.maximum(t_near, np.where(parallel, -np.inf, np.minimum(t1, t2)))
-        t_far = np.minimum(t_far, np.where(parallel, np.where(within, np.inf, -np.inf), np.maximum(t1, t2)))
+        parallel = np.flatnonzero(lo_d == 0)
+        near[parallel] = -np.inf
+        far[parallel] = np.where(within[owners[parallel]], np.inf, -np.inf)
+        np.maximum(t_near, near, out=t_near)
+        np.minimum(t_far, far, out=t_far)
         inside &= within
-    return np.where((t_near <= t_far) & (t_near > 0) & ~inside, t_near, np.inf)
+    return np.where((t_near <= t_far) & (t_near > 0) & ~inside[owners], t_near, np.inf)
 
 
 def _pixel_windows(local_boxes: np.ndarray, sensor: Sensor) -> tuple[np.ndarray, np.ndarray]:
@@ -82,13 +88,12 @@ def _pixel_windows(local_boxes: np.ndarray, sensor: Sensor) -> tuple[np.ndarray,
     whole = (dist <= radius) | (half_cols >= width / 2)
     col0 = np.where(whole, 0, np.floor(centre_col - half_cols)).astype(np.int64)
     n_cols = np.where(whole, width, np.ceil(centre_col + half_cols).astype(np.int64) - col0 + 1)
-    # every pair, box by box: k runs over each box's window in row-major order
-    counts = n_rows * n_cols
-    owners = np.repeat(np.arange(len(local_boxes)), counts)
-    k = np.arange(int(counts.sum())) - np.repeat(np.cumsum(counts) - counts, counts)
-    cols = np.repeat(n_cols, counts)
-    rows = np.repeat(row0, counts) + k // cols
-    return rows * width + (np.repeat(col0, counts) + k % cols) % width, owners
+    # every pair, box by box, row-major in a box's window: its rows, then each row's run of columns
+    box_of_row = np.repeat(np.arange(len(local_boxes)), n_rows)
+    rows = row0[box_of_row] + np.arange(len(box_of_row)) - np.repeat(np.cumsum(n_rows) - n_rows, n_rows)
+    run = n_cols[box_of_row]
+    cols = np.arange(int(run.sum())) - np.repeat(np.cumsum(run) - run - col0[box_of_row], run)
+    return np.repeat(rows * width, run) + cols % width, np.repeat(box_of_row, run)
 
 
 @dataclass
@@ -136,8 +141,8 @@ def box_range_view(boxes: np.ndarray, pose: np.ndarray, sensor: Sensor) -> BoxVi
     pixels, owners = _pixel_windows(local, sensor)
     if len(pixels):
         owners = keep[owners]
-        dirs = sensor.ray_directions().reshape(-1, 3)[pixels] @ level_from_sensor.T
-        t = _slab_entry(np.zeros(3), dirs, level[owners])
+        dirs = take_rows(sensor.ray_table().reshape(-1, 3), pixels) @ level_from_sensor.T
+        t = _slab_entry(np.zeros(3), dirs, level, owners)
         ok = np.isfinite(t) & (t >= sensor.min_range) & (t <= sensor.max_range)
         pixels, owners, t = pixels[ok], owners[ok], t[ok]
         # 4. the nearest box per pixel

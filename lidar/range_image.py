@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from lidar.rows import take_rows
 from lidar.sensors import Sensor
 
 
@@ -133,7 +134,7 @@ def grid_winners(
     rng = point_ranges(pts)
     rows = rows_from_ring(pts, ring, sensor) if ring is not None else beam_rows(pts, sensor)
     keep = np.flatnonzero((rows >= 0) & (rng >= sensor.min_range) & (rng <= sensor.max_range) & np.isfinite(rng))
-    index, rows, cols = keep, rows[keep], azimuth_columns(pts[keep, :2], sensor.width)
+    index, rows, cols = keep, rows[keep], azimuth_columns(take_rows(pts, keep), sensor.width)
     if footprint > 0:
         index, rows, cols = _splat(index, rows, cols, rng[keep], sensor, footprint)
     winners, pixels = nearest_per_pixel(rows * sensor.width + cols, rng[index], sensor.height * sensor.width)
@@ -190,9 +191,9 @@ def project(
     height, width = sensor.shape
     range_img = np.zeros(height * width, dtype=np.float32)
     inten_img = np.zeros(height * width, dtype=np.float32)
-    range_img[pix] = point_ranges(pts[index])
+    range_img[pix] = point_ranges(take_rows(pts, index))
     if pts.shape[1] > 3:
-        inten_img[pix] = np.clip(pts[index, 3], 0.0, 1.0)
+        inten_img[pix] = np.clip(pts[:, 3][index], 0.0, 1.0)
     return RangeImage(range_img.reshape(height, width), inten_img.reshape(height, width))
 
 
@@ -201,9 +202,9 @@ def unproject(image: RangeImage, sensor: Sensor) -> np.ndarray:
     if image.shape != sensor.shape:
         raise ValueError(f"range image is {image.shape} but sensor {sensor.name!r} is {sensor.shape}")
     mask = image.mask
-    dirs = sensor.ray_directions()[mask]
-    xyz = dirs * image.range[mask, None].astype(np.float64)
-    return np.concatenate([xyz, image.intensity[mask, None]], axis=1).astype(np.float32)
+    dirs = take_rows(sensor.ray_table().reshape(-1, 3), mask.reshape(-1))
+    xyz = dirs * image.range[mask][:, None].astype(np.float64)
+    return np.concatenate([xyz, image.intensity[mask][:, None]], axis=1).astype(np.float32)
 
 
 def encode_range(range_m: np.ndarray, max_range: float) -> np.ndarray:

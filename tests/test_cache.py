@@ -87,3 +87,26 @@ def test_a_full_sweep_of_points_merges_fast_and_stays_bounded():
         cache.add(transform_points(pts.astype(np.float32), pose_at(i)), pose_at(i))
         assert len(cache) <= 40_000
     assert np.hypot(cache.points()[:, 0] - 9.0, cache.points()[:, 1]).max() <= 60.0
+
+
+def test_a_cache_restored_from_its_state_merges_as_the_original_does():
+    rng = np.random.default_rng(0)
+    original = SpatialCache(radius=30.0, voxel_size=0.5, max_points=2_000)
+    for i in range(3):  # observed and generated points, moving, over the budget
+        original.add(np.column_stack([rng.normal(i, 10, (1_500, 3)), rng.random(1_500)]).astype(np.float32),
+                     pose_at(2.0 * i), observed=i == 1)
+    restored = SpatialCache()
+    restored.load_state_dict(original.state_dict())
+    more = np.column_stack([rng.normal(3, 10, (1_500, 3)), rng.random(1_500)]).astype(np.float32)
+    for cache in (original, restored):
+        cache.add(more, pose_at(6.0))
+    assert np.array_equal(original.points(), restored.points())
+    assert np.array_equal(original.observed(), restored.observed())
+    # a coarser voxel merges the points already held on the new voxels
+    original.voxel_size = restored.voxel_size = 2.0
+    for cache in (original, restored):
+        cache.add(more[:10], pose_at(6.0))
+    fresh = SpatialCache(radius=30.0, voxel_size=2.0, max_points=2_000)
+    fresh.load_state_dict({**restored.state_dict()})
+    fresh.add(np.zeros((0, 4), np.float32), pose_at(6.0))
+    assert np.array_equal(original.points(), restored.points()) and np.array_equal(original.points(), fresh.points())

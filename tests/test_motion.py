@@ -78,7 +78,7 @@ def test_a_forecast_observation_carries_the_moving_car_on() -> None:
     poses[:, 0, 3] = [0.0, 0.3, 0.6]  # the car we ride in creeps on; its sweeps are given in its own frames
     scans = [s - np.array([p[0, 3], 0, 0, 0], np.float32) for s, p in zip(scans, poses, strict=True)]
     sensor = get_sensor("hdl64")
-    observed = observation(scans, poses, sensor, [np.zeros(len(s), bool) for s in scans], TIMES)
+    observed = observation(scans, poses, sensor, [np.zeros(len(s), bool) for s in scans], times=TIMES)
     assert observed.velocity is not None
     car = observed.velocity.any(axis=1)
     assert car.sum() >= 0.9 * (is_car & (sweep == 2)).sum() and (observed.sweep[car] == 2).all()

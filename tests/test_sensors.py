@@ -92,6 +92,16 @@ def test_ray_directions_are_unit_rows_top_first_and_centre_column_ahead():
     assert centre[0] > 0 and abs(np.arctan2(centre[1], centre[0])) < np.pi / 64 + 1e-12
 
 
+def test_the_ray_table_is_the_ray_directions_computed_once_and_read_only():
+    sensor = HDL32.with_width(64)
+    table = sensor.ray_table()
+    assert table is sensor.ray_table() and table is HDL32.with_width(64).ray_table()  # one per sensor
+    assert not table.flags.writeable
+    dirs = sensor.ray_directions()
+    assert np.array_equal(dirs, table) and dirs.flags.writeable and dirs is not table  # the caller's copy
+    assert sensor.with_width(32).ray_table().shape == (32, 32, 3)
+
+
 def test_with_width_keeps_the_beams():
     narrow = OS1_64.with_width(512)
     assert narrow.width == 512 and narrow.elevations_deg == OS1_64.elevations_deg and narrow.name == OS1_64.name

@@ -86,7 +86,7 @@ def measured_width(points: np.ndarray, rows: np.ndarray) -> int:
     step wherever most of a ring returns; a width within 0.5 % of a standard one is taken as that one.
     """
     valid = (rows >= 0) & (np.abs(points[:, :3]).sum(axis=1) > 0)
-    az = np.arctan2(points[valid, 1], points[valid, 0])
+    az = np.arctan2(points[:, 1][valid], points[:, 0][valid])
     ring = rows[valid]
     order = np.argsort(ring * 8.0 + az, kind="stable")  # by ring, then azimuth (az + pi < 8)
     az, ring = az[order], ring[order]

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from lidar.range_image import point_ranges
+from lidar.rows import take_rows
 
 #: How a scan's ring was obtained (`Scan.ring_source`): the file's own ring field, the pixel order of an
 #: organised H x W dump, the order a ring-by-ring sweep is stored in, or clusters of elevation.
@@ -96,8 +97,9 @@ def ring_elevations(xyz: np.ndarray, ring: np.ndarray, count: int) -> np.ndarray
     there, NaN when it has no returns at all."""
     valid = np.flatnonzero((ring >= 0) & (ring < count))
     order = valid[np.argsort(ring[valid], kind="stable")]
-    rng = point_ranges(xyz[order])
-    elev = np.degrees(np.arctan2(xyz[order, 2], np.hypot(xyz[order, 0], xyz[order, 1])))
+    ordered = take_rows(xyz, order)
+    rng = point_ranges(ordered)
+    elev = np.degrees(np.arctan2(ordered[:, 2], np.hypot(ordered[:, 0], ordered[:, 1])))
     bounds = np.cumsum(np.bincount(ring[order], minlength=count))
     out = np.full(count, np.nan)
     for k, (start, stop) in enumerate(zip(np.r_[0, bounds[:-1]], bounds, strict=True)):

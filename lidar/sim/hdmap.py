@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 
 from lidar.boxes import box_range_view
+from lidar.rows import take_rows
 from lidar.sensors import Sensor
 from lidar.vocabulary import MAP_CLASS_INDEX, MAP_CLASSES, MapView
 
@@ -100,7 +101,7 @@ class HDMap:
         ny, nx = self.raster.shape
         ix = np.floor((np.asarray(x) - self.origin[0]) * (1.0 / self.resolution)).astype(np.int64)
         iy = np.floor((np.asarray(y) - self.origin[1]) * (1.0 / self.resolution)).astype(np.int64)
-        out = self.raster[np.minimum(np.maximum(iy, 0), ny - 1), np.minimum(np.maximum(ix, 0), nx - 1)]
+        out = np.take(self.raster, np.minimum(np.maximum(iy, 0), ny - 1) * nx + np.minimum(np.maximum(ix, 0), nx - 1))
         off = (ix < 0) | (ix >= nx) | (iy < 0) | (iy >= ny)
         if off.any():
             out[off] = MAP_CLASS_INDEX["terrain"]
@@ -125,7 +126,7 @@ class HDMap:
         iy = fy.astype(np.int64)
         u = fx - ix
         v = fy - iy
-        coef = self._terrain_coef[iy * (tx - 1) + ix]
+        coef = take_rows(self._terrain_coef, iy * (tx - 1) + ix)
         a, b, c, d = coef[..., 0], coef[..., 1], coef[..., 2], coef[..., 3]
         h = a + b * u + (c + d * u) * v
         if not with_gradient:
@@ -152,7 +153,7 @@ class HDMap:
         down = d[:, 2] < -1e-4
         if not down.any():
             return t
-        dd = d[down]
+        dd = take_rows(d, down)
         h0 = float(self.terrain_height(np.array([o[0]]), np.array([o[1]]))[0])
         tt = (h0 - o[2]) / dd[:, 2]
         tt = np.clip(tt, 0.0, 1.5 * max_range)
@@ -202,18 +203,18 @@ class HDMap:
         pose = np.asarray(pose, dtype=np.float64)
         if pose.shape != (4, 4):
             raise ValueError(f"pose must be a 4x4 world_from_sensor matrix, got shape {pose.shape}")
-        dirs = sensor.ray_directions().reshape(-1, 3) @ pose[:3, :3].T
+        dirs = sensor.ray_table().reshape(-1, 3) @ pose[:3, :3].T
         t = self.intersect_terrain(pose[:3, 3], dirs, sensor.max_range, iterations=3)
         hit = np.isfinite(t)
         out = np.zeros(len(dirs), dtype=np.uint8)
         th = t[hit]
-        out[hit] = self.class_at(pose[0, 3] + th * dirs[hit, 0], pose[1, 3] + th * dirs[hit, 1])
+        out[hit] = self.class_at(pose[0, 3] + th * dirs[:, 0][hit], pose[1, 3] + th * dirs[:, 1][hit])
         # 2. raised classes sit a curb higher: meet that surface instead, where it is still raised there
         #    (at a grazing beam 15 cm of height is most of a metre of range)
         raised = np.flatnonzero(hit)[self._raised_lut[out[hit]] > 0]
-        t_up = t[raised] - CURB_HEIGHT / np.maximum(-dirs[raised, 2], 1e-3)
+        t_up = t[raised] - CURB_HEIGHT / np.maximum(-dirs[:, 2][raised], 1e-3)
         still = self._raised_lut[
-            self.class_at(pose[0, 3] + t_up * dirs[raised, 0], pose[1, 3] + t_up * dirs[raised, 1])
+            self.class_at(pose[0, 3] + t_up * dirs[:, 0][raised], pose[1, 3] + t_up * dirs[:, 1][raised])
         ] > 0
         t[raised[still & (t_up > 0)]] = t_up[still & (t_up > 0)]
         return t, out.reshape(sensor.shape)

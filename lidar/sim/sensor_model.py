@@ -162,7 +162,7 @@ class LidarSimulator:
         self.sensor = sensor
         self.seed = check_seed(seed)
         self.config = config or SensorModelConfig.for_sensor(sensor)
-        self._dirs = sensor.ray_directions().reshape(-1, 3)
+        self._dirs = sensor.ray_table().reshape(-1, 3)
         self._ego_mask = self._ego_body_mask()
 
     def _ego_body_mask(self) -> np.ndarray:
