@@ -197,7 +197,7 @@ class LidarVersePipeline:
             raise InputError(f"feedback must be True or False, got {shown(feedback)}")
         scene = _scene(map, len(poses), times)
         cache, observed = self._observed(points, prefix_poses, grid, seen,
-                                         _prefix_clock(len(points), prefix_times, scene["times"][0]))
+                                         _prefix_clock(len(points), prefix_times, scene["times"][0], times is not None))
         return self._rollout(
             poses,
             start,
@@ -555,15 +555,18 @@ class EgoMotion:
         return math.hypot(*self.velocity)
 
 
-def _prefix_clock(count: int, prefix_times: np.ndarray | None, first_frame: float) -> np.ndarray:
-    """Seconds of the prefix sweeps on the frames' clock: `prefix_times` as given (checked), else 10 Hz up to
-    one frame before the first forecast frame."""
-    if prefix_times is not None:
-        clock = frame_times(count, prefix_times)
-        if (np.diff(clock) <= 0).any():
-            raise InputError(f"prefix times must increase, got {[round(float(t), 3) for t in clock[:8]]}")
-        return clock
-    return first_frame - np.arange(count, 0, -1) / FRAME_RATE_HZ
+def _prefix_clock(count: int, prefix_times: np.ndarray | None, first_frame: float,
+                  frame_clock: bool) -> np.ndarray | None:
+    """Seconds of the prefix sweeps on the frames' clock, for carrying on what moves: `prefix_times` as given
+    where the frames' times were given too (`frame_clock`: one clock), else shifted, or 10 Hz, to end one frame
+    before the first frame. None where the given times do not increase: no motion is measured then."""
+    if prefix_times is None:
+        return first_frame - np.arange(count, 0, -1) / FRAME_RATE_HZ
+    clock = frame_times(count, prefix_times)
+    if (np.diff(clock) <= 0).any():
+        logger.info("prefix times do not increase (%s): nothing is carried on", clock[:8])
+        return None
+    return clock if frame_clock else clock - clock[-1] + first_frame - 1 / FRAME_RATE_HZ
 
 
 def measured_motion(poses: np.ndarray, times: np.ndarray | None = None) -> EgoMotion:

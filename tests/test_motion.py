@@ -91,10 +91,12 @@ def test_a_forecast_observation_carries_the_moving_car_on() -> None:
     assert still.velocity is None and len(still.points) == sum(len(s) for s in scans)
 
 
-@pytest.mark.parametrize("times", [[0.0, 0.0, 0.1], [0.2, 0.1, 0.0]])
-def test_a_forecast_refuses_prefix_times_that_do_not_increase(times) -> None:
+def test_the_prefix_clock_meets_the_frames_clock() -> None:
     from inference.pipeline import _prefix_clock
-    from lidar.errors import InputError
 
-    with pytest.raises(InputError, match="prefix times must increase"):
-        _prefix_clock(3, np.array(times), 0.2)
+    stamps = np.array([1.3e9, 1.3e9 + 0.1, 1.3e9 + 0.2])  # a recording's own stamps, frames at 0.0, 0.1, ...
+    np.testing.assert_allclose(_prefix_clock(3, stamps, 0.0, frame_clock=False), [-0.3, -0.2, -0.1], atol=1e-6)
+    np.testing.assert_allclose(_prefix_clock(3, stamps, 5.0, frame_clock=True), stamps)  # one clock: as given
+    np.testing.assert_allclose(_prefix_clock(2, None, 1.0, frame_clock=False), [0.8, 0.9])
+    for stamps in ([0.0, 0.0, 0.1], [0.2, 0.1, 0.0]):  # times that do not increase measure no motion
+        assert _prefix_clock(3, np.array(stamps), 0.2, frame_clock=True) is None
