@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from inference.allocator import keep_freed_memory
 from inference.cache import SpatialCache
 from inference.limits import LIBRARY_LIMITS, Limits
 from inference.loader import Provenance, load_model
@@ -72,7 +73,12 @@ class LidarVersePipeline:
         local_files_only: bool | None = None,
         compile: bool = False,
     ) -> LidarVersePipeline:
-        """Load any source `inference.loader` resolves; `compile=True` runs torch.compile on CUDA only."""
+        """Load any source `inference.loader` resolves; `compile=True` runs torch.compile on CUDA only.
+
+        Loading also tells glibc's malloc to keep the memory frames free (`inference.allocator`): at native
+        resolution giving it back cost page faults in every sampler step.
+        """
+        keep_freed_memory()
         model, provenance = load_model(
             source,
             config=config,
