@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import numpy as np
-import pytest
 
 from inference.measured import observation
 from lidar.motion import align_translation, moving_objects
