@@ -1305,7 +1305,7 @@ along the chosen action (poses at 10 Hz). The model sees, in the new sensor's ra
 generated or observed so far (a rolling spatial cache, re-projected), the HD map's ground, buildings, walls,
 fences, green areas, trees and hedges ray-cast from the new pose, and the other road users' 3-D boxes at that
 moment. From these it
-draws a prior sweep, and a few flow-matching steps (4 by default) correct its ranges and decide where each
+draws a prior sweep, and a few flow-matching steps (2 by default) correct its ranges and decide where each
 ray returns (where the model judges the prior right, or its correction is within the network's precision,
 the prior's exact range is kept; a ray the prior misses starts from its neighbours' range). The sweep is
 unprojected, moved into the world frame and merged into the cache. Forecasting
@@ -1324,6 +1324,13 @@ def _guidance_default() -> float:
     for). The module-level `demo` is built before any model is loaded and shows the architecture's default;
     `main()` rebuilds the page once the model is loaded."""
     return PIPELINE.config.default_guidance if PIPELINE is not None else WorldModelConfig.default_guidance
+
+
+def _steps_default() -> int:
+    """The steps sliders' default: the served model's `default_steps`, as a call that leaves the steps out
+    gets, within the server's limit (the module-level `demo` shows the architecture's, as `_guidance_default`)."""
+    steps = PIPELINE.config.default_steps if PIPELINE is not None else WorldModelConfig.default_steps
+    return min(steps, MAX_STEPS)
 
 
 @dataclass
@@ -1346,7 +1353,7 @@ def _sampling_controls(frames: int, frames_label: str = "Frames", *, dice: bool 
     """Frames, sampling steps, seed (with a dice button when `dice`) and guidance (when it has a default):
     every tab's controls with the server's limits, so a tab cannot offer more than the callbacks accept."""
     frames_slider = gr.Slider(1, MAX_FRAMES, value=min(frames, MAX_FRAMES), step=1, label=frames_label)
-    steps = gr.Slider(1, MAX_STEPS, value=min(4, MAX_STEPS), step=1, label="Sampling steps")
+    steps = gr.Slider(1, MAX_STEPS, value=_steps_default(), step=1, label="Sampling steps")
     with gr.Row() if dice else contextlib.nullcontext():
         seed = gr.Number(0, label="Seed", precision=0, minimum=0, maximum=MAX_SEED, scale=3 if dice else None)
         if dice:
@@ -1546,7 +1553,7 @@ def _upsample_tab() -> None:
                                      info="by the factor, or a preset's beam table at the sweep's own columns")
                 method = gr.Radio(list(METHODS), value=DEFAULT_METHOD, label="Method")
                 with gr.Accordion("Sampling (method 'model')", open=False):
-                    steps = gr.Slider(1, MAX_STEPS, value=min(4, MAX_STEPS), step=1, label="Sampling steps")
+                    steps = gr.Slider(1, MAX_STEPS, value=_steps_default(), step=1, label="Sampling steps")
                     seed = gr.Number(0, label="Seed", precision=0, minimum=0, maximum=MAX_SEED)
                 fmt = gr.Dropdown(list(SWEEP_FORMATS), value=UPSAMPLE_FORMAT, label="Download format",
                                   info="every point with its ring (.bin has no place for rings)")

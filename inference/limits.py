@@ -26,7 +26,7 @@ class Limits:
 
     #: Longest rollout one call may ask for.
     max_frames: int
-    #: Most sampler steps per frame; the model is trained for few-step sampling (4 by default).
+    #: Most sampler steps per frame; the model is trained for few-step sampling (`default_steps`, 2 shipped).
     max_steps: int
     #: Largest classifier-free guidance scale (1 = no guidance; beyond about 20 samples saturate).
     max_guidance: float

@@ -454,6 +454,15 @@ def test_by_default_the_model_cannot_be_switched(monkeypatch):
         app.reload_model("weights/default")
 
 
+def test_every_steps_slider_starts_at_the_served_models_default_within_the_servers_limit(monkeypatch):
+    served = app.PIPELINE
+    for default, shown in ((3, 3), (app.MAX_STEPS + 7, app.MAX_STEPS)):
+        monkeypatch.setattr(app, "PIPELINE", SimpleNamespace(config=replace(served.config, default_steps=default), sensor=served.sensor))
+        sliders = [block for block in app.build_demo().blocks.values()
+                   if isinstance(block, gr.Slider) and block.label == "Sampling steps"]
+        assert len(sliders) == 4 and {slider.value for slider in sliders} == {shown}  # 3 rollout tabs, upsample
+
+
 @pytest.fixture
 def switch(monkeypatch, tmp_path, tiny_release) -> Iterator[app.ModelSwitch]:
     """Switching on among the tiny release and another one; the tiny one is served again afterwards."""

@@ -389,6 +389,7 @@ def test_a_config_that_leaves_out_a_field_whose_default_changed_keeps_the_meanin
     config = WorldModelConfig.from_dict(old)
     assert (config.bottleneck_attention, config.keep_gate, config.gap_fill) == (True, False, False)
     assert (config.p_drop_map, config.p_drop_layout) == (0.15, 0.15)
+    assert config.default_steps == 4  # every release before the default became 2 was written with 4
     assert {name: getattr(WorldModelConfig(), name) for name in OMITTED_FIELDS_MEAN} != OMITTED_FIELDS_MEAN
     assert WorldModelConfig.from_dict(tiny_config().to_dict()) == tiny_config()  # written fields win
 
