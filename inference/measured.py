@@ -194,27 +194,35 @@ class Observation:
     #: frame's origin float32 keeps them to the sensor's precision, and moving them to a pose is a float32
     #: product, a quarter of the float64 one on the 370 k points of three KITTI sweeps.
     points: np.ndarray
-    #: (K, 3) world positions of the sensor at each sweep.
-    positions: np.ndarray
+    #: (K, 4, 4) world_from_sensor of each sweep.
+    poses: np.ndarray
     #: (H, W) the observing sensor's own shadow (`sensor_shadow`).
     shadow: np.ndarray
-    #: (N,) which sweep (index into `positions`) measured each point.
+    #: (N,) which sweep (index into `poses`) measured each point.
     sweep: np.ndarray
     #: (M, 4) the observing vehicle's own returns in the sensor frame (`ego_body` of the newest sweep): they
     #: travel with the sensor to every pose.
     body: np.ndarray
-    #: (4, 4) world_from_points: the newest sweep's pose.
-    origin: np.ndarray
+    #: (K, H, W) each sweep's nearest range per ray of `sensor`, in its own sensor frame (0: silent), for what
+    #: the sweeps saw through (`sight_through`).
+    sight: np.ndarray
+    #: The frames' sensor.
+    sensor: Sensor
     #: (N, 3) m/s in the frame of `points`: the newest sweep's moving objects (`lidar.motion`), zero elsewhere;
     #: None when nothing moves or the observation is not forecast.
     velocity: np.ndarray | None = None
     #: Seconds of the newest sweep, on the clock of the frames' times.
     time: float = 0.0
-    #: (K, H, W) each sweep's nearest range per ray of the frames' sensor, in its own sensor frame (0: silent),
-    #: and (K, 4, 4) the sweeps' poses in the frame of `points` (`sight_through`).
-    sight: np.ndarray | None = None
-    sight_poses: np.ndarray | None = None
-    sensor: Sensor | None = None
+
+    @property
+    def positions(self) -> np.ndarray:
+        """(K, 3) world positions of the sensor at each sweep."""
+        return self.poses[:, :3, 3]
+
+    @property
+    def origin(self) -> np.ndarray:
+        """(4, 4) world_from_points: the newest sweep's pose."""
+        return self.poses[-1] if len(self.poses) else np.eye(4)
 
     def seen_from(self, pose: np.ndarray, time: float | None = None) -> np.ndarray:
         """`points` in the sensor frame of a world_from_sensor `pose`, at `time` s: moving objects carried on at
@@ -307,10 +315,9 @@ def observation(scans: list[np.ndarray], poses: np.ndarray, sensor: Sensor,
             points, sweep, velocity = points[~moving.stale], sweep[~moving.stale], moving.velocity[~moving.stale]
     if seen is None:
         seen = [project(np.asarray(scan), sensor).range for scan in scans]
-    sight = np.stack(seen) if scans else None
-    return Observation(points, poses[:, :3, 3].copy(), sensor_shadow(scans, sensor, [r > 0 for r in seen]), sweep,
-                       body, origin,
-                       velocity, time, sight, np.linalg.inv(origin) @ poses, sensor)
+    sight = np.stack(seen) if scans else np.zeros((0, *sensor.shape), np.float32)
+    return Observation(points, poses, sensor_shadow(scans, sensor, [r > 0 for r in seen]), sweep, body, sight,
+                       sensor, velocity, time)
 
 
 def _nearest_sweep(observed: Observation, pose: np.ndarray) -> tuple[np.ndarray, int]:
@@ -582,12 +589,11 @@ def sight_through(points: np.ndarray, measured: MeasuredView) -> np.ndarray:
     nothing within `SILENT_SEEN_M`: the sweep saw through where they stand."""
     out = np.zeros(len(points), dtype=bool)
     observed = measured.observed
-    if observed is None or observed.sight is None or not len(points):
+    if observed is None or not len(points):
         return out
     sensor = observed.sensor
-    into_points = np.linalg.inv(observed.origin) @ measured.pose
-    for sight, sweep_pose in zip(observed.sight, observed.sight_poses, strict=True):
-        local = transform_points(points[:, :4].astype(np.float32), np.linalg.inv(sweep_pose) @ into_points)
+    for sight, sweep_pose in zip(observed.sight, observed.poses, strict=True):
+        local = transform_points(points[:, :4].astype(np.float32), np.linalg.inv(sweep_pose) @ measured.pose)
         rows, rng = beam_rows(local, sensor), point_ranges(local)
         inside = rows >= 0
         seen = np.where(inside, sight[np.maximum(rows, 0), azimuth_columns(local[:, :2], sensor.width)], 0.0)

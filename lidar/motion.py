@@ -91,6 +91,7 @@ def moving_objects(points: np.ndarray, sweep: np.ndarray, times: np.ndarray, sen
     off_ground = np.flatnonzero(near & (height > OFF_GROUND_M))
     low = off_ground[(sweep[off_ground] == newest) & ~above[off_ground]]
     off_ground = off_ground[sweep[off_ground] < newest]  # where the older copies are sought
+    older_xy, older_sweep = points[off_ground, :2], sweep[off_ground]
     for members in objects_of(points, lifted[sweep[lifted] == newest], sensor):
         shift = _motion(points, members, earlier, trees, times)
         if shift is None:
@@ -100,14 +101,13 @@ def moving_objects(points: np.ndarray, sweep: np.ndarray, times: np.ndarray, sen
         velocity[members, :2] = shift
         for j in range(newest):
             back = points[members, :2] - shift * (times[newest] - times[j])
-            flat = points[off_ground, :2]
-            box = ((sweep[off_ground] == j) & (flat >= back.min(axis=0) - COPY_M).all(axis=1)
-                   & (flat <= back.max(axis=0) + COPY_M).all(axis=1))
+            box = ((older_sweep == j) & (older_xy >= back.min(axis=0) - COPY_M).all(axis=1)
+                   & (older_xy <= back.max(axis=0) + COPY_M).all(axis=1))
             index = off_ground[box]
             if len(index):
                 distance, _ = cKDTree(back).query(points[index, :2], distance_upper_bound=COPY_M)
                 stale[index[np.isfinite(distance)]] = True
-    objects = np.array([[v[0], v[1], 0.0] for v in found]) if found else np.zeros((0, 3))
+    objects = np.pad(np.reshape(found, (-1, 2)), ((0, 0), (0, 1)))
     return MovingObjects(velocity.astype(np.float32), stale, objects)
 
 
@@ -117,9 +117,7 @@ def height_over_ground(points: np.ndarray, where: np.ndarray) -> np.ndarray:
     index = np.flatnonzero(where)
     if not len(index):
         return out
-    cells = np.floor(points[index, :2] / GROUND_CELL_M).astype(np.int64)
-    cells -= cells.min(axis=0)
-    keys, inverse = np.unique(cells[:, 0] * (cells[:, 1].max() + 1) + cells[:, 1], return_inverse=True)
+    keys, inverse = np.unique(_cells(points[index], GROUND_CELL_M), return_inverse=True)
     lowest = np.full(len(keys), np.inf)
     np.minimum.at(lowest, inverse, points[index, 2])
     out[index] = points[index, 2] - lowest[inverse]
@@ -129,13 +127,15 @@ def height_over_ground(points: np.ndarray, where: np.ndarray) -> np.ndarray:
 def _whole(points: np.ndarray, members: np.ndarray, low: np.ndarray) -> np.ndarray:
     """An object's `members` and the `low` points (its sweep's, just off the ground) in the ground columns
     of its voxels: a car's bumper and sills stand lower than `CLEARANCE_M`."""
-    keys = np.unique(_columns(points[members]))
-    return np.union1d(members, low[np.isin(_columns(points[low]), keys)])
+    keys = np.unique(_cells(points[members], VOXEL_M))
+    return np.union1d(members, low[np.isin(_cells(points[low], VOXEL_M), keys)])
 
 
-def _columns(points: np.ndarray) -> np.ndarray:
-    cells = np.floor(points[:, :2] / VOXEL_M).astype(np.int64)
-    return cells[:, 0] * 1_000_003 + cells[:, 1]
+def _cells(points: np.ndarray, size: float) -> np.ndarray:
+    """(N,) one integer per ground cell of `size` metres that each point stands in: rows of 2**31 cells (a
+    cell index stays far inside that for any drive)."""
+    cells = np.floor(points[:, :2] / size).astype(np.int64)
+    return cells[:, 0] * 2**31 + cells[:, 1]
 
 
 def objects_of(points: np.ndarray, index: np.ndarray, sensor: np.ndarray) -> list[np.ndarray]:
@@ -196,9 +196,8 @@ def align_translation(source: np.ndarray, target: cKDTree) -> tuple[np.ndarray, 
     low, high = source.min(axis=0) - SEARCH_M, source.max(axis=0) + SEARCH_M
     around = target.data[target.query_ball_point((low + high) / 2, float(np.linalg.norm(high - low)) / 2)]
     starts = [np.zeros(2)] + ([around.mean(axis=0) - source.mean(axis=0)] if len(around) else [])
-    fits = [_refine(source, target, start) for start in starts]
-    shift = min(fits, key=lambda fit: fit[1])[0]
-    return shift, _trimmed_mean(target.query(source + shift, distance_upper_bound=SEARCH_M)[0]), still
+    shift, moved = min((_refine(source, target, start) for start in starts), key=lambda fit: fit[1])
+    return shift, moved, still
 
 
 def _refine(source: np.ndarray, target: cKDTree, shift: np.ndarray) -> tuple[np.ndarray, float]:
@@ -208,7 +207,7 @@ def _refine(source: np.ndarray, target: cKDTree, shift: np.ndarray) -> tuple[np.
         found = np.isfinite(distance)
         if found.sum() < MIN_POINTS // 2:
             break
-        keep = found & (distance <= np.partition(distance[found], int(found.sum() * TRIM) - 1)[int(found.sum() * TRIM) - 1])
+        keep = found & (distance <= _nearest_share(distance).max())
         step = (target.data[nearest[keep]] - (source[keep] + shift)).mean(axis=0)
         shift = shift + step
         if np.linalg.norm(step) < 1e-3:
@@ -216,8 +215,13 @@ def _refine(source: np.ndarray, target: cKDTree, shift: np.ndarray) -> tuple[np.
     return shift, _trimmed_mean(target.query(source + shift, distance_upper_bound=SEARCH_M)[0])
 
 
+def _nearest_share(distance: np.ndarray) -> np.ndarray:
+    """The `TRIM` share of the smallest finite `distance` values (the matches both copies saw)."""
+    finite = distance[np.isfinite(distance)]
+    kept = max(1, int(len(finite) * TRIM))
+    return np.partition(finite, kept - 1)[:kept] if len(finite) else finite
+
+
 def _trimmed_mean(distance: np.ndarray) -> float:
-    finite = np.sort(distance[np.isfinite(distance)])
-    if not len(finite):
-        return float("inf")
-    return float(finite[: max(1, int(len(finite) * TRIM))].mean())
+    share = _nearest_share(distance)
+    return float(share.mean()) if len(share) else float("inf")

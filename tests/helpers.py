@@ -15,7 +15,8 @@ import struct
 import subprocess
 import sys
 import zipfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import laspy
@@ -148,6 +149,21 @@ def write_tiny_release(folder: Path, seed: int = 0) -> Path:
     sensor: it loads and rolls out in well under a second, so the app's tests exercise the real pipeline
     without depending on the trained weights."""
     return write_release(folder, tiny_model(seed, sensor=APP_SENSOR.to_dict()), iteration=7)
+
+
+@contextmanager
+def app_serving(release: Path) -> Iterator[object]:
+    """The app (`app.load_model`) serving `release` on one torch thread, its earlier model and threads back
+    afterwards: on a busy 2-core box a tiny model's convolutions run ~10x slower with a thread pool."""
+    import app  # the Space's module: only its tests need it
+
+    previous, threads = app.PIPELINE, torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield app.load_model(str(release))
+    finally:
+        app.PIPELINE = previous
+        torch.set_num_threads(threads)
 
 
 # ----------------------------------------------------------------------------------------------------------

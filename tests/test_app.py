@@ -28,7 +28,6 @@ from types import ModuleType, SimpleNamespace
 import gradio as gr
 import numpy as np
 import pytest
-import torch
 from PIL import Image
 from starlette.datastructures import Headers
 
@@ -47,6 +46,7 @@ from tests.helpers import (
     PUBLIC_ENDPOINTS,
     REAL_SCANS,
     SHIPPED_EXAMPLES,
+    app_serving,
     needs_real_scans,
     write_tiny_release,
 )
@@ -59,12 +59,8 @@ def tiny_release(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module", autouse=True)
 def loaded(tiny_release: Path):
-    # One torch thread: on a busy 2-core box a tiny model's convolutions run ~10x slower with a thread pool.
-    previous, threads = app.PIPELINE, torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield app.load_model(str(tiny_release))
-    app.PIPELINE = previous
-    torch.set_num_threads(threads)
+    with app_serving(tiny_release) as served:
+        yield served
 
 
 def first_yield(gen):

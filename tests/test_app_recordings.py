@@ -13,7 +13,6 @@ from pathlib import Path
 import gradio as gr
 import numpy as np
 import pytest
-import torch
 from rerun.chunk import RrdReader
 
 import app
@@ -21,7 +20,7 @@ from lidar.export4d import Sweep, Track, write_bag
 from lidar.formats import read_points
 from lidar.recordings import open_container
 from lidar.sequence import open_recording
-from tests.helpers import write_tiny_release
+from tests.helpers import app_serving, write_tiny_release
 
 RECORDINGS = Path(__file__).resolve().parents[2] / "shared" / "data" / "recordings"
 HDL32_PCAP = RECORDINGS / "velodyne_hdl32_pcap" / "hdl32_example.pcap"
@@ -37,11 +36,8 @@ needs_recordings = pytest.mark.skipif(not OUSTER_PCAP.is_file() or not AV2_LOG.i
 
 @pytest.fixture(scope="module", autouse=True)
 def loaded(tmp_path_factory: pytest.TempPathFactory):
-    previous, threads = app.PIPELINE, torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield app.load_model(str(write_tiny_release(tmp_path_factory.mktemp("release") / "tiny")))
-    app.PIPELINE = previous
-    torch.set_num_threads(threads)
+    with app_serving(write_tiny_release(tmp_path_factory.mktemp("release") / "tiny")) as served:
+        yield served
 
 
 def two_topic_bag(path: Path) -> Path:

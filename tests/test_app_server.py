@@ -849,25 +849,20 @@ def _open_generate(page, sensor: str | None = None) -> None:
     page.click("#generate")
 
 
-def _open_forecast(page) -> None:
-    """The Forecast tab, its first shipped example scan loaded into the upload, then Forecast."""
+#: The tabs that start from an example scan: (tab name, upload box id, button id).
+EXAMPLE_TABS = {"forecast": ("Forecast from a scan", "scan-file", "forecast"),
+                "upsample": ("Upsample", "upsample-file", "upsample")}
+
+
+def _open_with_example(page, tab: str, upload: str, button: str) -> None:
+    """The `tab`, its first shipped example scan loaded into the `upload` box, then the `button`."""
     example = SHIPPED_EXAMPLES[0]
-    page.get_by_role("tab", name="Forecast from a scan").click()
+    page.get_by_role("tab", name=tab).click()
     page.get_by_role("button", name=example, exact=True).click()
     # the upload shows the file's stem and suffix on separate lines
-    page.wait_for_function("stem => document.querySelector('#scan-file').innerText.includes(stem)",
+    page.wait_for_function(f"stem => document.querySelector('#{upload}').innerText.includes(stem)",
                            arg=Path(example).stem, timeout=60_000)
-    page.click("#forecast")
-
-
-def _open_upsample(page) -> None:
-    """The Upsample tab, its first shipped example scan loaded into the upload, then Upsample (factor 2)."""
-    example = SHIPPED_EXAMPLES[0]
-    page.get_by_role("tab", name="Upsample").click()
-    page.get_by_role("button", name=example, exact=True).click()
-    page.wait_for_function("stem => document.querySelector('#upsample-file').innerText.includes(stem)",
-                           arg=Path(example).stem, timeout=60_000)
-    page.click("#upsample")
+    page.click(f"#{button}")
 
 
 #: What each tab's stats show once its request is done.
@@ -897,8 +892,10 @@ def run_in_browser(url: str, screenshot: Path, tab: str = "world", sensor: str |
             page.on("console", lambda message: console.append(f"{message.type}: {message.text[:300]}"))
             page.goto(url)
             start = time.perf_counter()
-            {"world": lambda: _open_generate(page, sensor), "forecast": lambda: _open_forecast(page),
-             "upsample": lambda: _open_upsample(page)}[tab]()
+            if tab == "world":
+                _open_generate(page, sensor)
+            else:
+                _open_with_example(page, *EXAMPLE_TABS[tab])
             try:
                 page.wait_for_selector(f"#{tab}-viewer canvas", state="visible", timeout=300_000)
             except PlaywrightTimeout:  # say what the page showed instead (an error toast, a 429)

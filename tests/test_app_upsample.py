@@ -15,7 +15,6 @@ from pathlib import Path
 import gradio as gr
 import numpy as np
 import pytest
-import torch
 from PIL import Image
 
 import app
@@ -25,7 +24,14 @@ from lidar.cancel import Cancelled, stop_when
 from lidar.formats import read_points, sweep_geometry, write_points
 from lidar.range_image import azimuth_columns
 from lidar.sensors import PRESETS
-from tests.helpers import KITTI_SCAN, REAL_SCANS, SHIPPED_EXAMPLES, needs_real_scans, write_tiny_release
+from tests.helpers import (
+    KITTI_SCAN,
+    REAL_SCANS,
+    SHIPPED_EXAMPLES,
+    app_serving,
+    needs_real_scans,
+    write_tiny_release,
+)
 
 EXAMPLES = app.EXAMPLE_SCANS_DIR
 PANDASET = REAL_SCANS / "pandaset_bynow76_000000.bin"
@@ -33,12 +39,8 @@ PANDASET = REAL_SCANS / "pandaset_bynow76_000000.bin"
 
 @pytest.fixture(scope="module", autouse=True)
 def loaded(tmp_path_factory: pytest.TempPathFactory):
-    # One torch thread: on a busy 2-core box a tiny model's convolutions run ~10x slower with a thread pool.
-    previous, threads = app.PIPELINE, torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield app.load_model(str(write_tiny_release(tmp_path_factory.mktemp("release") / "tiny")))
-    app.PIPELINE = previous
-    torch.set_num_threads(threads)
+    with app_serving(write_tiny_release(tmp_path_factory.mktemp("release") / "tiny")) as served:
+        yield served
 
 
 def upsampled(scan: Path | str | None, factor=2, target=app.BY_FACTOR, method="edge-aware", steps=4, seed=0,
