@@ -1,7 +1,7 @@
 """Command line: generate a world, forecast from scan files, or show where a model comes from.
 
     python -m inference generate --model SRC --map-seed 3 --style urban --action turn_left --frames 8 \\
-        --steps 4 --seed 0 --out DIR --format bin
+        [--sensor hdl64 --columns 2048] --steps 2 --seed 0 --out DIR --format bin
     python -m inference forecast --model SRC --prefix FILE [FILE ...] [--poses FILE | --register] \\
         [--topic T] --action straight --frames 8 --out DIR
     python -m inference resimulate --model SRC --scan FILE [FILE ...] [--poses FILE | --register] \\
@@ -61,7 +61,7 @@ from inference.upsample import (
 )
 from lidar import sandbox
 from lidar.errors import InputError, shown
-from lidar.sensors import Sensor
+from lidar.sensors import PRESETS, Sensor
 from lidar.sim import ACTIONS, STYLES, make_world
 from lidar.sim.world import World
 
@@ -88,7 +88,7 @@ def _generate(args: argparse.Namespace, started: float) -> int:
     pipe = _load(args)
     ready = time.perf_counter() - started
     world = make_world(args.map_seed, args.style) if args.map_seed >= 0 else None  # its boxes go in the views
-    grid = pipe.grid()
+    grid = pipe.grid(args.sensor, columns=args.columns)
     out = pipe.generate_world(
         map=world if world is not None else args.map_seed,
         style=args.style,
@@ -122,7 +122,7 @@ def _forecast(args: argparse.Namespace, started: float) -> int:
     scene = _observe(args, args.prefix)  # fail on a bad file or registration before loading the model
     pipe = _load(args)
     ready = time.perf_counter() - started
-    grid = pipe.grid(scans=scene.scans)
+    grid = pipe.grid(args.sensor, scene.scans, columns=args.columns)
     out = pipe.forecast(
         scene.scans,
         prefix_poses=scene.poses,
@@ -150,7 +150,7 @@ def _resimulate(args: argparse.Namespace, started: float) -> int:
     check_inside(targets, scene.poses)
     pipe = _load(args)
     ready = time.perf_counter() - started
-    grid = pipe.grid(scans=scene.scans)
+    grid = pipe.grid(args.sensor, scene.scans, columns=args.columns)
     out = pipe.resimulate(
         scene.scans,
         scene.poses,
@@ -361,8 +361,15 @@ def _parser() -> argparse.ArgumentParser:
     def rollout_args(p: argparse.ArgumentParser) -> None:
         p.add_argument("--action", default="straight", choices=ACTIONS)
         p.add_argument("--frames", type=_WHOLE, default=8, help=f"1..{MAX_FRAMES}")
+        sensor_args(p)
         sampling_args(p)
         output_args(p)
+
+    def sensor_args(p: argparse.ArgumentParser) -> None:
+        p.add_argument("--sensor", default=None, help=f"the frames' sensor, one of {', '.join(PRESETS)} (default: "
+                       "the scans' own geometry, else the model's)")
+        p.add_argument("--columns", type=_WHOLE, default=None,
+                       help="azimuth columns of the frames (default: the sensor's own)")
 
     def sampling_args(p: argparse.ArgumentParser) -> None:
         p.add_argument(
@@ -418,6 +425,7 @@ def _parser() -> argparse.ArgumentParser:
     rs.add_argument("--yaw", type=_FINITE, default=0.0, help="degrees, counter-clockwise seen from above")
     rs.add_argument("--frames", type=_WHOLE, default=None,
                     help=f"poses along the path, 1..{MAX_FRAMES} (default: one per scan)")
+    sensor_args(rs)
     sampling_args(rs)
     output_args(rs)
     rs.set_defaults(run=_resimulate)

@@ -346,9 +346,10 @@ class LidarVersePipeline:
         return steps, guidance
 
     def grid(self, sensor: Sensor | str | None = None, scans: Sequence[ScanLike] | None = None,
-             name: str = "scans") -> Sensor:
+             name: str = "scans", columns: int | None = None) -> Sensor:
         """The sensor a call's frames are drawn on: `sensor` (a `Sensor` or a preset name), else the newest of
-        `scans`' own geometry (`native_sensor`), else the model's; always at the model's range encoding.
+        `scans`' own geometry (`native_sensor`), else the model's; at `columns` azimuth bins when given (a
+        preset at its device's resolution: `grid("hdl64", columns=2048)`); always at the model's range encoding.
 
         The network reads each pixel's elevation and azimuth from its condition, so it draws any beam table
         and width; its log-range encoding is the model sensor's `max_range`, so returns beyond it are dropped.
@@ -364,6 +365,11 @@ class LidarVersePipeline:
             sensor = native_sensor(scans[-1], self.sensor)
         model = self.sensor
         sensor = model if sensor is None else sensor
+        if columns is not None:
+            try:
+                sensor = sensor.with_width(columns)
+            except ValueError as exc:
+                raise InputError(f"columns {columns}: {exc}") from None
         LIBRARY_LIMITS.check_rays(sensor.height, sensor.width, f"sensor {sensor.name}")
         if sensor.min_range >= model.max_range:
             raise InputError(f"sensor {sensor.name}: min_range {sensor.min_range} m is beyond the model's range "

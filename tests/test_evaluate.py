@@ -38,6 +38,7 @@ from training.evaluate import (
     PER_RAY,
     PICTURE_LABEL,
     SIM_PICTURE,
+    SIM_RANGE_PICTURE,
     EvalConfig,
     bars,
     cache_only,
@@ -150,13 +151,36 @@ def test_pictures_have_one_labelled_panel_per_method(quick_run) -> None:
     from PIL import Image
 
     pictures = quick_run[2]
-    with Image.open(pictures / SIM_PICTURE) as im:
-        assert im.size == (3 * 500, 500 + PICTURE_LABEL)
+    with Image.open(pictures / SIM_PICTURE) as im:  # truth | forecast | frame 0 moved | generate
+        assert im.size == (4 * 500, 500 + PICTURE_LABEL)
         panel = np.asarray(im)[PICTURE_LABEL:, :500]
         assert panel.any(axis=2).mean() > 0.002, "the ground-truth panel shows points (32x64 is sparse)"
+    with Image.open(pictures / SIM_RANGE_PICTURE) as im:  # the same four, one above the other, 4 rows a beam
+        assert im.size == (SENSOR.width, 4 * (4 * SENSOR.height + PICTURE_LABEL))
+        truth = np.asarray(im)[PICTURE_LABEL:PICTURE_LABEL + 4 * SENSOR.height]
+        assert truth.any(axis=2).mean() > 0.5, "the ground truth's range image returns on most rays"
     if "skipped" not in quick_run[0]["real"]:
         with Image.open(pictures / KITTI_PICTURE) as im:
             assert im.size == (3 * 500, 500 + PICTURE_LABEL)
+
+
+def test_drives_are_simulated_and_drawn_on_the_preset_asked(tmp_path: Path) -> None:
+    """`sensor="vlp16", columns=96`: the held-out drives, every method's frames, the per-ray scores and the
+    pictures are on that grid, not the model's 32 x 64."""
+    from PIL import Image
+
+    cfg = EvalConfig(rollouts=2, data_dir=str(tmp_path / "eval"), workers=1, free_generation=False, real=False,
+                     sensor="vlp16", columns=96)
+    report = evaluate(_tiny_pipeline(), cfg, pictures=tmp_path / "pictures")
+    assert report["protocol"]["sensor"] == "vlp16" and report["protocol"]["shape"] == [16, 96]
+    (heldout,) = (tmp_path / "eval").glob("heldout_*")
+    assert heldout.name.endswith("vlp16x96") and SimDataset(heldout).sensor.shape == (16, 96)
+    forecast = report["per_ray"][BAR_SPAN][MODEL_FORECAST]
+    assert forecast["coverage"] > 0.5  # scored ray by ray on the drives' own grid
+    with Image.open(tmp_path / "pictures" / "eval_sim_range_vlp16.png") as im:
+        assert im.size == (96, 3 * (8 * 16 + PICTURE_LABEL))  # truth, forecast, frame 0 moved; 8 rows a beam
+    assert (tmp_path / "pictures" / "eval_sim_bev_vlp16.png").is_file()
+    assert not (tmp_path / "pictures" / SIM_PICTURE).exists()
 
 
 def test_real_section_is_skipped_with_a_reason_when_scans_are_missing(tmp_path: Path, monkeypatch) -> None:

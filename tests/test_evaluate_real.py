@@ -30,6 +30,7 @@ from training.evaluate_real import (
     baselines,
     evaluate_recording,
     main,
+    picture_names,
     start_plan,
 )
 from training.sweep_scores import sweep_scores
@@ -161,13 +162,16 @@ def test_the_cli_prints_the_tables_and_names_a_missing_recording(recording, rele
     text = capsys.readouterr().out
     assert "| 0.4 s |" in text and "| every prefix sweep moved |" in text and "Skipped: 4D-Occ 1 s" in text
     assert json.loads(out.read_text())["tables"]["K=3"]["starts"]["0.4 s"] == ["000002.bin"]
-    assert {p.name for p in pictures.iterdir()} == {f"real_{k}_{h}.png" for k in ("bev", "range") for h in (2, 4)}
-    assert Image.open(pictures / "real_range_4.png").width == COLUMNS  # the truth's fine grid, every ray
+    assert {p.name for p in pictures.iterdir()} == {n for h in (2, 4) for n in picture_names(recording.name, h)}
+    assert picture_names("KITTI 00", 10) == ("real_kitti-00_bev_10.png", "real_kitti-00_range_10.png")
+    assert Image.open(pictures / picture_names(recording.name, 4)[1]).width == COLUMNS  # the truth's fine grid
     # the release card carries the same tables under its real-recordings heading
     from training.export import evaluation_section
 
-    card = "\n".join(evaluation_section({"real_sequences": json.loads(out.read_text())}))
-    assert card.startswith("### Real recordings") and "| every prefix sweep moved |" in card
+    shown = sorted(p.name for p in pictures.iterdir())
+    card = "\n".join(evaluation_section({"real_sequences": [json.loads(out.read_text())]}, shown))
+    assert card.startswith(f"### Real recordings: `{recording.name}`") and "| every prefix sweep moved |" in card
+    assert all(f"]({name})" in card for name in shown), "each of the recording's pictures under its section"
     assert main(["--model", str(release), "--data", str(recording), "--poses", "file"]) == 2  # 7 sweeps < 1 s
     assert "too few" in capsys.readouterr().err
     assert main(["--model", str(release), "--data", str(tmp_path / "nowhere")]) == 2

@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 import torch
 from huggingface_hub import ModelCard
+from PIL import Image
 from safetensors import safe_open
 
 import training.export as export_module
@@ -21,11 +22,12 @@ from inference import load_pipeline
 from inference.loader import ModelSourceError, load_model
 from inference.network import IMAGE_CHANNELS, WorldModel, WorldModelConfig
 from lidar.formats import write_points
-from lidar.sensors import HDL32
+from lidar.sensors import HDL32, VLP16
 from lidar.sim.__main__ import main as simulate
 from lidar.sim.dataset import SIMULATOR_VERSION, write_dataset
 from tests.hub_stand_in import HubServer, serve_hub
 from training.config import TrainConfig
+from training.evaluate import BAR_SPAN, bars
 from training.export import ReleaseVerificationError, export, loss_curve_rows, main
 from training.progress import Progress
 
@@ -173,6 +175,48 @@ def test_training_json_and_the_card_name_the_recordings_and_the_forecast_gap(job
     assert data["recording_fraction"] == 0.25 and data["simulated"]["sequences"] == 1
 
 
+def test_a_job_on_several_sensors_lists_each_with_its_data_and_figures(job, tmp_path: Path) -> None:
+    """`data_roots`: the card's intro, data table and limitations name every sensor; training.json keeps each
+    dataset's command; config.json the union of their world seeds; `sensors` metrics give one row each."""
+    job_dir, _, _ = job
+    copy = tmp_path / "job"
+    copy.mkdir()
+    for item in job_dir.iterdir():
+        (copy / item.name).symlink_to(item)
+    write_dataset(tmp_path / "vlp16", VLP16.with_width(96), sequences=1, frames=2, seed=9)
+    (copy / "config.json").unlink()
+    cfg = json.loads(TrainConfig.from_json(job_dir / "config.json").to_json())
+    (copy / "config.json").write_text(TrainConfig.from_dict(
+        {**cfg, "data_roots": [str(tmp_path / "vlp16"), str(tmp_path / "gone")], "crop_pixels": 512}).to_json())
+    per_ray = {"chamfer": 0.3, "l1_mean": 0.4, "l1_median": 0.1, "absrel": 0.05, "iou": 0.8, "coverage": 0.9}
+    table = {"model (forecast)": per_ray, "model (generate)": {**per_ray, "chamfer": 1.2},
+             "cache-only": {**per_ray, "chamfer": 1.0, "l1_median": 0.2, "iou": 0.5}}
+    sensor_report = {"protocol": {"sensor": "vlp16", "shape": [16, 96], "rollouts": 4, "bar_span": BAR_SPAN},
+                     "per_ray": {BAR_SPAN: table}, "timings": {"model_frames_per_s": 2.5}}
+    pictures = tmp_path / "pictures"
+    pictures.mkdir()
+    for name in ("eval_sim_bev_vlp16.png", "eval_sim_range_vlp16.png"):
+        Image.new("RGB", (8, 4)).save(pictures / name)
+    export(copy, tmp_path / "release", metrics={"sensors": [sensor_report]}, pictures=pictures)
+    card = (tmp_path / "release" / "README.md").read_text()
+    assert "Trained at the native grids of vlp16 (16 x 96) too" in card
+    assert "an azimuth window of about 512 pixels" in card
+    assert f"| vlp16 | 16 x 96 | 1 | 2 | `python -m lidar.sim --sensor vlp16 --width 96 --sequences 1 --frames 2 " \
+           f"--seed 9 --out {tmp_path / 'vlp16'}` |" in card
+    assert f"`{tmp_path / 'gone'}` (no manifest found when exporting)" in card
+    assert "Trained on the beam tables of hdl32 (32 x 64), vlp16 (16 x 96): elevations -30.7° to 15.0°" in card
+    row = "| vlp16 | 16 x 96 | 4 | 0.300 yes | 1.200 NO | 0.500 | 0.800 (0.500) | 2.50 |"
+    section = card[card.index("### Simulated drives, sensor by sensor"):]
+    assert row in section and section.index(row) < section.index("](eval_sim_bev_vlp16.png)")
+    assert "](eval_sim_range_vlp16.png)" in section
+    record = json.loads((tmp_path / "release" / "training.json").read_text())["data"]
+    assert record["native"][0]["command"].startswith("python -m lidar.sim --sensor vlp16 --width 96")
+    assert record["native"][1] == {"root": str(tmp_path / "gone"), "manifest": "not found when exporting"}
+    seeds = json.loads((tmp_path / "release" / "config.json").read_text())["training"]["world_seeds"]
+    manifests = [json.loads((d / "manifest.json").read_text()) for d in (job_dir / "data", tmp_path / "vlp16")]
+    assert seeds == sorted({int(s["world_seed"]) for m in manifests for s in m["sequences"]})
+
+
 def test_a_fine_tuned_jobs_card_names_the_model_it_started_from(job, tmp_path: Path) -> None:
     job_dir, _, _ = job
     copy = tmp_path / "job"
@@ -188,7 +232,7 @@ def test_a_fine_tuned_jobs_card_names_the_model_it_started_from(job, tmp_path: P
 
 
 def test_card_includes_the_evaluation_table_when_given(job, tmp_path: Path) -> None:
-    from training.evaluate import BAR_SPAN, bars
+    from training.evaluate import BAR_SPAN
 
     rows = [{"name": n, "bev_jsd": j, "bev_mmd": m, "temporal_chamfer_m": c, "map_adherence": 0.9, "return_rate": 0.5}
             for n, j, m, c in [("model (forecast)", 0.1, 0.001, 0.5), ("cache-only", 0.3, 0.003, 0.2),
@@ -223,6 +267,10 @@ def test_release_carries_the_evaluation_pictures_and_the_card_shows_them(job, tm
     assert Image.open(release / "eval_sim_bev.png").getpixel((0, 0)) == (10, 20, 30)
     card = (release / "README.md").read_text()
     assert "](eval_sim_bev.png)" in card and "eval_kitti_bev.png" not in card
+    assert export_module.picture_caption("real_kitti00_range_10.png") == (
+        "real `kitti00`, 1 s ahead: truth / forecast / every prefix sweep moved (range images)")
+    assert export_module.picture_caption("eval_sim_bev_hdl64.png").startswith("simulated drive on hdl64, 1.0 s ahead")
+    assert export_module.picture_caption("unrelated.png") is None
     export(job[0], release, pictures=pictures)  # a release with pictures can be replaced by the next export
     assert main([str(job[0]), str(tmp_path / "other"), "--pictures", str(tmp_path / "missing")]) == 2
 

@@ -15,7 +15,7 @@ from inference import load_pipeline
 from inference.__main__ import main
 from lidar.formats import read_points
 from lidar.real_scans import real_scans_dir
-from lidar.sensors import Sensor
+from lidar.sensors import HDL64, Sensor
 from tests.helpers import (
     patched_zip,
     run_cli_with_a_bug,
@@ -87,6 +87,20 @@ def test_generate_writes_one_file_per_frame_poses_and_the_world(release, tmp_pat
     assert meta["request"]["seed"] == 5 and meta["timings"]["frames_per_second"] > 0
 
 
+def test_generate_draws_a_preset_at_the_columns_asked(release, tmp_path, capsys):
+    """`--sensor hdl64 --columns 2048`: every frame on the HDL-64E's 64 beams at 2048 columns, recorded as such."""
+    out = tmp_path / "hdl64"
+    argv = ["generate", "--model", str(release), "--frames", "1", "--steps", "1", "--sensor", "hdl64",
+            "--columns", "2048", "--out", str(out), "--format", "npz", "--quiet"]
+    assert main(argv) == 0
+    sensor = Sensor.from_dict(json.loads((out / "poses.json").read_text())["sensor"])
+    assert (sensor.name, sensor.shape) == ("hdl64", (64, 2048))
+    assert sensor.elevations_deg == HDL64.elevations_deg
+    points = read_points(out / "frame_000.npz").points
+    assert len(points) > 64 * 2048 // 4  # a frame at the preset's density, not the tiny model's 8 x 64
+    assert len(points) <= 64 * 2048
+
+
 def test_forecast_from_a_real_scan_file(release, tmp_path, capsys):
     scan = REAL_SCANS / "kitti_patchworkpp_000004.bin"
     if not scan.is_file():
@@ -139,6 +153,18 @@ def test_forecast_from_a_real_scan_file(release, tmp_path, capsys):
         (
             ["forecast", "--model", "{release}", "--prefix", "{tmp}/empty.bin", "--out", "{tmp}/o"],
             "the file is empty",
+        ),
+        (
+            ["generate", "--model", "{release}", "--sensor", "hdl65", "--out", "{tmp}/o"],
+            "unknown sensor 'hdl65'; expected one of",
+        ),
+        (
+            ["generate", "--model", "{release}", "--columns", "4", "--out", "{tmp}/o"],
+            "columns 4: Sensor 'tiny8': width must be an integer >= 8, got 4",
+        ),
+        (
+            ["generate", "--model", "{release}", "--sensor", "os1-128", "--columns", "100000", "--out", "{tmp}/o"],
+            "expected at most 524,288",
         ),
         (
             ["generate", "--model", "{release}", "--out", "{tmp}"],

@@ -56,13 +56,14 @@ from PIL import Image
 
 from inference import ModelSourceError, load_pipeline
 from inference.pipeline import LidarVersePipeline
+from lidar.errors import InputError
 from lidar.formats import Scan, read_points
 from lidar.metrics import bev_jsd, bev_mmd, chamfer_distance, forecast_chamfer, per_ray_errors
 from lidar.range_image import RangeImage, project, unproject
 from lidar.real_scans import real_scans_dir
 from lidar.registration import RegistrationError, register_sweeps
-from lidar.render import bev_image, labelled
-from lidar.sensors import Sensor
+from lidar.render import bev_image, labelled, range_image_png
+from lidar.sensors import Sensor, get_sensor
 from lidar.sim.dataset import MANIFEST, SIMULATOR_VERSION, SimDataset, write_dataset
 from lidar.sim.hdmap import HDMap
 from lidar.sim.sequence import simulate_sequence
@@ -96,7 +97,12 @@ PICTURE_EXTENT = 50.0
 PICTURE_RESOLUTION = 0.2
 PICTURE_LABEL = 28
 PICTURE_HEIGHTS = (-2.5, 2.0)
+#: What every sensor the model was trained on is held to on its own simulated drives (Chamfer ÷ cache-only's).
+SENSOR_BARS = {"forecast": 0.4, "generate": 1.0}
 SIM_PICTURE = "eval_sim_bev.png"
+SIM_RANGE_PICTURE = "eval_sim_range.png"
+#: Rows a range-image picture has at most: each beam is repeated until then (16 beams 8 times, 128 once).
+RANGE_PICTURE_ROWS = 128
 KITTI_PICTURE = "eval_kitti_bev.png"
 #: The training config whose dataset the held-out drives are checked against by default.
 DEFAULT_TRAIN_CONFIG = Path(__file__).resolve().parent / "configs" / "default.json"
@@ -132,6 +138,9 @@ class EvalConfig:
     free_generation: bool = True
     #: Score the KITTI pairs (skipped with a logged reason when the shared scans are absent).
     real: bool = True
+    #: The drives' sensor: a preset name at `columns` azimuth bins; None takes the model's own grid.
+    sensor: str | None = None
+    columns: int | None = None
 
     def __post_init__(self) -> None:
         if self.rollouts < 2:
@@ -233,16 +242,17 @@ def noise_floor(drive: Drive, sensor: Sensor) -> list[np.ndarray]:
     return [unproject(f.image, sensor) for f in seq.frames]
 
 
-def model_frames(pipe: LidarVersePipeline, drive: Drive, cfg: EvalConfig, seed: int,
-                 observed: bool) -> tuple[list[np.ndarray], float]:
-    """Model frames at the targets: forecast from frame 0 (`observed`) or generated from the World alone."""
+def model_frames(pipe: LidarVersePipeline, drive: Drive, cfg: EvalConfig, seed: int, observed: bool,
+                 sensor: Sensor) -> tuple[list[np.ndarray], float]:
+    """Model frames at the targets on `sensor`'s grid: forecast from frame 0 (`observed`) or generated from the
+    World alone."""
     targets, times = drive.poses[1:], drive.times[1:]
     sampling = {"steps": cfg.steps, "seed": seed, "guidance": cfg.guidance}
     if observed:
         result = pipe.forecast(prefix_scans=[drive.points[0]], prefix_poses=drive.poses[:1], poses=targets,
-                               map=drive.world, times=times, **sampling)
+                               map=drive.world, times=times, sensor=sensor, **sampling)
     else:
-        result = pipe.generate_world(map=drive.world, poses=targets, times=times, **sampling)
+        result = pipe.generate_world(map=drive.world, poses=targets, times=times, sensor=sensor, **sampling)
     return [f.points for f in result.frames], result.timings["total"]
 
 
@@ -334,20 +344,21 @@ class SimTally:
                 by_metric[metric].append([r[metric] for r in rows])
 
     def picture(self) -> dict[str, np.ndarray]:
-        """Drive 0 at the 1.0 s horizon: the frame the BEV picture compares."""
-        return {m: self.frames[m][HORIZONS["1.0 s"] - 1] for m in (GROUND_TRUTH, MODEL_FORECAST, MODEL_GENERATE)
-                if m in self.frames}
+        """Drive 0 at the 1.0 s horizon: the frame the pictures compare."""
+        return {m: self.frames[m][HORIZONS["1.0 s"] - 1]
+                for m in (GROUND_TRUTH, MODEL_FORECAST, CACHE_ONLY, MODEL_GENERATE) if m in self.frames}
 
 
-def run_drives(pipe: LidarVersePipeline, heldout: SimDataset, cfg: EvalConfig, seed: int) -> SimTally:
-    """Every method on every held-out drive, scored as it goes (frames are kept for the set metrics)."""
-    sensor, tally, start = pipe.sensor, SimTally(), time.perf_counter()
+def run_drives(pipe: LidarVersePipeline, heldout: SimDataset, cfg: EvalConfig, seed: int,
+               sensor: Sensor) -> SimTally:
+    """Every method on every held-out drive of `sensor`, scored as it goes (frames are kept for the set metrics)."""
+    tally, start = SimTally(), time.perf_counter()
     for i in range(cfg.rollouts):
         drive = load_drive(heldout, i, sensor)
         truth = drive.points[1:]
         methods = {MODEL_FORECAST: True, **({MODEL_GENERATE: False} if cfg.free_generation else {})}
         for name, observed in methods.items():
-            frames, seconds = model_frames(pipe, drive, cfg, seed + i, observed)
+            frames, seconds = model_frames(pipe, drive, cfg, seed + i, observed, sensor)
             tally.model_seconds += seconds
             tally.model_frames += len(frames)
             tally.add(name, frames, drive, sensor, per_ray=True)
@@ -464,21 +475,40 @@ def bev_panels(panels: Sequence[tuple[str, np.ndarray]]) -> Image.Image:
                     label_height=PICTURE_LABEL)
 
 
-def write_pictures(out_dir: Path, sim: dict[str, np.ndarray], real: dict[str, np.ndarray]) -> list[Path]:
-    """`eval_sim_bev.png` (drive 0 at 1.0 s) and `eval_kitti_bev.png` (000000 -> 000004, if scored)."""
+def sim_pictures(sensor: str | None = None) -> tuple[str, str]:
+    """The simulated drive's BEV and range-image files: on the model's own grid, or on preset `sensor`'s
+    (`--sensor`), so one release folder holds the pictures of every sensor it was evaluated on."""
+    suffix = f"_{sensor}" if sensor else ""
+    return f"{Path(SIM_PICTURE).stem}{suffix}.png", f"{Path(SIM_RANGE_PICTURE).stem}{suffix}.png"
+
+
+def write_pictures(out_dir: Path, sim: dict[str, np.ndarray], real: dict[str, np.ndarray], sensor: Sensor,
+                   preset: str | None = None) -> list[Path]:
+    """The simulated drive 0 at 1.0 s on `sensor`'s grid, every point drawn (`sim_pictures(preset)`: BEVs side
+    by side, range images one above the other), and `eval_kitti_bev.png` (000000 -> 000004, if scored)."""
     out_dir.mkdir(parents=True, exist_ok=True)
-    written = []
     sim_labels = {GROUND_TRUTH: "ground truth, 1.0 s", MODEL_FORECAST: "model forecast (frame 0 observed)",
-                  MODEL_GENERATE: "model generate (map + layout)"}
+                  CACHE_ONLY: "frame 0 moved to the pose", MODEL_GENERATE: "model generate (map + layout)"}
     a, b = (f"{KITTI_FRAMES[i]:06d}" for i in KITTI_PICTURE_PAIR)
     real_labels = {GROUND_TRUTH: f"KITTI {b} (every point)", MODEL_FORECAST: f"model forecast from {a}",
                    MOVED_FIRST: f"{a} moved to {b}'s pose"}
-    for name, clouds, labels in ((SIM_PICTURE, sim, sim_labels), (KITTI_PICTURE, real, real_labels)):
-        if clouds:
-            path = out_dir / name
-            bev_panels([(labels[m], clouds[m]) for m in labels if m in clouds]).save(path)
-            logger.info("wrote %s", path)
-            written.append(path)
+    bev_name, range_name = sim_pictures(preset)
+    pictures: dict[str, Image.Image] = {}
+    if sim:
+        shown = [(f"{sim_labels[m]} ({sensor.height} x {sensor.width})" if m == GROUND_TRUTH else sim_labels[m], sim[m])
+                 for m in sim_labels if m in sim]
+        pictures[bev_name] = bev_panels(shown)
+        scale = max(1, RANGE_PICTURE_ROWS // sensor.height)
+        pictures[range_name] = labelled([(label, range_image_png(project(points, sensor), max_range=sensor.max_range,
+                                                                 scale=scale)) for label, points in shown],
+                                        across=False, label_height=PICTURE_LABEL)
+    if real:
+        pictures[KITTI_PICTURE] = bev_panels([(real_labels[m], real[m]) for m in real_labels if m in real])
+    written = []
+    for name, picture in pictures.items():
+        picture.save(out_dir / name)
+        logger.info("wrote %s", out_dir / name)
+        written.append(out_dir / name)
     return written
 
 
@@ -488,21 +518,21 @@ def write_pictures(out_dir: Path, sim: dict[str, np.ndarray], real: dict[str, np
 def evaluate(pipe: LidarVersePipeline, cfg: EvalConfig, seed: int = 0, pictures: Path | None = None) -> dict[str, Any]:
     """Run the whole protocol; returns the JSON-ready report. `pictures` also writes the BEV comparisons there."""
     start = time.perf_counter()
-    sensor = pipe.sensor
+    sensor = pipe.grid(cfg.sensor, columns=cfg.columns)
     # 1. reference sets: the held-out drives and a disjoint second simulated set
     heldout = reference_set(cfg, "heldout", EVAL_SEED, sensor)
     floor = reference_set(cfg, "floor", FLOOR_SEED, sensor)
     check_disjoint(heldout, cfg.train_data)
     t_refs = time.perf_counter() - start
     # 2. every method on every held-out drive, then the set metrics
-    tally = run_drives(pipe, heldout, cfg, seed)
+    tally = run_drives(pipe, heldout, cfg, seed, sensor)
     curves, tables = summarise_per_ray(tally.per_ray)
     rows = distribution_rows(tally, floor_set_frames(floor, cfg, sensor), cfg.rollouts * cfg.frames * sensor.height * sensor.width)
     # 3. real pairs
     real = real_pairs(pipe, cfg, seed) if cfg.real else RealResult({"skipped": "disabled (--no-real)"})
     # 4. pictures
     if pictures is not None:
-        write_pictures(pictures, tally.picture(), real.picture)
+        write_pictures(pictures, tally.picture(), real.picture, sensor, cfg.sensor and get_sensor(cfg.sensor).name)
     return {
         "protocol": {**asdict(cfg), "eval_seed": EVAL_SEED, "floor_seed": FLOOR_SEED, "sensor": sensor.name,
                      "shape": list(sensor.shape), "steps": cfg.steps or pipe.config.default_steps,
@@ -536,7 +566,7 @@ def _bar(name: str, value: float | None, limit: float | None, goal: float | None
 
 def bars(sim: dict[str, dict[str, float | None]], real: dict[str, dict[str, float | None]] | None,
          rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Issue 10's bars: `sim` is the per-ray table the bars use (`BAR_SPAN`), `real` the KITTI mean or None."""
+    """The release's bars: `sim` is the per-ray table the bars use (`BAR_SPAN`), `real` the KITTI mean or None."""
     f, c, n = sim[MODEL_FORECAST], sim[CACHE_ONLY], sim[NOISE_FLOOR]
     g = sim.get(MODEL_GENERATE, {})
     by = {r["name"]: r for r in rows}
@@ -611,6 +641,26 @@ def format_report(report: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def format_sensor_table(reports: list[dict[str, Any]]) -> str:
+    """Markdown: one row per sensor the drives were simulated on (`--sensor`), the bars every trained sensor is
+    held to (`SENSOR_BARS`) beside the forecast's L1 median and return IoU."""
+    lines = ["| sensor | beams x columns | drives | forecast Chamfer ÷ cache-only's "
+             f"(≤ {SENSOR_BARS['forecast']:g}) | generate Chamfer ÷ cache-only's (≤ {SENSOR_BARS['generate']:g}) | "
+             "forecast L1 median ÷ cache-only's | forecast return IoU (cache-only's) | model frames/s |",
+             "|---|---|---|---|---|---|---|---|"]
+    for report in reports:
+        p, table = report["protocol"], report["per_ray"][report["protocol"]["bar_span"]]
+        f, c, g = table[MODEL_FORECAST], table[CACHE_ONLY], table.get(MODEL_GENERATE, {})
+        forecast, generate = _ratio(f["chamfer"], c["chamfer"]), _ratio(g.get("chamfer"), c["chamfer"])
+        lines.append(
+            f"| {p['sensor']} | {p['shape'][0]} x {p['shape'][1]} | {p['rollouts']} | {_fmt(forecast, 3)} "
+            f"{_verdict(None if forecast is None else forecast <= SENSOR_BARS['forecast'])} | {_fmt(generate, 3)} "
+            f"{_verdict(None if generate is None else generate <= SENSOR_BARS['generate'])} | "
+            f"{_fmt(_ratio(f['l1_median'], c['l1_median']), 3)} | {_fmt(f['iou'], 3)} ({_fmt(c['iou'], 3)}) | "
+            f"{_fmt(report['timings']['model_frames_per_s'], 2)} |")
+    return "\n".join(lines)
+
+
 def report_arguments(parser: argparse.ArgumentParser) -> None:
     """The options every evaluation command shares: the model, its threads and seed, and where the report goes."""
     parser.add_argument("--model", default=None, help="release folder, weights file, job dir or Hub id "
@@ -651,7 +701,10 @@ def main(argv: list[str] | None = None) -> int:
                         help="training dataset to check disjointness (default: the default config's)")
     parser.add_argument("--no-free-generation", action="store_true", help="skip the nothing-observed rollouts")
     parser.add_argument("--no-real", action="store_true", help="skip the KITTI pairs")
-    parser.add_argument("--pictures", type=Path, default=None, help=f"write {SIM_PICTURE} and {KITTI_PICTURE} here")
+    parser.add_argument("--sensor", default=None, help="simulate the drives on this preset (default: the model's grid)")
+    parser.add_argument("--columns", type=int, default=None, help="the drives' azimuth columns (default: the sensor's)")
+    parser.add_argument("--pictures", type=Path, default=None, help=f"write {SIM_PICTURE}, {SIM_RANGE_PICTURE} (with --sensor: "
+                        f"{sim_pictures('NAME')[0]}, ...) and {KITTI_PICTURE} here")
     args = parser.parse_args(argv)
     start_run(args)
 
@@ -662,7 +715,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     with tempfile.TemporaryDirectory(prefix="lidarverse-eval-") as tmp:
         base = EvalConfig.quick(args.data_dir or tmp) if args.quick else EvalConfig(data_dir=args.data_dir or "data/eval")
-        overrides = {"rollouts": args.rollouts, "frames": args.frames, "steps": args.steps, "guidance": args.guidance}
+        overrides = {"rollouts": args.rollouts, "frames": args.frames, "steps": args.steps, "guidance": args.guidance,
+                     "sensor": args.sensor, "columns": args.columns}
         try:
             cfg = EvalConfig(**{**asdict(base), **{k: v for k, v in overrides.items() if v is not None},
                                 "train_data": args.train_data, "free_generation": not args.no_free_generation,
@@ -670,7 +724,11 @@ def main(argv: list[str] | None = None) -> int:
         except ValueError as exc:
             print(f"error: {exc}", file=sys.stderr)
             return 2
-        report = evaluate(pipe, cfg, seed=args.seed, pictures=args.pictures)
+        try:
+            report = evaluate(pipe, cfg, seed=args.seed, pictures=args.pictures)
+        except InputError as exc:  # a sensor or column count the model cannot draw
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
     return publish_report(report, pipe, args, format_report)
 
 

@@ -26,6 +26,7 @@ import argparse
 import functools
 import logging
 import math
+import re
 import sys
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
@@ -233,7 +234,7 @@ def evaluate_setting(pipe: LidarVersePipeline, rec: Recording, sweep: Callable[[
         for h in horizons:
             per_start[h].append(scores)
         if pictures is not None and end == plan[min(plan)][0]:
-            write_pictures(pictures, scores.kept, rec.names[end])
+            write_pictures(pictures, scores.kept, rec.names[end], Path(cfg.data).name)
     table = {"prefix": setting.prefix, "stride": setting.stride,
              "starts": {seconds(h): [rec.names[e] for e in plan[h]] for h in plan},
              "common_rays": {seconds(h): _mean([s.common[h] for s in per_start[h]]) for h in plan},
@@ -306,9 +307,21 @@ def real_bars(tables: dict[str, Any]) -> tuple[list[dict[str, Any]], list[dict[s
     return bars, goals
 
 
-def write_pictures(out_dir: Path, kept: dict[int, Forecast], start: str) -> None:
-    """`real_bev_<h>.png` and `real_range_<h>.png`: truth | forecast | moved prefix at the two longest horizons,
-    every point drawn (the range images on the ray grid, rows cropped to the truth's elevation span)."""
+def recording_slug(recording: str) -> str:
+    """`recording` (its folder's name) as its pictures' files name it: lower case, a dash for anything else."""
+    return re.sub(r"[^a-z0-9_-]+", "-", recording.lower()) or "recording"
+
+
+def picture_names(recording: str, frames: int) -> tuple[str, str]:
+    """The BEV and range-image files of `recording` `frames` ahead: named by the recording, so one release
+    folder holds the pictures of every recording it was evaluated on."""
+    slug = recording_slug(recording)
+    return f"real_{slug}_bev_{frames}.png", f"real_{slug}_range_{frames}.png"
+
+
+def write_pictures(out_dir: Path, kept: dict[int, Forecast], start: str, recording: str) -> None:
+    """`picture_names(recording, h)`: truth | forecast | moved prefix at the two longest horizons, every point
+    drawn (the range images on the ray grid, rows cropped to the truth's elevation span)."""
     out_dir.mkdir(parents=True, exist_ok=True)
     for h in sorted(kept)[-2:]:
         f, label = kept[h], f"{seconds(h)} after {Path(start).stem}"
@@ -317,11 +330,12 @@ def write_pictures(out_dir: Path, kept: dict[int, Forecast], start: str) -> None
                   f"{MODEL} ({len(in_field_of_view(f.model_points, span)):,})": in_field_of_view(f.model_points, span),
                   f"{PREFIX_MOVED} ({len(in_field_of_view(f.prefix_points, span)):,})":
                       in_field_of_view(f.prefix_points, span)}
-        bev_panels(list(clouds.items())).save(out_dir / f"real_bev_{h}.png")
+        bev_name, range_name = picture_names(recording, h)
+        bev_panels(list(clouds.items())).save(out_dir / bev_name)
         rows = span_rows(span)
         strips = {name: range_image_png(ray_image(nearest_per_ray(c), rows), max_range=PICTURE_MAX_RANGE, scale=2)
                   for name, c in clouds.items()}
-        labelled(list(strips.items()), across=False).save(out_dir / f"real_range_{h}.png")
+        labelled(list(strips.items()), across=False).save(out_dir / range_name)
         logger.info("wrote the %s pictures in %s", label, out_dir)
 
 

@@ -23,6 +23,7 @@ import datetime
 import json
 import logging
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -40,7 +41,7 @@ from inference.network import WorldModel
 from lidar.errors import InputError
 from lidar.sequence import open_recording
 from lidar.sim.dataset import MANIFEST, SIMULATOR_VERSION
-from lidar.vocabulary import MAP_CLASSES
+from lidar.vocabulary import FRAME_RATE_HZ, MAP_CLASSES
 from training.config import TrainConfig
 from training.data import FORECAST_FRAMES
 from training.progress import read_progress, wall_seconds
@@ -52,20 +53,36 @@ CARD_NAME = "README.md"
 TRAINING_NAME = "training.json"
 #: The repository's root: where a launch command's config must be tracked for a fresh clone to rerun it.
 REPO_ROOT = Path(__file__).resolve().parents[1]
-#: The evaluation's pictures (`training.evaluate --pictures`) a release may carry for its card.
-PICTURE_FILES = ("eval_sim_bev.png", "eval_kitti_bev.png", "real_bev_5.png", "real_range_5.png", "real_bev_10.png",
-                 "real_range_10.png")
-#: What each picture shows, for its caption in the card.
-PICTURE_CAPTIONS = {
-    "eval_sim_bev.png": "simulated drive: ground truth | forecast | generate",
-    "eval_kitti_bev.png": "real KITTI pair: truth | forecast | moved sweep",
-    "real_bev_5.png": "real KITTI 00, 0.5 s ahead: truth | forecast | every prefix sweep moved (BEV)",
-    "real_range_5.png": "real KITTI 00, 0.5 s ahead: truth / forecast / every prefix sweep moved (range images)",
-    "real_bev_10.png": "real KITTI 00, 1.0 s ahead: truth | forecast | every prefix sweep moved (BEV)",
-    "real_range_10.png": "real KITTI 00, 1.0 s ahead: truth / forecast / every prefix sweep moved (range images)",
-}
-#: Everything a release folder holds; exporting replaces the whole folder, so nothing else may be in it.
-RELEASE_FILES = (CONFIG_NAME, WEIGHTS_NAME, CARD_NAME, TRAINING_NAME, *PICTURE_FILES)
+#: The evaluation's pictures a release may carry for its card (`training.evaluate --pictures`, on the model's
+#: grid or a preset's; `training.evaluate_real --pictures`, one recording's at a horizon in frames).
+PICTURE = re.compile(r"eval_sim_(?P<sim>bev|range)(?:_(?P<sensor>[a-z0-9-]+))?\.png|eval_kitti_bev\.png|"
+                     r"real_(?P<recording>[a-z0-9_-]+?)_(?P<real>bev|range)_(?P<frames>[0-9]+)\.png")
+#: What a release folder holds besides its pictures; exporting replaces the whole folder, so nothing else may be in it.
+RELEASE_FILES = (CONFIG_NAME, WEIGHTS_NAME, CARD_NAME, TRAINING_NAME)
+
+
+def picture_caption(name: str) -> str | None:
+    """What picture `name` shows, for its caption in the card; None for a file that is no release picture."""
+    match = PICTURE.fullmatch(name)
+    if match is None:
+        return None
+    if name == "eval_kitti_bev.png":
+        return "real KITTI pair: truth | forecast | moved sweep"
+    bev = (match["sim"] or match["real"]) == "bev"
+    join, view = (" | ", "BEV") if bev else (" / ", "range images")
+    if match["sim"]:
+        on = f" on {match['sensor']}" if match["sensor"] else ""
+        panels = join.join(("truth", "forecast", "frame 0 moved", "generate"))
+        return f"simulated drive{on}, 1.0 s ahead: {panels} ({view})"
+    ahead = f"{int(match['frames']) / FRAME_RATE_HZ:g} s"
+    panels = join.join(("truth", "forecast", "every prefix sweep moved"))
+    return f"real `{match['recording']}`, {ahead} ahead: {panels} ({view})"
+
+
+def is_release_file(name: str) -> bool:
+    return name in RELEASE_FILES or picture_caption(name) is not None
+
+
 #: The card's YAML front matter: what the Hub shows and searches (license, library, task, tags).
 CARD_METADATA: dict[str, Any] = {
     "license": "apache-2.0",
@@ -117,12 +134,14 @@ def export(
         source = f"{job_dir.resolve().name}/{Path(provenance.resolved_path).name}"
         weights = _write_weights(staging, state, _weights_metadata(model, iteration, source))
         dataset = _dataset_summary(Path(cfg.data_root)) if cfg.data_root else {}
-        release_config = _release_config(cfg, progress, model, iteration, dataset)
+        native = [_dataset_summary(Path(root)) for root in cfg.data_roots]
+        release_config = _release_config(cfg, progress, model, iteration, [dataset, *native])
         atomic_write_text(staging / CONFIG_NAME, json.dumps(release_config, indent=2) + "\n")
-        record = training_record(cfg, dataset, launch_commands(progress))
+        record = training_record(cfg, dataset, launch_commands(progress), native)
         atomic_write_text(staging / TRAINING_NAME, json.dumps(record, indent=2) + "\n")
         shown = _copy_pictures(pictures, staging)
-        card = model_card(cfg, progress, dataset, iteration, model, weights, metrics, notes or [], base_model, shown)
+        card = model_card(cfg, progress, dataset, iteration, model, weights, metrics, notes or [], base_model, shown,
+                          native)
         atomic_write_text(staging / CARD_NAME, card)
         # 4. Read it back as every user will.
         verify_release(staging, state, iteration)
@@ -142,7 +161,7 @@ def _copy_pictures(pictures: Path | None, staging: Path) -> list[str]:
         return []
     if not pictures.is_dir():
         raise FileNotFoundError(f"--pictures {pictures} is not a folder; expected `training.evaluate --pictures` output")
-    shown = [name for name in PICTURE_FILES if (pictures / name).is_file()]
+    shown = sorted(p.name for p in pictures.iterdir() if p.is_file() and picture_caption(p.name) is not None)
     for name in shown:
         shutil.copyfile(pictures / name, staging / name)
         fsync_file(staging / name)
@@ -154,11 +173,12 @@ def check_replaceable(out_dir: Path) -> None:
     files in it would be lost."""
     if out_dir.exists() and not out_dir.is_dir():
         raise FileExistsError(f"{out_dir} exists and is not a folder; expected a release folder or a new path")
-    extra = sorted(set(os.listdir(out_dir)) - set(RELEASE_FILES)) if out_dir.is_dir() else []
+    extra = sorted(name for name in os.listdir(out_dir) if not is_release_file(name)) if out_dir.is_dir() else []
     if extra:
         raise FileExistsError(
             f"{out_dir} holds files that are not part of a release ({', '.join(extra[:5])}); the export replaces "
-            f"the whole folder ({', '.join(RELEASE_FILES)}), so move them or choose a new OUT_DIR"
+            f"the whole folder ({', '.join(RELEASE_FILES)} and the evaluation's pictures), so move them or choose "
+            "a new OUT_DIR"
         )
 
 
@@ -187,9 +207,10 @@ def _write_weights(folder: Path, state: dict[str, torch.Tensor], metadata: dict[
 
 
 def _release_config(
-    cfg: TrainConfig, progress: dict[str, Any], model: Any, iteration: int, dataset: dict[str, Any]
+    cfg: TrainConfig, progress: dict[str, Any], model: Any, iteration: int, datasets: list[dict[str, Any]]
 ) -> dict[str, Any]:
-    """config.json: what a loader needs to rebuild the network, and a summary of how it was trained."""
+    """config.json: what a loader needs to rebuild the network, and a summary of how it was trained (the world
+    seeds of every simulated dataset, so an evaluation can check its drives are disjoint from all of them)."""
     return {
         "model": model.config.to_dict(),
         "sensor": model.config.sensor,
@@ -201,7 +222,7 @@ def _release_config(
             "batch_size": cfg.batch_size,
             "world_size": _world_size(progress),
             "wall_seconds": round(wall_seconds(progress), 1),
-            "world_seeds": dataset.get("world_seeds", []),
+            "world_seeds": sorted({seed for d in datasets for seed in d.get("world_seeds", [])}),
         },
     }
 
@@ -269,7 +290,7 @@ def push_to_hub(release: Path, repo_id: str, revision: str | None = None) -> str
         repo_type="model",
         folder_path=release,
         revision=revision,
-        allow_patterns=list(RELEASE_FILES),
+        allow_patterns=sorted(name for name in os.listdir(release) if is_release_file(name)),
         commit_message=f"LidarVerse release: EMA weights at iteration {iteration}",
     )
     logger.info("pushed %s to %s@%s (commit %s)", release, repo_id, revision or "main", info.oid)
@@ -337,22 +358,27 @@ def _recording_summary(folder: str) -> dict[str, Any]:
             "poses": "from its poses file" if recording.poses is not None else "registered (KISS-ICP)"}
 
 
-def training_record(cfg: TrainConfig, dataset: dict[str, Any], commands: list[str]) -> dict[str, Any]:
+def _data_record(dataset: dict[str, Any]) -> dict[str, Any]:
+    """One simulated dataset as training.json keeps it: its sizes and the command that writes it again."""
+    if "sequences" not in dataset:
+        return {"root": dataset["root"], "manifest": "not found when exporting"}
+    keep = ("root", "simulator", "seed", "sequences", "frames_per_sequence", "frames", "sensor", "styles", "actions")
+    return {**{k: dataset[k] for k in keep}, "command": data_command(dataset)}
+
+
+def training_record(cfg: TrainConfig, dataset: dict[str, Any], commands: list[str],
+                    native: list[dict[str, Any]] | None = None) -> dict[str, Any]:
     """training.json: everything needed to train this release again besides the repository at `git_commit`
     and the weights `config.init_from` names. The job dir, its logs and its data folder stay behind, so
-    the config and the data are copied here rather than referred to."""
-    simulated = None
-    if "sequences" in dataset:
-        keep = ("root", "simulator", "seed", "sequences", "frames_per_sequence", "frames", "sensor", "styles", "actions")
-        simulated = {**{k: dataset[k] for k in keep}, "command": data_command(dataset)}
-    elif cfg.data_root:
-        simulated = {"root": cfg.data_root, "manifest": "not found when exporting"}
+    the config and the data are copied here rather than referred to. `native` summarises `data_roots`."""
+    simulated = _data_record(dataset) if cfg.data_root else None
     return {
         "commands": commands,
         "git_commit": _git_commit(),
         "config": cfg.to_dict(),
         "data": {
             "simulated": simulated,
+            "native": [_data_record(d) for d in native or []],
             "recordings": [_recording_summary(r) for r in cfg.recordings],
             "recording_fraction": cfg.recording_fraction if cfg.data_root and cfg.recordings else None,
         },
@@ -404,9 +430,19 @@ def card_metadata(base_model: str | None = None) -> str:
     return f"---\n{ModelCardData(**CARD_METADATA, base_model=base_model).to_yaml()}\n---\n"
 
 
-def card_intro(model: WorldModel, sensor: dict[str, Any]) -> list[str]:
-    """The card's title and first paragraph: what the network is and which sampling rules its config switches on."""
+def _grids(native: list[dict[str, Any]]) -> str:
+    """The native datasets' sensors as the card names them: "hdl64 (64 x 2048), vlp16 (16 x 1024)"."""
+    return ", ".join(f"{d['sensor']['name']} ({len(d['sensor']['elevations_deg'])} x {d['sensor']['width']})"
+                     for d in native if "sensor" in d)
+
+
+def card_intro(model: WorldModel, sensor: dict[str, Any], native: list[dict[str, Any]] | None = None) -> list[str]:
+    """The card's title and first paragraph: what the network is, which sensors it saw and which sampling rules
+    its config switches on."""
     model_cfg, parameters = model.config, model.num_parameters()
+    seen = ([f"Trained at the native grids of {_grids(native)} too, it draws each frame in the geometry of the",
+             "sweep it is given (or of the sensor asked for), reading every pixel's elevation and azimuth from its",
+             "condition."] if native else [])
     return [
         "# LidarVerse default world model",
         "",
@@ -426,26 +462,52 @@ def card_intro(model: WorldModel, sensor: dict[str, Any]) -> list[str]:
            "leaving the choice to the sampler's noise."] if model_cfg.keep_gate else []),
         *(["A pixel the prior misses starts from its nearest neighbour's range (`gap_fill`), not from flat ground:",
            "a hole in a cached wall starts at the wall."] if model_cfg.gap_fill else []),
+        *seen,
         "It was trained in this repository, on the CPU, from the procedural simulator only.",
     ]
 
 
-def card_training_data(cfg: TrainConfig, dataset: dict[str, Any]) -> list[str]:
+def _simulator_note(version: int) -> str:
+    return (" (this checkout's)." if version == SIMULATOR_VERSION else
+            f"; this checkout simulates version {SIMULATOR_VERSION}, so the same seeds give other drives: check out "
+            f"a commit whose `lidar.sim.dataset.SIMULATOR_VERSION` is {version} to write the same data.")
+
+
+def card_native_data(cfg: TrainConfig, native: list[dict[str, Any]]) -> list[str]:
+    """The per-sensor datasets (`data_roots`): one row per sensor with the command that writes it again."""
+    lines = ["", "Drives of each sensor at its native grid (`data_roots`)"
+             + (f", each sample an azimuth window of about {cfg.crop_pixels:,} pixels of the full ring "
+                "(`crop_pixels`):" if cfg.crop_pixels else ", full rings:"), "",
+             "| sensor | beams x columns | drives | frames | written by |", "|---|---|---|---|---|"]
+    for d in native:
+        if "sequences" not in d:
+            lines.append(f"| – | – | – | – | `{d['root']}` (no manifest found when exporting) |")
+            continue
+        sensor = d["sensor"]
+        lines.append(f"| {sensor['name']} | {len(sensor['elevations_deg'])} x {sensor['width']} | {d['sequences']} | "
+                     f"{d['frames']} | `{data_command(d)}` |")
+    versions = sorted({d["simulator"] for d in native if "simulator" in d})
+    if versions:
+        lines += ["", "Made by simulator version " + ", ".join(map(str, versions)) + _simulator_note(versions[-1])
+                  if len(versions) == 1 else "Made by simulator versions " + ", ".join(map(str, versions)) + "."]
+    return lines
+
+
+def card_training_data(cfg: TrainConfig, dataset: dict[str, Any], native: list[dict[str, Any]] | None = None) -> list[str]:
     """Where the samples come from and how their conditions are corrupted, so a reader can rebuild the data."""
     lines = ["## Training data", ""]
     if "sequences" in dataset:
         version = dataset["simulator"]
         lines += [
             f"`{data_command(dataset)}`: {dataset['sequences']} simulated drives, {dataset['frames']} frames at 10 Hz, "
-            f"made by simulator version {version}"
-            + (" (this checkout's)." if version == SIMULATOR_VERSION else
-               f"; this checkout simulates version {SIMULATOR_VERSION}, so the same seeds give other drives: check out "
-               f"a commit whose `lidar.sim.dataset.SIMULATOR_VERSION` is {version} to write the same data."),
+            f"made by simulator version {version}" + _simulator_note(version),
             f"Styles {dataset['styles']}, actions {dataset['actions']}. World seeds are drawn from dataset seed "
             f"{dataset['seed']}; evaluation uses worlds from other dataset seeds and checks they are disjoint.",
         ]
     elif cfg.data_root:
         lines.append(f"Dataset at `{dataset['root']}` (no manifest found when exporting).")
+    if native:
+        lines += card_native_data(cfg, native)
     if cfg.recordings:
         share = f"{cfg.recording_fraction:.0%} of the samples" if cfg.data_root else "every sample"
         lines.append(f"Recorded drives ({share}, no map and no layout): {', '.join(f'`{r}`' for r in cfg.recordings)}.")
@@ -472,8 +534,10 @@ def card_training_data(cfg: TrainConfig, dataset: dict[str, Any]) -> list[str]:
 
 def model_card(cfg: TrainConfig, progress: dict[str, Any], dataset: dict[str, Any], iteration: int,
                model: WorldModel, weights: Path, metrics: dict[str, Any] | None, notes: list[str],
-               base_model: str | None = None, pictures: list[str] | None = None) -> str:
+               base_model: str | None = None, pictures: list[str] | None = None,
+               native: list[dict[str, Any]] | None = None) -> str:
     sensor = cfg.model["sensor"]
+    native = native or []
     launches = progress["launches"]
     commands = launch_commands(progress)
     outside = configs_outside_the_repository(commands)
@@ -485,7 +549,7 @@ def model_card(cfg: TrainConfig, progress: dict[str, Any], dataset: dict[str, An
     wall = wall_seconds(progress)
     lines = [
         card_metadata(base_model),
-        *card_intro(model, sensor),
+        *card_intro(model, sensor, native),
         "",
         "| file | what |",
         "|---|---|",
@@ -498,7 +562,7 @@ def model_card(cfg: TrainConfig, progress: dict[str, Any], dataset: dict[str, An
         "Load it with `inference.load_pipeline(\"weights/default\")` (the app does this by default).",
         "",
     ]
-    lines += card_training_data(cfg, dataset)
+    lines += card_training_data(cfg, dataset, native)
     lines += [
         "## Training",
         "",
@@ -534,10 +598,9 @@ def model_card(cfg: TrainConfig, progress: dict[str, Any], dataset: dict[str, An
     lines += ["## Evaluation", ""]
     if metrics is None:
         lines += ["Not evaluated yet: run `python -m training.evaluate --model weights/default --json`.", ""]
+        lines += picture_lines(pictures or [])
     else:
-        lines += evaluation_section(metrics)
-    for name in pictures or []:
-        lines += [f"![{PICTURE_CAPTIONS[name]}]({name})", ""]
+        lines += evaluation_section(metrics, pictures or [])
     if notes:
         lines += ["## Notes", "", *[f"- {note}" for note in notes], ""]
     lines += [
@@ -551,24 +614,60 @@ def model_card(cfg: TrainConfig, progress: dict[str, Any], dataset: dict[str, An
         "  areas, barriers (walls, fences) and plants (tree crowns, hedges) only as extruded footprints.",
         "- Forecasts condition every frame on what was observed, not on their own earlier frames (unless",
         "  `feedback=True`): fed back, a 4-step model's errors compound over a second.",
-        f"- One sensor geometry ({sensor['name']}, {sensor['width']} columns); other sensors are re-projected.",
+        sensor_limitation(sensor, native),
         "- Small and briefly trained on 2 CPU cores; quality figures above are what it reaches, not a ceiling.",
         "",
     ]
     return "\n".join(lines)
 
 
-def evaluation_section(metrics: dict[str, Any]) -> list[str]:
-    """The card's metrics tables from `python -m training.evaluate --json` output, with the real-recordings
-    report (`python -m training.evaluate_real --json`) under `real_sequences` when given."""
-    from training.evaluate import format_report
-    from training.evaluate_real import format_real
+def sensor_limitation(sensor: dict[str, Any], native: list[dict[str, Any]]) -> str:
+    """The card's line on which beam tables the network has seen: another one is drawn from the same per-pixel
+    elevation and azimuth condition, which holds only within the elevations it was trained on."""
+    tables = [sensor, *(d["sensor"] for d in native if "sensor" in d)]
+    low = min(min(t["elevations_deg"]) for t in tables)
+    high = max(max(t["elevations_deg"]) for t in tables)
+    names = ", ".join(dict.fromkeys(f"{t['name']} ({len(t['elevations_deg'])} x {t['width']})" for t in tables))
+    return (f"- Trained on the beam tables of {names}: elevations {low:.1f}° to {high:.1f}°. Any other beam table and "
+            "column count is drawn from each pixel's elevation and azimuth, untested outside that span.")
 
-    lines = ["### Simulated drives", "", format_report(metrics), ""] if "per_ray" in metrics else []
-    if "real_sequences" in metrics:
-        lines += ["### Real recordings: forecasts of KITTI 00 against the sweeps that followed", "",
-                  format_real(metrics["real_sequences"]), ""]
-    return lines
+
+def picture_lines(names: list[str]) -> list[str]:
+    return [line for name in names for line in (f"![{picture_caption(name)}]({name})", "")]
+
+
+def evaluation_section(metrics: dict[str, Any], pictures: list[str] | None = None) -> list[str]:
+    """The card's metrics from `python -m training.evaluate --json` output (the model's own grid), its
+    per-sensor runs under `sensors` (`--sensor`), and real-recording reports (`python -m training.evaluate_real
+    --json`) under `real_sequences`, each followed by its pictures; pictures no section claims come last."""
+    from training.evaluate import KITTI_PICTURE, format_report, format_sensor_table, sim_pictures
+    from training.evaluate_real import format_real, recording_slug
+
+    pictures = list(pictures or [])
+
+    def claim(names: list[str], recording: str | None = None) -> list[str]:
+        """The pictures among `names`, or of `recording`, in the order they were given; taken off the rest."""
+        mine = [n for n in pictures if n in names or (recording and PICTURE.fullmatch(n)["recording"] == recording)]
+        for name in mine:
+            pictures.remove(name)
+        return picture_lines(mine)
+
+    lines: list[str] = []
+    if "per_ray" in metrics:
+        lines += ["### Simulated drives", "", format_report(metrics), ""]
+        lines += claim([*sim_pictures(), KITTI_PICTURE])
+    if metrics.get("sensors"):
+        reports = metrics["sensors"]
+        lines += ["### Simulated drives, sensor by sensor", "",
+                  "Each trained sensor's own held-out drives at its native grid (`python -m training.evaluate "
+                  "--sensor NAME --columns W --no-real`), the mean over frames 1-10:", "",
+                  format_sensor_table(reports), ""]
+        lines += claim([n for r in reports for n in sim_pictures(r["protocol"]["sensor"])])
+    for report in metrics.get("real_sequences", []):
+        lines += [f"### Real recordings: `{report['recording']}`, forecasts against the sweeps that followed", "",
+                  format_real(report), ""]
+        lines += claim([], recording_slug(report["recording"]))
+    return lines + picture_lines(pictures)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -576,8 +675,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("job_dir", type=Path, help="training job dir (with config.json and checkpoints/)")
     parser.add_argument("out_dir", type=Path, help="release folder to write (e.g. weights/default)")
     parser.add_argument("--metrics", type=Path, default=None, help="`training.evaluate --json` output for the card")
-    parser.add_argument("--real-metrics", type=Path, default=None,
-                        help="`training.evaluate_real --json` output for the card's real-recordings section")
+    parser.add_argument("--sensor-metrics", type=Path, action="append", default=[],
+                        help="`training.evaluate --sensor NAME --json` output, one per trained sensor (repeatable)")
+    parser.add_argument("--real-metrics", type=Path, action="append", default=[],
+                        help="`training.evaluate_real --json` output, one section per recording (repeatable)")
     parser.add_argument("--note", action="append", default=[], help="a line for the card's Notes (repeatable)")
     parser.add_argument("--pictures", type=Path, default=None,
                         help="folder of `training.evaluate --pictures` output; the card shows its BEV panels")
@@ -596,8 +697,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {args.job_dir} is not a training job dir: it has no {CONFIG_NAME}", file=sys.stderr)
         return 2
     metrics = json.loads(args.metrics.read_text()) if args.metrics else None
+    if args.sensor_metrics:
+        metrics = {**(metrics or {}), "sensors": [json.loads(f.read_text()) for f in args.sensor_metrics]}
     if args.real_metrics:
-        metrics = {**(metrics or {}), "real_sequences": json.loads(args.real_metrics.read_text())}
+        metrics = {**(metrics or {}), "real_sequences": [json.loads(f.read_text()) for f in args.real_metrics]}
     try:
         export(args.job_dir, args.out_dir, metrics, args.note, args.base_model, args.pictures)
     except (FileExistsError, FileNotFoundError, ReleaseVerificationError) as e:
