@@ -199,12 +199,14 @@ def test_a_job_on_several_sensors_lists_each_with_its_data_and_figures(job, tmp_
         Image.new("RGB", (8, 4)).save(pictures / name)
     export(copy, tmp_path / "release", metrics={"sensors": [sensor_report]}, pictures=pictures)
     card = (tmp_path / "release" / "README.md").read_text()
-    assert "Trained at the native grids of vlp16 (16 x 96) too" in card
+    assert "Trained at the native grids of vlp16 (16 x 96), it draws" in card
     assert "an azimuth window of about 512 pixels" in card
     assert f"| vlp16 | 16 x 96 | 1 | 2 | `python -m lidar.sim --sensor vlp16 --width 96 --sequences 1 --frames 2 " \
            f"--seed 9 --out {tmp_path / 'vlp16'}` |" in card
     assert f"`{tmp_path / 'gone'}` (no manifest found when exporting)" in card
     assert "Trained on the beam tables of hdl32 (32 x 64), vlp16 (16 x 96): elevations -30.7° to 15.0°" in card
+    alone = export_module.sensor_limitation(HDL32.to_dict(), [{"sensor": VLP16.with_width(96).to_dict()}], own_grid=False)
+    assert alone.startswith("- Trained on the beam tables of vlp16 (16 x 96): elevations -15.0° to 15.0°")
     row = "| vlp16 | 16 x 96 | 4 | 0.300 yes | 1.200 NO | 0.500 | 0.800 (0.500) | 2.50 |"
     section = card[card.index("### Simulated drives, sensor by sensor"):]
     assert row in section and section.index(row) < section.index("](eval_sim_bev_vlp16.png)")

@@ -440,7 +440,7 @@ def card_intro(model: WorldModel, sensor: dict[str, Any], native: list[dict[str,
     """The card's title and first paragraph: what the network is, which sensors it saw and which sampling rules
     its config switches on."""
     model_cfg, parameters = model.config, model.num_parameters()
-    seen = ([f"Trained at the native grids of {_grids(native)} too, it draws each frame in the geometry of the",
+    seen = ([f"Trained at the native grids of {_grids(native)}, it draws each frame in the geometry of the",
              "sweep it is given (or of the sensor asked for), reading every pixel's elevation and azimuth from its",
              "condition."] if native else [])
     return [
@@ -614,17 +614,18 @@ def model_card(cfg: TrainConfig, progress: dict[str, Any], dataset: dict[str, An
         "  areas, barriers (walls, fences) and plants (tree crowns, hedges) only as extruded footprints.",
         "- Forecasts condition every frame on what was observed, not on their own earlier frames (unless",
         "  `feedback=True`): fed back, a 4-step model's errors compound over a second.",
-        sensor_limitation(sensor, native),
+        sensor_limitation(sensor, native, own_grid=bool(cfg.data_root or cfg.recordings) or not native),
         "- Small and briefly trained on 2 CPU cores; quality figures above are what it reaches, not a ceiling.",
         "",
     ]
     return "\n".join(lines)
 
 
-def sensor_limitation(sensor: dict[str, Any], native: list[dict[str, Any]]) -> str:
-    """The card's line on which beam tables the network has seen: another one is drawn from the same per-pixel
-    elevation and azimuth condition, which holds only within the elevations it was trained on."""
-    tables = [sensor, *(d["sensor"] for d in native if "sensor" in d)]
+def sensor_limitation(sensor: dict[str, Any], native: list[dict[str, Any]], own_grid: bool = True) -> str:
+    """The card's line on which beam tables the network has seen (the model's own grid where `own_grid`, each
+    of `native`'s): another one is drawn from the same per-pixel elevation and azimuth condition, which holds
+    only within the elevations it was trained on."""
+    tables = [*([sensor] if own_grid else []), *(d["sensor"] for d in native if "sensor" in d)] or [sensor]
     low = min(min(t["elevations_deg"]) for t in tables)
     high = max(max(t["elevations_deg"]) for t in tables)
     names = ", ".join(dict.fromkeys(f"{t['name']} ({len(t['elevations_deg'])} x {t['width']})" for t in tables))
