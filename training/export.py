@@ -475,7 +475,7 @@ def _simulator_note(version: int) -> str:
 
 def card_native_data(cfg: TrainConfig, native: list[dict[str, Any]]) -> list[str]:
     """The per-sensor datasets (`data_roots`): one row per sensor with the command that writes it again."""
-    lines = ["", "Drives of each sensor at its native grid (`data_roots`)"
+    lines = ["Drives of each sensor at its native grid (`data_roots`)"
              + (f", each sample an azimuth window of about {cfg.crop_pixels:,} pixels of the full ring "
                 "(`crop_pixels`):" if cfg.crop_pixels else ", full rings:"), "",
              "| sensor | beams x columns | drives | frames | written by |", "|---|---|---|---|---|"]
@@ -507,7 +507,7 @@ def card_training_data(cfg: TrainConfig, dataset: dict[str, Any], native: list[d
     elif cfg.data_root:
         lines.append(f"Dataset at `{dataset['root']}` (no manifest found when exporting).")
     if native:
-        lines += card_native_data(cfg, native)
+        lines += [""] * (len(lines) > 2) + card_native_data(cfg, native)
     if cfg.recordings:
         share = f"{cfg.recording_fraction:.0%} of the samples" if cfg.data_root else "every sample"
         lines.append(f"Recorded drives ({share}, no map and no layout): {', '.join(f'`{r}`' for r in cfg.recordings)}.")
