@@ -211,9 +211,9 @@ def test_upsample_over_http_keeps_every_input_point_and_names_the_largest_factor
     scan = REPO / "examples" / "scans" / SHIPPED_EXAMPLES[0]  # KITTI, 64 x 2,011
     viewer, bev, ranges, stats, downloads = client.predict(handle_file(str(scan)), 2, app.BY_FACTOR, "edge-aware", 4, 0,
                                                            "pcd", api_name="/upsample")
-    assert stats["beams x columns"] == "127 x 2011" and stats["points in the 3D view"] == stats["points"]
+    assert stats["beams x columns"] == "127 x 2012" and stats["points in the 3D view"] == stats["points"]
     assert Path(viewer).read_bytes().startswith(b"ply\n") and Image.open(bev).size == (1000, 520)
-    assert Image.open(ranges).size == (2011, 2 * (127 + 20))
+    assert Image.open(ranges).size == (2012, 2 * (127 + 20))
     files = {Path(p).name: Path(p) for p in downloads}
     assert sorted(files) == ["result.mcap", "result.rrd", "upsample.json", "upsampled.pcd"]
     given, result = read_points(scan).points, read_points(files["upsampled.pcd"])
@@ -222,7 +222,7 @@ def test_upsample_over_http_keeps_every_input_point_and_names_the_largest_factor
     record = files["upsample.json"].read_text()
     for server_path in (str(server.tmp.parent), str(REPO), "/tmp/"):
         assert server_path not in record, f"upsample.json in the download shows the server path {server_path}"
-    with pytest.raises(AppError, match=r"factor 4 puts 253 x 2011 = 508,783 rays on this 64 x 2011 sweep; expected at "
+    with pytest.raises(AppError, match=r"factor 4 puts 253 x 2012 = 509,036 rays on this 64 x 2012 sweep; expected at "
                                        r"most 262,144 rays: at most factor 2 fits it"):
         client.predict(handle_file(str(scan)), 4, app.BY_FACTOR, "edge-aware", 4, 0, "pcd", api_name="/upsample")
     assert server.scratch_dirs() == [], "per-request scratch dirs must be removed after the request"
@@ -957,8 +957,8 @@ def test_the_sensor_chosen_in_the_browser_draws_the_world_at_its_beams_and_colum
 def test_an_example_upsampled_in_the_browser_shows_the_3d_view_and_the_before_after_pictures(server, tmp_path):
     pytest.importorskip("playwright.sync_api", reason="the playwright Python package is not installed")
     seen = run_in_browser(server.url, tmp_path / "upsample.png", "upsample")
-    assert '"127 x 2011"' in seen["stats"] and seen["lit_pixels"] > 500, seen["stats"]
-    assert seen["previews"] == [(1000, 520), (2011, 294)], "the BEV before | after, the range images before / after"
+    assert '"127 x 2012"' in seen["stats"] and seen["lit_pixels"] > 500, seen["stats"]
+    assert seen["previews"] == [(1000, 520), (2012, 294)], "the BEV before | after, the range images before / after"
 
 
 if __name__ == "__main__":  # the README screenshots, on the trained model

