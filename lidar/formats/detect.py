@@ -86,7 +86,7 @@ def measured_width(points: np.ndarray, rows: np.ndarray) -> int:
     step wherever most of a ring returns; a width within 0.5 % of a standard one is taken as that one.
     """
     valid = (rows >= 0) & (np.abs(points[:, :3]).sum(axis=1) > 0)
-    # in float64: float32 arctan2 differs by an ulp between numpy's SIMD paths, and that moved a KITTI width
+    # in float64: float32 arctan2 differs by an ulp between numpy's SIMD paths, enough to round a width near half a column either way
     az = np.arctan2(points[:, 1][valid].astype(np.float64), points[:, 0][valid].astype(np.float64))
     ring = rows[valid]
     order = np.argsort(ring * 8.0 + az, kind="stable")  # by ring, then azimuth (az + pi < 8)
