@@ -208,7 +208,7 @@ def test_a_fresh_clone_offers_the_shipped_example_scans_and_one_forecasts(client
 
 
 def test_upsample_over_http_keeps_every_input_point_and_names_the_largest_factor_that_fits(client, server):
-    scan = REPO / "examples" / "scans" / SHIPPED_EXAMPLES[0]  # KITTI, 64 x 2,011
+    scan = REPO / "examples" / "scans" / SHIPPED_EXAMPLES[0]  # KITTI, 64 x 2,012
     viewer, bev, ranges, stats, downloads = client.predict(handle_file(str(scan)), 2, app.BY_FACTOR, "edge-aware", 4, 0,
                                                            "pcd", api_name="/upsample")
     assert stats["beams x columns"] == "127 x 2012" and stats["points in the 3D view"] == stats["points"]

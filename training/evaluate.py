@@ -63,7 +63,7 @@ from lidar.range_image import RangeImage, project, unproject
 from lidar.real_scans import real_scans_dir
 from lidar.registration import RegistrationError, register_sweeps
 from lidar.render import bev_image, labelled, range_image_png
-from lidar.sensors import Sensor, get_sensor
+from lidar.sensors import Sensor
 from lidar.sim.dataset import MANIFEST, SIMULATOR_VERSION, SimDataset, write_dataset
 from lidar.sim.hdmap import HDMap
 from lidar.sim.sequence import simulate_sequence
@@ -532,7 +532,7 @@ def evaluate(pipe: LidarVersePipeline, cfg: EvalConfig, seed: int = 0, pictures:
     real = real_pairs(pipe, cfg, seed) if cfg.real else RealResult({"skipped": "disabled (--no-real)"})
     # 4. pictures
     if pictures is not None:
-        write_pictures(pictures, tally.picture(), real.picture, sensor, cfg.sensor and get_sensor(cfg.sensor).name)
+        write_pictures(pictures, tally.picture(), real.picture, sensor, sensor.name if cfg.sensor else None)
     return {
         "protocol": {**asdict(cfg), "eval_seed": EVAL_SEED, "floor_seed": FLOOR_SEED, "sensor": sensor.name,
                      "shape": list(sensor.shape), "steps": cfg.steps or pipe.config.default_steps,

@@ -430,10 +430,14 @@ def card_metadata(base_model: str | None = None) -> str:
     return f"---\n{ModelCardData(**CARD_METADATA, base_model=base_model).to_yaml()}\n---\n"
 
 
+def _grid_name(sensor: dict[str, Any]) -> str:
+    """A sensor entry of a manifest or config as the card names it: "hdl64 (64 x 2048)"."""
+    return f"{sensor['name']} ({len(sensor['elevations_deg'])} x {sensor['width']})"
+
+
 def _grids(native: list[dict[str, Any]]) -> str:
     """The native datasets' sensors as the card names them: "hdl64 (64 x 2048), vlp16 (16 x 1024)"."""
-    return ", ".join(f"{d['sensor']['name']} ({len(d['sensor']['elevations_deg'])} x {d['sensor']['width']})"
-                     for d in native if "sensor" in d)
+    return ", ".join(_grid_name(d["sensor"]) for d in native if "sensor" in d)
 
 
 def card_intro(model: WorldModel, sensor: dict[str, Any], native: list[dict[str, Any]] | None = None) -> list[str]:
@@ -487,9 +491,10 @@ def card_native_data(cfg: TrainConfig, native: list[dict[str, Any]]) -> list[str
         lines.append(f"| {sensor['name']} | {len(sensor['elevations_deg'])} x {sensor['width']} | {d['sequences']} | "
                      f"{d['frames']} | `{data_command(d)}` |")
     versions = sorted({d["simulator"] for d in native if "simulator" in d})
-    if versions:
-        lines += ["", "Made by simulator version " + ", ".join(map(str, versions)) + _simulator_note(versions[-1])
-                  if len(versions) == 1 else "Made by simulator versions " + ", ".join(map(str, versions)) + "."]
+    if len(versions) == 1:
+        lines += ["", f"Made by simulator version {versions[0]}" + _simulator_note(versions[0])]
+    elif versions:
+        lines += ["", f"Made by simulator versions {', '.join(map(str, versions))}."]
     return lines
 
 
@@ -628,7 +633,7 @@ def sensor_limitation(sensor: dict[str, Any], native: list[dict[str, Any]], own_
     tables = [*([sensor] if own_grid else []), *(d["sensor"] for d in native if "sensor" in d)] or [sensor]
     low = min(min(t["elevations_deg"]) for t in tables)
     high = max(max(t["elevations_deg"]) for t in tables)
-    names = ", ".join(dict.fromkeys(f"{t['name']} ({len(t['elevations_deg'])} x {t['width']})" for t in tables))
+    names = ", ".join(dict.fromkeys(map(_grid_name, tables)))
     return (f"- Trained on the beam tables of {names}: elevations {low:.1f}° to {high:.1f}°. Any other beam table and "
             "column count is drawn from each pixel's elevation and azimuth, untested outside that span.")
 
