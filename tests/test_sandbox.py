@@ -66,6 +66,13 @@ def task_folders() -> list[Path]:
     return sorted(Path(tempfile.gettempdir()).glob("lidarverse-worker-*"))
 
 
+@pytest.fixture(autouse=True)
+def own_task_folders(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each test's task folders go to a temp dir of its own: another test run on the machine makes its own in
+    the system's, and `task_folders` sees only this test's."""
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path_factory.mktemp("tasks")))
+
+
 @pytest.fixture(scope="module")
 def slow_bin(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """4.5 M points 5-50 m around the sensor as a KITTI .bin (72 MB): seconds of reading."""
