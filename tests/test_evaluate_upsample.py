@@ -8,6 +8,7 @@ import shutil
 
 import numpy as np
 import pytest
+from PIL import Image
 
 from inference import load_pipeline
 from inference.upsample import EDGE_AWARE, LINEAR, MODEL, NEAREST
@@ -41,8 +42,8 @@ def data(tmp_path_factory: pytest.TempPathFactory):
 def report(data, tmp_path_factory, one_torch_thread):
     folder, release = data
     pictures = tmp_path_factory.mktemp("pictures")
-    out = evaluate(load_pipeline(release, device="cpu"), UpsampleEvalConfig(data=(str(folder),), steps=1),
-                   pictures=pictures)
+    cfg = UpsampleEvalConfig(data=(str(folder),), steps=1, sparse_example=str(folder / "000000.pcd"))
+    out = evaluate(load_pipeline(release, device="cpu"), cfg, pictures=pictures)
     return out, pictures
 
 
@@ -83,7 +84,11 @@ def test_the_bars_are_ratios_to_linear_on_the_bar_setting(report):
 def test_the_pictures_and_the_markdown(report):
     out, pictures = report
     assert sorted(p.name for p in pictures.iterdir()) == sorted(
-        [f"upsample_bev_{k}.png" for k in range(4)] + [f"upsample_range_{k}.png" for k in range(4)])
+        [f"upsample_{view}_{k}.png" for k in [*range(4), "sparse"] for view in ("bev", "range")])
+    # the sparse sweep made 4x denser: its 16 beams become 61 rows, one strip per method below the given one
+    strips = Image.open(pictures / "upsample_range_sparse.png")
+    one = Image.open(pictures / "upsample_range_0.png")
+    assert strips.height > one.height and strips.getbbox() is not None
     text = format_report(out)
     assert all(s.name in text for s in SETTINGS) and "Bars on" in text and "copy.pcd" in text
 
@@ -98,3 +103,11 @@ def test_the_command_writes_its_json_and_refuses_a_missing_folder(data, tmp_path
     assert main(["--model", str(release), "--data", str(tmp_path / "nowhere")]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert err[-1].startswith("error: --data") and "no such file or folder" in err[-1]
+
+
+def test_a_missing_sparse_example_skips_its_pictures_only(data, tmp_path, one_torch_thread):
+    folder, release = data
+    cfg = UpsampleEvalConfig(data=(str(folder / "000000.pcd"),), methods=(LINEAR,), sparse_example=str(tmp_path / "no"))
+    evaluate(load_pipeline(release, device="cpu"), cfg, pictures=tmp_path / "pictures")
+    assert sorted(p.name for p in (tmp_path / "pictures").iterdir()) == sorted(
+        f"upsample_{view}_{k}.png" for k in range(4) for view in ("bev", "range"))

@@ -277,6 +277,33 @@ def test_release_carries_the_evaluation_pictures_and_the_card_shows_them(job, tm
     assert main([str(job[0]), str(tmp_path / "other"), "--pictures", str(tmp_path / "missing")]) == 2
 
 
+def test_card_has_the_upsampling_section_with_its_pictures_when_given(job, tmp_path: Path) -> None:
+    from PIL import Image
+
+    from training.evaluate_upsample import BAR_SETTING, SETTINGS, bars
+
+    row = {"mae": 0.5, "median": 0.07, "iou": 0.85, "chamfer": 0.09, "sweeps_per_s": 2.0}
+    tables = {s.name: {"linear": row, "edge-aware": {**row, "mae": 0.45, "chamfer": 0.06}} for s in SETTINGS}
+    report = {"protocol": {"sweeps": ["000000.bin"], "duplicates": [], "skipped": [], "steps": 2, "seed": 0,
+                           "baseline": "linear", "bar_setting": BAR_SETTING},
+              "tables": tables, "bars": bars(tables), "per_sweep": [{"shape": [64, 2010]}], "timings": {"total_s": 60.0}}
+    pictures = tmp_path / "pictures"
+    pictures.mkdir()
+    for name in ("upsample_bev_0.png", "upsample_range_sparse.png"):
+        Image.new("RGB", (8, 4)).save(pictures / name)
+    release = tmp_path / "release"
+    export(job[0], release, metrics={"upsampling": report}, pictures=pictures)
+    card = (release / "README.md").read_text()
+    section = card[card.index("### Upsampling and completion of real sweeps"):]
+    assert "| edge-aware | 0.450 | 0.070 | 0.850 | 0.0600 | 2.000 |" in section
+    assert "| edge-aware | 0.900 ✗ | 0.667 ✓ | 1.000 ✓ |" in section
+    assert section.index("](upsample_bev_0.png)") < section.index("](upsample_range_sparse.png)")
+    assert export_module.picture_caption("upsample_bev_0.png") == (
+        f"a real KITTI sweep, {SETTINGS[0].name}: given | each fill | truth (BEV)")
+    assert export_module.picture_caption("upsample_range_sparse.png").startswith("a real VLP-16 sweep made 4x denser")
+    assert export_module.picture_caption("upsample_bev_x.png") is None
+
+
 def test_loss_curve_summary_averages_stretches_and_ends_at_the_last_iteration() -> None:
     losses = [[i, float(i)] for i in range(1, 101)]
     rows = loss_curve_rows(losses, points=4)

@@ -16,7 +16,9 @@ against what the sensor measured there (docs/evaluation.md, "Upsampling", has th
    the truth return, and the return IoU; the squared Chamfer (`lidar.metrics.forecast_chamfer`, 4D-Occ
    region) of the whole cloud (the kept points and the filled ones) against the whole sweep; sweeps per
    second. Each is the mean over sweeps.
-5. Pictures of the first sweep, every point drawn: BEV and range images, given | each fill | truth.
+5. Pictures of the first sweep, every point drawn: BEV and range images, given | each fill | truth; and of a
+   real sparse sweep (`SPARSE_EXAMPLE`, a VLP-16's revolution) made `DEFAULT_FACTOR` times denser, given | each
+   fill, which has no denser truth to score against but shows what a 16-beam lab gets.
 """
 
 from __future__ import annotations
@@ -34,7 +36,7 @@ import numpy as np
 
 from inference import load_pipeline
 from inference.pipeline import LidarVersePipeline
-from inference.upsample import EDGE_AWARE, LINEAR, MODEL, NEAREST, UpsampleResult
+from inference.upsample import DEFAULT_FACTOR, EDGE_AWARE, LINEAR, MODEL, NEAREST, UpsampleResult
 from lidar.errors import InputError
 from lidar.formats import READ_SUFFIXES, Scan, read_points, sweep_geometry
 from lidar.formats.detect import ROWS_FROM_PRESET, SweepGeometry
@@ -42,6 +44,7 @@ from lidar.metrics import forecast_chamfer
 from lidar.range_image import RangeImage, azimuth_columns, project
 from lidar.real_scans import real_scans_dir
 from lidar.render import labelled, range_image_png
+from lidar.sequence import open_recording
 from training.evaluate import bev_panels, publish_report, report_arguments, start_run
 from training.evaluate_real import PICTURE_MAX_RANGE
 
@@ -50,6 +53,11 @@ logger = logging.getLogger(__name__)
 SHARED = real_scans_dir().parent
 #: The shared real KITTI sweeps: a drive's consecutive sweeps and the single scans.
 DEFAULT_DATA = (str(SHARED / "real_seq" / "kitti00" / "velodyne"), *(str(p) for p in sorted(SHARED.glob("real_scans/kitti_*.bin"))))
+#: A real sparse sweep for the pictures: the shared VLP-16 capture (its one revolution).
+SPARSE_EXAMPLE = SHARED / "recordings" / "velodyne_vlp16_pcap" / "velodyne_vlp16.pcap"
+SPARSE_BEAMS = 16
+SPARSE_CAPTION = (f"a real VLP-16 sweep made {DEFAULT_FACTOR}x denser "
+                  f"({SPARSE_BEAMS} beams to {(SPARSE_BEAMS - 1) * DEFAULT_FACTOR + 1})")
 METHODS = (NEAREST, LINEAR, EDGE_AWARE, MODEL)
 BASELINE = LINEAR
 #: Report key -> table header.
@@ -97,6 +105,8 @@ class UpsampleEvalConfig:
     steps: int | None = None
     #: Most sweeps (evenly spread), 0 for all.
     max_sweeps: int = 0
+    #: The sparse sweep the pictures show made denser (a recording or a sweep file); skipped where it is missing.
+    sparse_example: str = str(SPARSE_EXAMPLE)
 
     def __post_init__(self) -> None:
         unknown = [m for m in self.methods if m not in METHODS]
@@ -252,6 +262,28 @@ def write_pictures(out_dir: Path, sweep: Sweep, results: dict[str, dict[str, Ups
     return written
 
 
+def write_sparse_pictures(out_dir: Path, pipe: LidarVersePipeline, cfg: UpsampleEvalConfig, seed: int) -> list[Path]:
+    """`upsample_bev_sparse.png` and `upsample_range_sparse.png`: the first sweep of `cfg.sparse_example` (a
+    recording or a sweep file) given | each method at `DEFAULT_FACTOR`, every point; none where it is missing."""
+    example = Path(cfg.sparse_example)
+    if not example.exists():
+        logger.warning("no sparse example at %s: its pictures are skipped", example)
+        return []
+    scan = open_recording(example).sweep(0) if example.suffix.lower() not in READ_SUFFIXES else read_points(example)
+    results = {m: pipe.upsample(scan, DEFAULT_FACTOR, method=m, steps=cfg.steps, seed=seed) for m in cfg.methods}
+    first = next(iter(results.values()))
+    rows = f"{first.sensor.height} x {first.sensor.width}"
+    clouds = {f"given: {example.name} ({first.input_count:,} points)": scan.points}
+    clouds |= {f"{m} on {rows} ({len(r.points):,})": r.points for m, r in results.items()}
+    images = {"given": first.given} | {m: r.image for m, r in results.items()}
+    strips = {label: range_image_png(image, max_range=PICTURE_MAX_RANGE, scale=4) for label, image in images.items()}
+    out_dir.mkdir(parents=True, exist_ok=True)
+    bev, strip = out_dir / "upsample_bev_sparse.png", out_dir / "upsample_range_sparse.png"
+    bev_panels(list(clouds.items())).save(bev)
+    labelled(list(strips.items()), across=False).save(strip)
+    return [bev, strip]
+
+
 def evaluate(pipe: LidarVersePipeline, cfg: UpsampleEvalConfig, seed: int = 0,
              pictures: Path | None = None) -> dict[str, Any]:
     """Run the protocol; returns the JSON-ready report."""
@@ -274,6 +306,8 @@ def evaluate(pipe: LidarVersePipeline, cfg: UpsampleEvalConfig, seed: int = 0,
     if not rows:
         raise InputError(f"no sweep of {', '.join(cfg.data)} could be scored: {'; '.join(skipped) or 'none found'}")
     tables = summarise(rows, cfg.methods)
+    if pictures is not None:
+        write_sparse_pictures(pictures, pipe, cfg, seed)
     return {
         "protocol": {**asdict(cfg), "settings": [asdict(s) for s in SETTINGS], "seed": seed,
                      "steps": cfg.steps or pipe.config.default_steps, "baseline": BASELINE, "bar_setting": BAR_SETTING,

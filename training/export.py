@@ -55,8 +55,11 @@ TRAINING_NAME = "training.json"
 REPO_ROOT = Path(__file__).resolve().parents[1]
 #: The evaluation's pictures a release may carry for its card (`training.evaluate --pictures`, on the model's
 #: grid or a preset's; `training.evaluate_real --pictures`, one recording's at a horizon in frames).
+#: `training.evaluate_upsample --pictures`: one setting's (its index) given | each fill | truth, or the sparse
+#: example's given | each fill.
 PICTURE = re.compile(r"eval_sim_(?P<sim>bev|range)(?:_(?P<sensor>[a-z0-9-]+))?\.png|eval_kitti_bev\.png|"
-                     r"real_(?P<recording>[a-z0-9_-]+?)_(?P<real>bev|range)_(?P<frames>[0-9]+)\.png")
+                     r"real_(?P<recording>[a-z0-9_-]+?)_(?P<real>bev|range)_(?P<frames>[0-9]+)\.png|"
+                     r"upsample_(?P<up>bev|range)_(?P<setting>[0-9]+|sparse)\.png")
 #: What a release folder holds besides its pictures; exporting replaces the whole folder, so nothing else may be in it.
 RELEASE_FILES = (CONFIG_NAME, WEIGHTS_NAME, CARD_NAME, TRAINING_NAME)
 
@@ -68,6 +71,8 @@ def picture_caption(name: str) -> str | None:
         return None
     if name == "eval_kitti_bev.png":
         return "real KITTI pair: truth | forecast | moved sweep"
+    if match["up"]:
+        return upsample_caption(match["setting"], match["up"] == "bev")
     bev = (match["sim"] or match["real"]) == "bev"
     join, view = (" | ", "BEV") if bev else (" / ", "range images")
     if match["sim"]:
@@ -77,6 +82,18 @@ def picture_caption(name: str) -> str | None:
     ahead = f"{int(match['frames']) / FRAME_RATE_HZ:g} s"
     panels = join.join(("truth", "forecast", "every prefix sweep moved"))
     return f"real `{match['recording']}`, {ahead} ahead: {panels} ({view})"
+
+
+def upsample_caption(setting: str, bev: bool) -> str:
+    """The caption of an upsampling picture: a setting's index, or "sparse" for the sparse example."""
+    from training.evaluate_upsample import SETTINGS, SPARSE_CAPTION
+
+    join, view = (" | ", "BEV") if bev else (" / ", "range images")
+    if setting == "sparse":
+        return f"{SPARSE_CAPTION}: {join.join(('given', 'each fill'))} ({view})"
+    index = int(setting)
+    what = SETTINGS[index].name if index < len(SETTINGS) else f"setting {index}"
+    return f"a real KITTI sweep, {what}: {join.join(('given', 'each fill', 'truth'))} ({view})"
 
 
 def is_release_file(name: str) -> bool:
@@ -648,6 +665,7 @@ def evaluation_section(metrics: dict[str, Any], pictures: list[str] | None = Non
     --json`) under `real_sequences`, each followed by its pictures; pictures no section claims come last."""
     from training.evaluate import KITTI_PICTURE, format_report, format_sensor_table, sim_pictures
     from training.evaluate_real import format_real, recording_slug
+    from training.evaluate_upsample import format_report as format_upsample
 
     pictures = list(pictures or [])
 
@@ -673,6 +691,11 @@ def evaluation_section(metrics: dict[str, Any], pictures: list[str] | None = Non
         lines += [f"### Real recordings: `{report['recording']}`, forecasts against the sweeps that followed", "",
                   format_real(report), ""]
         lines += claim([], recording_slug(report["recording"]))
+    if "upsampling" in metrics:
+        lines += ["### Upsampling and completion of real sweeps", "",
+                  "Rings or rays of real sweeps dropped and filled again (`python -m training.evaluate_upsample`), "
+                  "scored against what the sensor measured there:", "", format_upsample(metrics["upsampling"]), ""]
+        lines += claim([n for n in pictures if PICTURE.fullmatch(n)["up"]])
     return lines + picture_lines(pictures)
 
 
@@ -685,6 +708,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="`training.evaluate --sensor NAME --json` output, one per trained sensor (repeatable)")
     parser.add_argument("--real-metrics", type=Path, action="append", default=[],
                         help="`training.evaluate_real --json` output, one section per recording (repeatable)")
+    parser.add_argument("--upsample-metrics", type=Path, default=None,
+                        help="`training.evaluate_upsample --json` output for the card's upsampling section")
     parser.add_argument("--note", action="append", default=[], help="a line for the card's Notes (repeatable)")
     parser.add_argument("--pictures", type=Path, default=None,
                         help="folder of `training.evaluate --pictures` output; the card shows its BEV panels")
@@ -707,6 +732,8 @@ def main(argv: list[str] | None = None) -> int:
         metrics = {**(metrics or {}), "sensors": [json.loads(f.read_text()) for f in args.sensor_metrics]}
     if args.real_metrics:
         metrics = {**(metrics or {}), "real_sequences": [json.loads(f.read_text()) for f in args.real_metrics]}
+    if args.upsample_metrics:
+        metrics = {**(metrics or {}), "upsampling": json.loads(args.upsample_metrics.read_text())}
     try:
         export(args.job_dir, args.out_dir, metrics, args.note, args.base_model, args.pictures)
     except (FileExistsError, FileNotFoundError, ReleaseVerificationError) as e:
