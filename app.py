@@ -89,6 +89,8 @@ from inference.observed import ObservedScene, check_inside, observe, record_pref
 from inference.results4d import write_upsample_views, write_views
 from inference.upsample import (
     DEFAULT_METHOD,
+    EDGE_AWARE,
+    LEARNED,
     MAX_FACTOR,
     METHODS,
     MODEL,
@@ -1168,6 +1170,9 @@ def upsample_scan(
     factor = _whole_number(factor, "Factor", 1, MAX_FACTOR)
     target = _choice(target, "Target beams", (BY_FACTOR, *PRESETS))
     method = _choice(method, "Method", METHODS)
+    if method == LEARNED and pipe.fill_network is None:
+        raise gr.Error(f"Method '{LEARNED}' needs a fill network, and the loaded model ships none; choose "
+                       f"'{EDGE_AWARE}', the same fill without the network's correction.")
     steps = _whole_number(steps, "Sampling steps", 1, MAX_STEPS)
     seed = _whole_number(seed, "Seed", 0, MAX_SEED)
     fmt = _choice(fmt, "Download format", SWEEP_FORMATS)

@@ -29,6 +29,7 @@ from checkpointing import (
     resolve_weights,
 )
 from checkpointing.weights import WEIGHT_SUFFIXES, checkpoints_dir_of
+from inference.fill_network import FILL_WEIGHTS_NAME, MAX_FILL_BYTES
 from inference.network import WorldModel, WorldModelConfig
 from lidar.errors import InputError
 
@@ -77,6 +78,8 @@ class ResolvedSource:
     revision: str | None = None
     #: Things the user should know (e.g. "fell back to regular weights").
     notes: tuple[str, ...] = ()
+    #: The release's fill network for upsampling (`inference.fill_network`), where it ships one.
+    fill_path: Path | None = None
 
 
 @dataclass(frozen=True)
@@ -95,6 +98,8 @@ class Provenance:
     revision: str | None
     notes: tuple[str, ...]
     load_seconds: float
+    #: The fill network's file, or None where the source ships none.
+    fill: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         out = asdict(self)
@@ -177,6 +182,7 @@ def _resolve_release(
         iteration=_int_or_none(meta.get("iteration")),
         ema=_ema_from_metadata(meta, default=True),  # docs/design.md: a release holds the EMA weights
         revision=revision,
+        fill_path=path / FILL_WEIGHTS_NAME if (path / FILL_WEIGHTS_NAME).is_file() else None,
     )
 
 
@@ -345,10 +351,26 @@ def _resolve_hub(
             raise ModelSourceError(
                 f"model source {source!r} is not a valid Hub id ({exc}); expected org/name[@revision]"
             ) from None
+    _fetch_hub_fill(repo, pinned, cache, offline, endpoint)
     logger.info(
         "resolved %s to commit %s in %.2fs (offline=%s)", where, pinned, time.perf_counter() - start, offline
     )
     return _resolve_release(files[WEIGHTS_NAME].parent, source, "hub", override, revision=pinned)
+
+
+def _fetch_hub_fill(repo: str, commit: str, cache: Path, offline: bool, endpoint: str | None) -> None:
+    """The release's fill network into the cache beside its weights, where the repo has one (it is optional:
+    without it only the learned upsampling is missing); bounded like the weights."""
+    from huggingface_hub import hf_hub_download
+    from huggingface_hub.errors import EntryNotFoundError, LocalEntryNotFoundError
+
+    try:
+        cache_only = offline or not _hub_file_size_ok(repo, FILL_WEIGHTS_NAME, commit, endpoint, MAX_FILL_BYTES)
+        hf_hub_download(repo, FILL_WEIGHTS_NAME, revision=commit, cache_dir=cache, local_files_only=cache_only,
+                        endpoint=endpoint)
+    except (EntryNotFoundError, LocalEntryNotFoundError):
+        logger.info("Hub repo %r at %s has no %s (or it is not cached): no learned upsampling", repo, commit,
+                    FILL_WEIGHTS_NAME)
 
 
 def _hub_file_size_ok(repo: str, name: str, revision: str, endpoint: str | None, limit: int) -> bool:
@@ -587,6 +609,7 @@ def load_model(
         revision=resolved.revision,
         notes=resolved.notes,
         load_seconds=time.perf_counter() - start,
+        fill=None if resolved.fill_path is None else str(resolved.fill_path),
     )
     logger.info(
         "loaded %s (%s, %d parameters) from %s in %.2fs",

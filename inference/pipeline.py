@@ -23,6 +23,7 @@ import torch
 
 from inference.allocator import keep_freed_memory
 from inference.cache import SpatialCache
+from inference.fill_network import FillNetwork, load_fill_network
 from inference.limits import LIBRARY_LIMITS, Limits
 from inference.loader import Provenance, load_model
 from inference.measured import Observation, ego_body, observation, without_ego_body
@@ -57,9 +58,11 @@ Callback = Callable[[Progress], None]
 class LidarVersePipeline:
     """A world model ready for inference: `generate_world`, `forecast`, `resimulate`, `sample_sweep`, `upsample`."""
 
-    def __init__(self, model: WorldModel, provenance: Provenance) -> None:
+    def __init__(self, model: WorldModel, provenance: Provenance, fill_network: FillNetwork | None = None) -> None:
         self.model = model
         self.provenance = provenance
+        #: The release's learned fill for `upsample(method="learned")`; None where it ships none.
+        self.fill_network = fill_network
 
     @classmethod
     def from_pretrained(
@@ -89,7 +92,8 @@ class LidarVersePipeline:
         )
         if compile and next(model.parameters()).device.type == "cuda":
             model = torch.compile(model)  # type: ignore[assignment]  # attributes proxy to the module
-        return cls(model, provenance)
+        fill = None if provenance.fill is None else load_fill_network(provenance.fill, provenance.device)
+        return cls(model, provenance, fill)
 
     @property
     def sensor(self) -> Sensor:
@@ -319,11 +323,11 @@ class LidarVersePipeline:
     ) -> UpsampleResult:
         """`points` (one sweep) on a denser beam table, or with its missing rays filled; every input point comes
         back bit for bit (`inference.upsample.upsample`: `factor` beams per measured gap, or `sensor`'s beam
-        table; `mask` the rays to fill; `method` what fills them, "model" this pipeline's network; `limits` the
-        target's rays, e.g. an app's stricter `APP_LIMITS`)."""
+        table; `mask` the rays to fill; `method` what fills them, "model" this pipeline's network, "learned" its
+        release's fill network; `limits` the target's rays, e.g. an app's stricter `APP_LIMITS`)."""
         steps, _ = self._check_sampling(steps, None, seed, callback)
         return upsample(self.model, points, factor, sensor=sensor, mask=mask, method=method, steps=steps, seed=seed,
-                        limits=limits, callback=callback)
+                        limits=limits, callback=callback, fill_network=self.fill_network)
 
     # ------------------------------------------------------------------------------------------------------
 

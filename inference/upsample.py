@@ -16,6 +16,9 @@ What fills them (`method`):
   planar along that line: the inverse range of a plane seen along a vertical fan is `A cos(el) + B sin(el)`,
   so two returns on the road fix the road's range at every elevation between them, which a straight line in
   range does not (3 m off at 35 m between beams 1.6 deg apart).
+- "learned": the edge-aware fill, corrected by a small network trained on real and simulated sweeps with rings
+  dropped (`inference.fill_network`): it sees the neighbourhood, so a depth edge the column cannot place is
+  placed where the edge runs on in the columns around.
 - "model": the world model re-simulates the sweep at its own pose on the target grid, conditioned on it
   as its cache (the measured rays on their own rows), and the fill rays take the network's sample.
 - "linear" and "nearest": the baselines, linear in range between the known rays above and below, or the
@@ -45,6 +48,7 @@ import numpy as np
 import torch
 
 from inference.conditioning import CACHE_IMAGE, CACHE_MASK, decode_image, empty_condition, encode_image
+from inference.fill_network import FILL_WEIGHTS_NAME, FillNetwork, refine
 from inference.flow import FlowMatchSampler, guided_velocity
 from inference.limits import LIBRARY_LIMITS, Limits
 from inference.loader import Provenance
@@ -63,8 +67,8 @@ logger = logging.getLogger(__name__)
 DEFAULT_FACTOR = 4
 #: Most beams per measured gap: a VLP-16 made as dense as a 128-beam sensor is 8.
 MAX_FACTOR = 8
-EDGE_AWARE, MODEL, LINEAR, NEAREST = "edge-aware", "model", "linear", "nearest"
-METHODS = (EDGE_AWARE, MODEL, LINEAR, NEAREST)
+EDGE_AWARE, LEARNED, MODEL, LINEAR, NEAREST = "edge-aware", "learned", "model", "linear", "nearest"
+METHODS = (EDGE_AWARE, LEARNED, MODEL, LINEAR, NEAREST)
 DEFAULT_METHOD = EDGE_AWARE
 #: Slopes the edge-aware fill tries: azimuth change per elevation change along the line through a filled ray
 #: (1: a 45 deg edge in the range image), 0 the vertical.
@@ -134,6 +138,7 @@ def upsample(
     seed: int = 0,
     limits: Limits = LIBRARY_LIMITS,
     callback: Callable[[Progress], None] | None = None,
+    fill_network: FillNetwork | None = None,
 ) -> UpsampleResult:
     """`points` (a `Scan` or (N, 3+) sensor-frame points) on a denser beam table: `factor` beams per measured
     gap (default `DEFAULT_FACTOR`; 1 keeps the sweep's own table, to complete it), or the beam table of
@@ -141,19 +146,26 @@ def upsample(
 
     `mask` (H, W) bool on the target grid names the rays to fill (default: the new beams, or on the sweep's
     own table every silent ray); a ray the input returns on keeps its point whatever the mask says. `model`,
-    `steps` and `seed` serve `method="model"` only. Bad input raises `InputError`, before any compute.
+    `steps` and `seed` serve `method="model"` only, `fill_network` `method="learned"` only. Bad input raises
+    `InputError`, before any compute.
     """
     start = time.perf_counter()
     if method not in METHODS:
         raise InputError(f"method must be one of {', '.join(METHODS)}, got {shown(method)}")
     if method == MODEL and model is None:
         raise InputError("method 'model' needs a world model; load a pipeline and call its upsample")
+    if method == LEARNED and fill_network is None:
+        raise InputError(f"method '{LEARNED}' needs a fill network; load a release that ships one "
+                         f"({FILL_WEIGHTS_NAME}) and call its pipeline's upsample, or pass fill_network=")
     xyzi, scan = _input_points(points)
     grid = _grid(xyzi, scan, factor, sensor, limits)
     fill = _fill_mask(grid, mask)
     geometry_s = time.perf_counter() - start
     if method == MODEL:
         image = _model_fill(model, grid, fill, steps, seed, callback)  # type: ignore[arg-type]
+    elif method == LEARNED:
+        base = interpolate(grid.given, fill, grid.sensor, EDGE_AWARE, grid.fan)
+        image = refine(fill_network, grid.given, base, fill & ~grid.given.mask, grid.sensor)  # type: ignore[arg-type]
     else:
         image = interpolate(grid.given, fill, grid.sensor, method, grid.fan)
     filled = fill & image.mask

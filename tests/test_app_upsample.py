@@ -173,6 +173,20 @@ def test_only_the_models_fill_asks_for_the_rollouts_gpu_part(monkeypatch):
     assert record["method"] == "model" and record["request"]["steps"] == 2 and out.stats["method"] == "model"
 
 
+def test_the_learned_fill_runs_where_the_model_ships_one_and_is_refused_by_name_where_not(monkeypatch):
+    from inference.fill_network import FillNetwork, FillNetworkConfig
+
+    scan = EXAMPLES / SHIPPED_EXAMPLES[1]
+    with pytest.raises(gr.Error, match="Method 'learned' needs a fill network, and the loaded model ships none"):
+        upsampled(scan, method="learned")
+    network = FillNetwork(FillNetworkConfig(channels=8)).eval()  # untrained: the edge-aware fill exactly
+    monkeypatch.setattr(app.PIPELINE, "fill_network", network)
+    learned, files = upsampled(scan, method="learned")
+    edge, _ = upsampled(scan, method="edge-aware")
+    assert learned.stats["method"] == "learned" and json.loads(files["upsample.json"])["method"] == "learned"
+    assert learned.stats["filled points"] == edge.stats["filled points"] > 0
+
+
 def test_the_sweep_is_read_in_the_bounded_worker_not_the_server(monkeypatch):
     def refuse(*_, **__):
         raise AssertionError("a visitor's sweep was parsed in the server's process")
@@ -189,7 +203,7 @@ def test_the_sweep_is_read_in_the_bounded_worker_not_the_server(monkeypatch):
     (dict(factor=9), "Factor must be a whole number from 1 to 8; got 9"),
     (dict(factor="two"), "Factor must be a whole number from 1 to 8; got 'two'"),
     (dict(target="hdl999"), "Target beams must be one of 'by factor', 'hdl64'"),
-    (dict(method="bicubic"), "Method must be one of 'edge-aware', 'model', 'linear', 'nearest'; got 'bicubic'"),
+    (dict(method="bicubic"), "Method must be one of 'edge-aware', 'learned', 'model', 'linear', 'nearest'; got 'bicubic'"),
     (dict(steps=0), "Sampling steps must be a whole number from 1 to 50"),
     (dict(seed=-1), "Seed must be a whole number from 0 to"),
     (dict(fmt="xyz"), "Download format must be one of 'bin', 'pcd'"),

@@ -11,7 +11,9 @@ import pytest
 from PIL import Image
 
 from inference import load_pipeline
-from inference.upsample import EDGE_AWARE, LINEAR, MODEL, NEAREST
+from inference.fill_network import FILL_WEIGHTS_NAME, FillNetwork, FillNetworkConfig, save_fill_network
+from inference.upsample import EDGE_AWARE, LEARNED, LINEAR, MODEL, NEAREST
+from lidar.errors import InputError
 from lidar.formats import write_points
 from tests.helpers import ring_sweep, sweep_points, tiny_model, write_release
 from training.evaluate_upsample import (
@@ -111,3 +113,19 @@ def test_a_missing_sparse_example_skips_its_pictures_only(data, tmp_path, one_to
     evaluate(load_pipeline(release, device="cpu"), cfg, pictures=tmp_path / "pictures")
     assert sorted(p.name for p in (tmp_path / "pictures").iterdir()) == sorted(
         f"upsample_{view}_{k}.png" for k in range(4) for view in ("bev", "range"))
+
+
+def test_the_learned_fill_is_scored_where_the_release_ships_it(data, tmp_path, one_torch_thread):
+    folder, release = data
+    cfg = UpsampleEvalConfig(data=(str(folder / "000000.pcd"),), methods=(LINEAR, EDGE_AWARE, LEARNED))
+    without = evaluate(load_pipeline(release, device="cpu"), cfg)
+    assert list(without["tables"][BAR_SETTING]) == [LINEAR, EDGE_AWARE] and without["protocol"]["left_out"] == [LEARNED]
+    assert "Left out (the model ships no fill network): learned" in format_report(without)
+    with pytest.raises(InputError, match="needs a fill network"):
+        evaluate(load_pipeline(release, device="cpu"), UpsampleEvalConfig(data=cfg.data, methods=(LEARNED,)))
+    shipped = tmp_path / "release"
+    shutil.copytree(release, shipped)
+    save_fill_network(FillNetwork(FillNetworkConfig(channels=8)), shipped / FILL_WEIGHTS_NAME)
+    table = evaluate(load_pipeline(shipped, device="cpu"), cfg)["tables"][BAR_SETTING]
+    assert list(table) == [LINEAR, EDGE_AWARE, LEARNED]
+    assert table[LEARNED]["mae"] == pytest.approx(table[EDGE_AWARE]["mae"], rel=1e-5), "untrained: edge-aware exactly"

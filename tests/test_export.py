@@ -304,6 +304,21 @@ def test_card_has_the_upsampling_section_with_its_pictures_when_given(job, tmp_p
     assert export_module.picture_caption("upsample_bev_x.png") is None
 
 
+def test_a_release_can_ship_a_fill_network_and_a_foreign_one_is_refused(job, tmp_path: Path) -> None:
+    from inference.fill_network import FILL_WEIGHTS_NAME, FillNetwork, FillNetworkConfig, save_fill_network
+
+    fill = tmp_path / "fill.safetensors"
+    save_fill_network(FillNetwork(FillNetworkConfig(channels=8)), fill)
+    release = tmp_path / "release"
+    export(job[0], release, fill=fill)
+    assert (release / FILL_WEIGHTS_NAME).read_bytes() == fill.read_bytes()
+    assert load_pipeline(release, device="cpu").fill_network is not None
+    export(job[0], release)  # a release holding a fill network is replaced by the next export
+    assert not (release / FILL_WEIGHTS_NAME).exists()
+    assert main([str(job[0]), str(tmp_path / "other"), "--fill", str(release / "model.safetensors")]) == 2
+    assert not (tmp_path / "other").exists()
+
+
 def test_loss_curve_summary_averages_stretches_and_ends_at_the_last_iteration() -> None:
     losses = [[i, float(i)] for i in range(1, 101)]
     rows = loss_curve_rows(losses, points=4)

@@ -10,8 +10,8 @@ against what the sensor measured there (docs/evaluation.md, "Upsampling", has th
    grid's rays dropped at random (returning or not, so a dropped sky ray must come back silent). The
    dropped rings or rays, in the columns the sweep returns on, are the mask to fill, on the sweep's own
    table.
-3. Methods: nearest kept ring and linear between kept rings (the baselines), the edge-aware planar fill
-   and the world model's fill.
+3. Methods: nearest kept ring and linear between kept rings (the baselines), the edge-aware planar fill,
+   the learned fill (where the release ships its network) and the world model's fill.
 4. Metrics on the rays to fill: MAE and median absolute error of the range (m) where both the method and
    the truth return, and the return IoU; the squared Chamfer (`lidar.metrics.forecast_chamfer`, 4D-Occ
    region) of the whole cloud (the kept points and the filled ones) against the whole sweep; sweeps per
@@ -28,7 +28,7 @@ import hashlib
 import logging
 import sys
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -36,7 +36,7 @@ import numpy as np
 
 from inference import load_pipeline
 from inference.pipeline import LidarVersePipeline
-from inference.upsample import DEFAULT_FACTOR, EDGE_AWARE, LINEAR, MODEL, NEAREST, UpsampleResult
+from inference.upsample import DEFAULT_FACTOR, EDGE_AWARE, LEARNED, LINEAR, MODEL, NEAREST, UpsampleResult
 from lidar.errors import InputError
 from lidar.formats import READ_SUFFIXES, Scan, read_points, sweep_geometry
 from lidar.formats.detect import ROWS_FROM_PRESET, SweepGeometry
@@ -58,7 +58,8 @@ SPARSE_EXAMPLE = SHARED / "recordings" / "velodyne_vlp16_pcap" / "velodyne_vlp16
 SPARSE_BEAMS = 16
 SPARSE_CAPTION = (f"a real VLP-16 sweep made {DEFAULT_FACTOR}x denser "
                   f"({SPARSE_BEAMS} beams to {(SPARSE_BEAMS - 1) * DEFAULT_FACTOR + 1})")
-METHODS = (NEAREST, LINEAR, EDGE_AWARE, MODEL)
+#: The methods compared; "learned" where the release ships a fill network.
+METHODS = (NEAREST, LINEAR, EDGE_AWARE, LEARNED, MODEL)
 BASELINE = LINEAR
 #: Report key -> table header.
 COLUMNS = {"mae": "MAE (m) ↓", "median": "median AE (m) ↓", "iou": "return IoU ↑", "chamfer": "Chamfer (m², 4D-Occ) ↓",
@@ -158,14 +159,18 @@ def sweep_files(data: tuple[str, ...]) -> tuple[list[Path], list[str]]:
 
 def load_sweep(path: Path) -> Sweep | str:
     """The sweep at `path` on its own geometry, or why it cannot be scored."""
-    scan = read_points(path)
+    return sweep_of(read_points(path), path.name)
+
+
+def sweep_of(scan: Scan, name: str) -> Sweep | str:
+    """`scan` on its own geometry, or why it cannot be scored."""
     geometry = sweep_geometry(scan)
     if geometry is None or geometry.source == ROWS_FROM_PRESET:
-        return f"{path.name}: no beams recovered"
+        return f"{name}: no beams recovered"
     if geometry.sensor.height < MIN_BEAMS:
-        return f"{path.name}: {geometry.sensor.height} beams, fewer than {MIN_BEAMS}"
+        return f"{name}: {geometry.sensor.height} beams, fewer than {MIN_BEAMS}"
     truth = project(scan.points, geometry.sensor, ring=geometry.rows)
-    return Sweep(path.name, scan, geometry, truth)
+    return Sweep(name, scan, geometry, truth)
 
 
 def scores(result: UpsampleResult, sweep: Sweep) -> dict[str, float]:
@@ -288,6 +293,12 @@ def evaluate(pipe: LidarVersePipeline, cfg: UpsampleEvalConfig, seed: int = 0,
              pictures: Path | None = None) -> dict[str, Any]:
     """Run the protocol; returns the JSON-ready report."""
     start = time.perf_counter()
+    without = [m for m in cfg.methods if m == LEARNED and pipe.fill_network is None]
+    if without:
+        logger.warning("the model ships no fill network: method %s is left out", LEARNED)
+        if set(cfg.methods) <= set(without):
+            raise InputError(f"method {LEARNED} needs a fill network and the model ships none; add another method")
+        cfg = replace(cfg, methods=tuple(m for m in cfg.methods if m not in without))
     files, duplicates = sweep_files(cfg.data)
     if cfg.max_sweeps and len(files) > cfg.max_sweeps:
         files = [files[i] for i in np.linspace(0, len(files) - 1, cfg.max_sweeps).round().astype(int)]
@@ -309,7 +320,7 @@ def evaluate(pipe: LidarVersePipeline, cfg: UpsampleEvalConfig, seed: int = 0,
     if pictures is not None:
         write_sparse_pictures(pictures, pipe, cfg, seed)
     return {
-        "protocol": {**asdict(cfg), "settings": [asdict(s) for s in SETTINGS], "seed": seed,
+        "protocol": {**asdict(cfg), "left_out": without, "settings": [asdict(s) for s in SETTINGS], "seed": seed,
                      "steps": cfg.steps or pipe.config.default_steps, "baseline": BASELINE, "bar_setting": BAR_SETTING,
                      "sweeps": [r["sweep"] for r in rows], "duplicates": duplicates, "skipped": skipped},
         "tables": tables,
@@ -338,6 +349,8 @@ def format_report(report: dict[str, Any]) -> str:
         lines.append(f"Byte-identical files counted once: {', '.join(p['duplicates'])}.")
     if p["skipped"]:
         lines.append(f"Skipped: {'; '.join(p['skipped'])}.")
+    if p.get("left_out"):
+        lines.append(f"Left out (the model ships no fill network): {', '.join(p['left_out'])}.")
     for setting, table in report["tables"].items():
         lines += ["", f"{setting}:", "", "| method | " + " | ".join(COLUMNS.values()) + " |",
                   "|---" * (len(COLUMNS) + 1) + "|"]

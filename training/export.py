@@ -36,6 +36,7 @@ from safetensors.torch import save_file
 
 from checkpointing.atomic import atomic_write_text, fsync_dir, fsync_file
 from inference import load_pipeline
+from inference.fill_network import FILL_WEIGHTS_NAME, load_fill_network
 from inference.loader import CONFIG_NAME, WEIGHTS_NAME
 from inference.network import WorldModel
 from lidar.errors import InputError
@@ -61,7 +62,7 @@ PICTURE = re.compile(r"eval_sim_(?P<sim>bev|range)(?:_(?P<sensor>[a-z0-9-]+))?\.
                      r"real_(?P<recording>[a-z0-9_-]+?)_(?P<real>bev|range)_(?P<frames>[0-9]+)\.png|"
                      r"upsample_(?P<up>bev|range)_(?P<setting>[0-9]+|sparse)\.png")
 #: What a release folder holds besides its pictures; exporting replaces the whole folder, so nothing else may be in it.
-RELEASE_FILES = (CONFIG_NAME, WEIGHTS_NAME, CARD_NAME, TRAINING_NAME)
+RELEASE_FILES = (CONFIG_NAME, WEIGHTS_NAME, CARD_NAME, TRAINING_NAME, FILL_WEIGHTS_NAME)
 
 
 def picture_caption(name: str) -> str | None:
@@ -126,11 +127,13 @@ def export(
     notes: list[str] | None = None,
     base_model: str | None = None,
     pictures: Path | None = None,
+    fill: Path | None = None,
 ) -> Path:
     """Publish the release of the job's newest valid checkpoint at `out_dir`; return the weights path.
 
     `base_model` (a Hub id) goes into the card's metadata when the job continued another release;
-    `pictures` is a folder written by `training.evaluate --pictures`, whose BEV panels the card shows.
+    `pictures` is a folder written by `training.evaluate --pictures`, whose BEV panels the card shows; `fill` a
+    fill network (`training.train_fill`) the release ships for learned upsampling.
     """
     # 1. The job's own record of how it was trained.
     cfg = TrainConfig.from_json(job_dir / CONFIG_NAME)
@@ -157,6 +160,10 @@ def export(
         record = training_record(cfg, dataset, launch_commands(progress), native)
         atomic_write_text(staging / TRAINING_NAME, json.dumps(record, indent=2) + "\n")
         shown = _copy_pictures(pictures, staging)
+        if fill is not None:
+            load_fill_network(fill)  # refused before anything is published
+            shutil.copyfile(fill, staging / FILL_WEIGHTS_NAME)
+            fsync_file(staging / FILL_WEIGHTS_NAME)
         card = model_card(cfg, progress, dataset, iteration, model, weights, metrics, notes or [], base_model, shown,
                           native)
         atomic_write_text(staging / CARD_NAME, card)
@@ -710,6 +717,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="`training.evaluate_real --json` output, one section per recording (repeatable)")
     parser.add_argument("--upsample-metrics", type=Path, default=None,
                         help="`training.evaluate_upsample --json` output for the card's upsampling section")
+    parser.add_argument("--fill", type=Path, default=None,
+                        help="a fill network (`training.train_fill`'s fill.safetensors) for the release to ship")
     parser.add_argument("--note", action="append", default=[], help="a line for the card's Notes (repeatable)")
     parser.add_argument("--pictures", type=Path, default=None,
                         help="folder of `training.evaluate --pictures` output; the card shows its BEV panels")
@@ -735,8 +744,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.upsample_metrics:
         metrics = {**(metrics or {}), "upsampling": json.loads(args.upsample_metrics.read_text())}
     try:
-        export(args.job_dir, args.out_dir, metrics, args.note, args.base_model, args.pictures)
-    except (FileExistsError, FileNotFoundError, ReleaseVerificationError) as e:
+        export(args.job_dir, args.out_dir, metrics, args.note, args.base_model, args.pictures, args.fill)
+    except (FileExistsError, FileNotFoundError, ReleaseVerificationError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     if args.push_to_hub is None:

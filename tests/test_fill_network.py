@@ -1,0 +1,197 @@
+"""The learned fill: its network and features, the "learned" upsampling method, a release or a Hub repo that
+ships one, and its self-supervised training (resumable, installed into a release)."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from inference import load_pipeline
+from inference.fill_network import (
+    FEATURES,
+    FILL_WEIGHTS_NAME,
+    FillNetwork,
+    FillNetworkConfig,
+    fill_features,
+    load_fill_network,
+    save_fill_network,
+)
+from inference.upsample import EDGE_AWARE, LEARNED, upsample
+from lidar.errors import InputError
+from lidar.formats import Scan, write_points
+from tests.helpers import ring_sweep, tiny_model, write_hub_cache, write_release
+from training.train_fill import CHECKPOINT_NAME, FillTrainConfig, install, main, train
+
+ELEVATIONS = np.linspace(8.0, -24.0, 16)
+
+
+def sweep(seed: int = 0) -> Scan:
+    points, ring = ring_sweep(ELEVATIONS, 256, seed=seed)
+    return Scan(points=points, ring=ring, ring_source="file")
+
+
+def perturbed(seed: int = 1) -> FillNetwork:
+    """A fill network whose head is not zero: it changes the fill."""
+    network = FillNetwork(FillNetworkConfig(channels=8))
+    torch.manual_seed(seed)
+    with torch.no_grad():
+        network.head.weight.normal_(0.0, 0.5)
+        network.head.bias.fill_(0.1)
+    return network.eval()
+
+
+def test_an_untrained_fill_network_is_the_edge_aware_fill_exactly():
+    scan = sweep()
+    edge = upsample(None, scan, 4, method=EDGE_AWARE)
+    learned = upsample(None, scan, 4, method=LEARNED, fill_network=FillNetwork(FillNetworkConfig(channels=8)).eval())
+    np.testing.assert_allclose(learned.image.range, edge.image.range, rtol=1e-5)
+    np.testing.assert_array_equal(learned.image.mask, edge.image.mask)
+
+
+def test_the_learned_fill_keeps_every_input_point_and_the_edge_aware_returns():
+    scan = sweep()
+    edge = upsample(None, scan, 4, method=EDGE_AWARE)
+    learned = upsample(None, scan, 4, method=LEARNED, fill_network=perturbed())
+    n = len(scan.points)
+    np.testing.assert_array_equal(learned.points[:n], scan.points)
+    assert not learned.filled[:n].any() and learned.filled[n:].all()
+    np.testing.assert_array_equal(learned.image.mask, edge.image.mask)  # the return rule is the edge-aware one
+    changed = learned.mask & edge.image.mask & ~learned.given.mask
+    assert changed.any() and not np.allclose(learned.image.range[changed], edge.image.range[changed])
+    np.testing.assert_array_equal(learned.image.range[learned.given.mask], edge.image.range[learned.given.mask])
+
+
+def test_features_are_angles_and_neighbours_not_row_indices():
+    scan = sweep()
+    res = upsample(None, scan, 4, method=EDGE_AWARE)
+    todo = res.mask & ~res.given.mask
+    f = fill_features(res.given, res.image, todo, res.sensor)
+    assert f.shape == (len(FEATURES), *res.sensor.shape) and f.dtype == np.float32 and np.isfinite(f).all()
+    elevation = f[FEATURES.index("elevation")][:, 0] * 30.0
+    np.testing.assert_allclose(elevation, np.degrees(res.sensor.elevations), atol=1e-4)
+    # a filled ray between two kept beams sees the gaps to them, the kept ones sum to the measured spacing
+    gaps = (f[FEATURES.index("gap above")] + f[FEATURES.index("gap below")]) * 2.0
+    spacing = abs(ELEVATIONS[0] - ELEVATIONS[1])
+    np.testing.assert_allclose(gaps[1:4][todo[1:4]], spacing, atol=1e-3)
+    assert (f[FEATURES.index("to fill")] == todo).all()
+
+
+def test_learned_without_a_network_is_one_clear_error():
+    with pytest.raises(InputError, match="needs a fill network"):
+        upsample(None, sweep(), 4, method=LEARNED)
+
+
+def test_a_release_that_ships_a_fill_network_loads_it_and_upsamples_with_it(tmp_path):
+    release = write_release(tmp_path / "release", tiny_model(seed=2))
+    bare = load_pipeline(release, device="cpu")
+    assert bare.fill_network is None and bare.provenance.fill is None
+    with pytest.raises(InputError, match="needs a fill network"):
+        bare.upsample(sweep(), 4, method=LEARNED)
+    network = perturbed()
+    save_fill_network(network, release / FILL_WEIGHTS_NAME)
+    pipe = load_pipeline(release, device="cpu")
+    assert pipe.provenance.fill == str(release / FILL_WEIGHTS_NAME)
+    direct = upsample(None, sweep(), 4, method=LEARNED, fill_network=network)
+    np.testing.assert_array_equal(pipe.upsample(sweep(), 4, method=LEARNED).image.range, direct.image.range)
+
+
+def test_a_hub_repo_with_a_fill_network_brings_it_from_the_same_commit(tmp_path, monkeypatch):
+    release = write_release(tmp_path / "release", tiny_model(seed=2))
+    save_fill_network(perturbed(), release / FILL_WEIGHTS_NAME)
+    cache = tmp_path / "hub"
+    write_hub_cache(cache, "lab/with-fill", release, files=("config.json", "model.safetensors", FILL_WEIGHTS_NAME))
+    write_hub_cache(cache, "lab/without-fill", release)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    with_fill = load_pipeline("lab/with-fill", device="cpu", cache_dir=cache)
+    assert with_fill.fill_network is not None and with_fill.provenance.fill.endswith(FILL_WEIGHTS_NAME)
+    assert load_pipeline("lab/without-fill", device="cpu", cache_dir=cache).fill_network is None
+
+
+def test_a_file_that_is_not_a_fill_network_is_refused(tmp_path):
+    release = write_release(tmp_path / "release", tiny_model(seed=2))
+    with pytest.raises(ValueError, match="is not a LidarVerse fill network"):
+        load_fill_network(release / "model.safetensors")
+    (tmp_path / "torn.safetensors").write_bytes(b"\x08\x00\x00\x00\x00\x00\x00\x00{}")
+    with pytest.raises(ValueError, match="is not a LidarVerse fill network"):
+        load_fill_network(tmp_path / "torn.safetensors")
+
+
+@pytest.fixture(scope="module")
+def train_data(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("fill_sweeps")
+    for seed in (0, 1):
+        points, ring = ring_sweep(ELEVATIONS, 256, seed=seed)
+        write_points(folder / f"{seed:06d}.pcd", points, ring=ring)
+    return folder
+
+
+def tiny_train(folder, **overrides) -> FillTrainConfig:
+    fields = {"real": (str(folder),), "sim": (), "sim_share": 0.0, "every": (4,), "steps": 6, "batch": 2, "crop": 64,
+              "channels": 8, "save_every": 3, "threads": 1}
+    return FillTrainConfig(**{**fields, **overrides})
+
+
+def test_training_lowers_the_error_of_the_fill_on_its_sweeps(train_data, tmp_path):
+    from training.train_fill import build_pools, loss_of
+
+    cfg = tiny_train(train_data, steps=40, save_every=40, lr=3e-3)
+    items = build_pools(cfg)["real"]
+
+    def error(network: FillNetwork) -> float:
+        with torch.no_grad():
+            return float(np.mean([loss_of(network, *(torch.from_numpy(a)[None] for a in (i.features, i.truth, i.scored)))
+                                  for i in items]))
+
+    before = error(FillNetwork(FillNetworkConfig(channels=8)))
+    after = error(load_fill_network(train(cfg, tmp_path / "job")))
+    assert after < 0.9 * before, (before, after)
+
+
+def test_a_checkpoint_half_way_resumes_to_the_same_weights(train_data, tmp_path):
+    cfg = tiny_train(train_data)
+    whole = load_fill_network(train(cfg, tmp_path / "whole"))
+    stopped = tmp_path / "stopped"
+    with pytest.raises(KeyboardInterrupt):
+        _train_until(cfg, stopped, stop_at=4)
+    assert torch.load(stopped / CHECKPOINT_NAME, weights_only=True)["step"] == 3
+    resumed = load_fill_network(train(cfg, stopped))
+    for a, b in zip(whole.state_dict().values(), resumed.state_dict().values(), strict=True):
+        torch.testing.assert_close(a, b)
+
+
+def _train_until(cfg: FillTrainConfig, job, stop_at: int) -> None:
+    """`train`, interrupted as a kill would at step `stop_at` (after the optimiser step, before any save)."""
+    calls = {"n": 0}
+    original = torch.optim.AdamW.step
+
+    def step(self, *args, **kwargs):
+        calls["n"] += 1
+        if calls["n"] == stop_at:
+            raise KeyboardInterrupt
+        return original(self, *args, **kwargs)
+
+    torch.optim.AdamW.step = step
+    try:
+        train(cfg, job)
+    finally:
+        torch.optim.AdamW.step = original
+
+
+def test_a_job_dir_refuses_another_config_and_install_puts_the_network_in_a_release(train_data, tmp_path, capsys):
+    job = tmp_path / "job"
+    weights = train(tiny_train(train_data, steps=2), job)
+    with pytest.raises(InputError, match="another config"):
+        train(tiny_train(train_data, steps=3), job)
+    release = write_release(tmp_path / "release", tiny_model(seed=2))
+    install(weights, release)
+    assert load_pipeline(release, device="cpu").fill_network is not None
+    config = tmp_path / "cfg.json"
+    config.write_text(json.dumps({**tiny_train(train_data, steps=2).__dict__, "real": [str(train_data)]}))
+    assert main(["--job-dir", str(tmp_path / "cli"), "--config", str(config), "--into", str(tmp_path / "nowhere")]) == 2
+    assert "is not a release folder" in capsys.readouterr().err
+    config.write_text(json.dumps({"stepz": 3}))
+    assert main(["--job-dir", str(tmp_path / "bad"), "--config", str(config)]) == 2
+    assert "unknown fields ['stepz']" in capsys.readouterr().err

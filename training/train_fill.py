@@ -1,0 +1,310 @@
+"""Train the learned fill (`inference.fill_network`) without labels: `python -m training.train_fill --job-dir DIR`.
+
+A sweep with rings dropped is its own label: the dropped rings are what the network must give back.
+1. Items: each sweep of the real folders, read on its own geometry (`training.evaluate_upsample.load_sweep`),
+   and the chosen frames of the simulated datasets, each with rings dropped (every `every`-th ring kept, at
+   each offset), filled edge-aware by `inference.upsample.upsample` exactly as the evaluation and the learned
+   method fill them. The shared KITTI sweeps the evaluation scores (`real_seq/kitti00`, `real_scans/kitti_*`)
+   are not in the default data, so the card's figures are on sweeps the network never saw.
+2. Steps: a batch is `batch` azimuth crops of one pool's sweeps of one height (real or simulated, drawn with
+   `sim_share`), mirrored in azimuth at random; the loss is the L1 in metres on the filled rays that both the
+   fill and the truth return on, the metric the evaluation reports.
+3. Checkpoints: `checkpoint.pt` in the job dir (network, optimiser, schedule, generator, step), replaced
+   atomically every `save_every` steps; the same command resumes from it.
+4. The result: `fill.safetensors` in the job dir, naming its data and steps in its metadata; `--into RELEASE`
+   then puts it beside a release's world model, where `load_pipeline` picks it up.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import shutil
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from checkpointing.atomic import atomic_torch_save, atomic_write_text, fsync_dir, fsync_file
+from inference.fill_network import (
+    FILL_WEIGHTS_NAME,
+    FillNetwork,
+    FillNetworkConfig,
+    corrected_range,
+    fill_features,
+    load_fill_network,
+    save_fill_network,
+)
+from inference.upsample import EDGE_AWARE, upsample
+from lidar.errors import InputError
+from lidar.formats import Scan
+from lidar.range_image import unproject
+from lidar.sim.dataset import SimDataset
+from training.evaluate_upsample import SHARED, Sweep, load_sweep, sweep_files, sweep_of
+
+logger = logging.getLogger(__name__)
+
+CHECKPOINT_NAME = "checkpoint.pt"
+CONFIG_NAME = "fill_config.json"
+LOG_NAME = "train_fill.log"
+#: Columns at each crop's sides the loss skips: the network sees no further there than the crop.
+CROP_MARGIN = 4
+
+
+def _default_real() -> tuple[str, ...]:
+    """The shared real sweeps the evaluation does not score: the KITTI raw drive and the other sensors' scans."""
+    scans = sorted(p for p in (SHARED / "real_scans").glob("*.bin") if not p.name.startswith("kitti_"))
+    return (str(SHARED / "real_seq" / "kitti_raw_ttc" / "velodyne_points" / "data"), *map(str, scans))
+
+
+@dataclass
+class FillTrainConfig:
+    """One training of the fill network; the defaults are the release's."""
+
+    real: tuple[str, ...] = field(default_factory=_default_real)
+    sim: tuple[str, ...] = ("data/native/hdl64_2048",)
+    #: Simulated sequences per dataset, and the frames of each taken.
+    sim_sequences: int = 40
+    sim_frames: tuple[int, ...] = (0, 10)
+    #: Share of batches from the simulated pool (the rest from the real one).
+    sim_share: float = 0.35
+    #: Ring drops: every `every`-th ring kept, at every offset.
+    every: tuple[int, ...] = (4, 2)
+    steps: int = 2000
+    batch: int = 6
+    crop: int = 256
+    lr: float = 2e-3
+    weight_decay: float = 1e-4
+    channels: int = 32
+    seed: int = 0
+    save_every: int = 250
+    threads: int = 2
+
+    def __post_init__(self) -> None:
+        self.real, self.sim = tuple(self.real), tuple(self.sim)
+        self.sim_frames, self.every = tuple(self.sim_frames), tuple(self.every)
+        if not self.real and not self.sim:
+            raise InputError("no training data: give real sweep folders or files, or simulated datasets")
+        if not 0.0 <= self.sim_share <= 1.0:
+            raise InputError(f"sim_share must be in [0, 1], got {self.sim_share}")
+        if (self.sim_share > 0 and not self.sim) or (self.sim_share < 1 and not self.real):
+            raise InputError(f"sim_share {self.sim_share} draws from a pool with no data; give both, or 0 / 1")
+        if any(e < 2 for e in self.every) or not self.every:
+            raise InputError(f"every must be ring spacings >= 2, got {self.every}")
+        for name in ("steps", "batch", "crop", "save_every", "threads"):
+            if getattr(self, name) < 1:
+                raise InputError(f"{name} must be >= 1, got {getattr(self, name)}")
+        FillNetworkConfig(self.channels)
+
+    @classmethod
+    def from_json(cls, path: Path) -> FillTrainConfig:
+        data = json.loads(path.read_text())
+        unknown = set(data) - set(cls.__dataclass_fields__)
+        if unknown:
+            raise InputError(f"{path}: unknown fields {sorted(unknown)}; expected some of {sorted(cls.__dataclass_fields__)}")
+        return cls(**data)
+
+
+@dataclass
+class Item:
+    """One sweep with rings dropped: the network's input, the truth's range and the rays the loss counts."""
+
+    features: np.ndarray
+    truth: np.ndarray
+    scored: np.ndarray
+
+
+def ring_drops(sweep: Sweep, every: tuple[int, ...]) -> list[Item]:
+    """`sweep` with every `e`-th ring kept, for each e of `every` and each offset, filled edge-aware."""
+    height = sweep.truth.shape[0]
+    items = []
+    for e in every:
+        for offset in range(e):
+            rows = (np.arange(height) - offset) % e != 0
+            fill = np.broadcast_to(rows[:, None], sweep.truth.shape) & sweep.truth.mask.any(axis=0)[None, :]
+            res = upsample(None, sweep.given(fill), sensor=sweep.geometry.sensor, mask=fill, method=EDGE_AWARE)
+            todo = res.mask & ~res.given.mask
+            features = fill_features(res.given, res.image, todo, res.sensor)
+            scored = todo & (res.image.range > 0) & sweep.truth.mask
+            items.append(Item(features, sweep.truth.range.astype(np.float32), scored))
+    return items
+
+
+def sim_sweep(dataset: SimDataset, sequence: int, frame: int) -> Sweep | str:
+    """A simulated frame as a sweep file would bring it: its points with their rings, read on their geometry."""
+    from lidar.range_image import RangeImage
+
+    arrays = dataset.load_sequence(sequence)
+    image = RangeImage(arrays["range"][frame], arrays["intensity"][frame])
+    rows = np.broadcast_to(np.arange(image.shape[0])[:, None], image.shape)[image.mask]
+    scan = Scan(points=unproject(image, dataset.sensor), ring=rows.astype(np.int64), ring_source="file",
+                path=Path(f"{dataset.root.name}/{sequence}/{frame}"))
+    return sweep_of(scan, scan.path.as_posix())
+
+
+def build_pools(cfg: FillTrainConfig) -> dict[str, list[Item]]:
+    """Step 1: the real and the simulated items."""
+    pools: dict[str, list[Item]] = {"real": [], "sim": []}
+    files, _ = sweep_files(cfg.real) if cfg.real else ([], [])
+    for path in files:
+        sweep = load_sweep(path)
+        if isinstance(sweep, str):
+            logger.warning("skipped %s", sweep)
+            continue
+        pools["real"] += ring_drops(sweep, cfg.every)
+    for root in cfg.sim:
+        dataset = SimDataset(root, cache_size=1)
+        for sequence in range(min(cfg.sim_sequences, len(dataset))):
+            for frame in cfg.sim_frames:
+                sweep = sim_sweep(dataset, sequence, frame)
+                if isinstance(sweep, str):
+                    logger.warning("skipped %s", sweep)
+                    continue
+                pools["sim"] += ring_drops(sweep, cfg.every)
+    logger.info("items: %d real, %d simulated", len(pools["real"]), len(pools["sim"]))
+    return pools
+
+
+def batch(pools: dict[str, list[Item]], cfg: FillTrainConfig, rng: np.random.Generator) -> tuple[torch.Tensor, ...]:
+    """Step 2's batch: crops of one pool's items of one height."""
+    pool = pools["sim" if rng.random() < cfg.sim_share else "real"] or pools["real"] or pools["sim"]
+    first = pool[rng.integers(len(pool))]
+    same = [item for item in pool if item.truth.shape[0] == first.truth.shape[0]]
+    xs, ts, ms = [], [], []
+    for k in range(cfg.batch):
+        item = first if k == 0 else same[rng.integers(len(same))]
+        width = item.truth.shape[1]
+        crop = min(cfg.crop, width)
+        c0 = int(rng.integers(0, width - crop + 1))
+        cut = slice(c0, c0 + crop)
+        x, t, m = item.features[:, :, cut], item.truth[:, cut], item.scored[:, cut].copy()
+        m[:, :CROP_MARGIN] = m[:, -CROP_MARGIN:] = False
+        if rng.random() < 0.5:  # a sweep turning the other way is as likely
+            x, t, m = x[:, :, ::-1], t[:, ::-1], m[:, ::-1]
+        if crop < cfg.crop:  # a narrow sweep: pad to the batch's width, the padding unscored
+            pad = cfg.crop - crop
+            x, t, m = (np.pad(a, [(0, 0)] * (a.ndim - 1) + [(0, pad)]) for a in (x, t, m))
+        xs.append(np.ascontiguousarray(x))
+        ts.append(np.ascontiguousarray(t))
+        ms.append(np.ascontiguousarray(m))
+    return tuple(torch.from_numpy(np.stack(a)) for a in (xs, ts, ms))
+
+
+def loss_of(network: FillNetwork, x: torch.Tensor, truth: torch.Tensor, scored: torch.Tensor) -> torch.Tensor:
+    """Mean L1 (m) of the corrected fill on the scored rays."""
+    return (corrected_range(x, network(x)) - truth).abs()[scored].mean()
+
+
+def _log_setup(job_dir: Path) -> None:
+    handler = logging.FileHandler(job_dir / LOG_NAME)
+    handler.setFormatter(logging.Formatter("%(asctime)s %(name)s: %(message)s"))
+    logging.getLogger().addHandler(handler)
+
+
+def train(cfg: FillTrainConfig, job_dir: Path) -> Path:
+    """Steps 1-4; returns the fill network's file. A job dir with a checkpoint resumes from it."""
+    job_dir.mkdir(parents=True, exist_ok=True)
+    _check_same_config(cfg, job_dir)
+    torch.set_num_threads(cfg.threads)
+    torch.manual_seed(cfg.seed)
+    network = FillNetwork(FillNetworkConfig(cfg.channels))
+    optimiser = torch.optim.AdamW(network.parameters(), cfg.lr, weight_decay=cfg.weight_decay)
+    schedule = torch.optim.lr_scheduler.OneCycleLR(optimiser, cfg.lr, total_steps=cfg.steps, pct_start=0.05)
+    rng = np.random.default_rng(cfg.seed)
+    step = _resume(job_dir, network, optimiser, schedule, rng)
+    pools = build_pools(cfg) if step < cfg.steps else {}
+    start, since = time.perf_counter(), step
+    while step < cfg.steps:
+        loss = loss_of(network, *batch(pools, cfg, rng))
+        optimiser.zero_grad()
+        loss.backward()
+        optimiser.step()
+        schedule.step()
+        step += 1
+        if step % 50 == 0 or step == cfg.steps:
+            logger.info("step %d loss %.4f (%.2f s/step)", step, loss.item(),
+                        (time.perf_counter() - start) / (step - since))
+            start, since = time.perf_counter(), step
+        if step % cfg.save_every == 0 or step == cfg.steps:
+            state = {"network": network.state_dict(), "optimiser": optimiser.state_dict(),
+                     "schedule": schedule.state_dict(), "rng": rng.bit_generator.state, "step": step}
+            atomic_torch_save(state, job_dir / CHECKPOINT_NAME)
+    out = job_dir / FILL_WEIGHTS_NAME
+    data = {"real": [Path(p).name for p in cfg.real], "sim": [Path(p).name for p in cfg.sim]}
+    tmp = out.with_suffix(".tmp")
+    save_fill_network(network, tmp, {"steps": str(step), "data": json.dumps(data), "config": json.dumps(asdict(cfg))})
+    fsync_file(tmp)
+    tmp.replace(out)
+    fsync_dir(job_dir)
+    logger.info("wrote %s (step %d)", out, step)
+    return out
+
+
+def _check_same_config(cfg: FillTrainConfig, job_dir: Path) -> None:
+    """A job dir is one training: its config is recorded on the first run and a rerun must match it."""
+    path = job_dir / CONFIG_NAME
+    text = json.dumps(asdict(cfg), indent=2) + "\n"
+    if path.is_file() and json.loads(path.read_text()) != json.loads(text):
+        raise InputError(f"{job_dir} holds a fill training with another config ({path}); use a new job dir")
+    if not path.is_file():
+        atomic_write_text(path, text)
+
+
+def _resume(job_dir: Path, network: FillNetwork, optimiser: torch.optim.Optimizer,
+            schedule: torch.optim.lr_scheduler.LRScheduler, rng: np.random.Generator) -> int:
+    path = job_dir / CHECKPOINT_NAME
+    if not path.is_file():
+        return 0
+    state = torch.load(path, weights_only=True)
+    network.load_state_dict(state["network"])
+    optimiser.load_state_dict(state["optimiser"])
+    schedule.load_state_dict(state["schedule"])
+    rng.bit_generator.state = state["rng"]
+    logger.info("resumed %s at step %d", path, state["step"])
+    return int(state["step"])
+
+
+def install(weights: Path, release: Path) -> Path:
+    """Put a fill network beside a release's world model, checked by loading it; atomically."""
+    if not (release / "config.json").is_file():
+        raise InputError(f"--into {release} is not a release folder (no config.json)")
+    load_fill_network(weights)
+    target = release / FILL_WEIGHTS_NAME
+    tmp = target.with_suffix(".tmp")
+    shutil.copyfile(weights, tmp)
+    fsync_file(tmp)
+    tmp.replace(target)
+    fsync_dir(release)
+    return target
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--job-dir", type=Path, required=True, help="where the checkpoint, log and weights go")
+    parser.add_argument("--config", type=Path, default=None, help="a FillTrainConfig JSON (default: the release's)")
+    parser.add_argument("--steps", type=int, default=None, help="override the config's steps")
+    parser.add_argument("--into", type=Path, default=None, help="then put fill.safetensors into this release folder")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
+    logging.getLogger("inference.upsample").setLevel(logging.WARNING)  # one line per ring drop otherwise
+    try:
+        cfg = FillTrainConfig.from_json(args.config) if args.config else FillTrainConfig()
+        if args.steps is not None:
+            cfg = FillTrainConfig(**{**asdict(cfg), "steps": args.steps})
+        args.job_dir.mkdir(parents=True, exist_ok=True)
+        _log_setup(args.job_dir)
+        weights = train(cfg, args.job_dir)
+        if args.into is not None:
+            logger.info("installed %s", install(weights, args.into))
+    except (InputError, FileNotFoundError, ValueError) as exc:
+        print(f"error: {' '.join(str(exc).split())}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
