@@ -88,7 +88,6 @@ from inference.network import WorldModelConfig
 from inference.observed import ObservedScene, check_inside, observe, record_prefix, shifted_path
 from inference.results4d import write_upsample_views, write_views
 from inference.upsample import (
-    DEFAULT_METHOD,
     EDGE_AWARE,
     LEARNED,
     MAX_FACTOR,
@@ -97,6 +96,7 @@ from inference.upsample import (
     RECORD_NAME,
     SWEEP_FORMATS,
     UpsampleResult,
+    default_method,
     upsample_target,
     write_upsample,
 )
@@ -1331,6 +1331,11 @@ def _guidance_default() -> float:
     return PIPELINE.config.default_guidance if PIPELINE is not None else WorldModelConfig.default_guidance
 
 
+def _method_default() -> str:
+    """The method radio's default: what `pipe.upsample` fills with when no method is named."""
+    return default_method(PIPELINE.fill_network if PIPELINE is not None else None)
+
+
 def _steps_default() -> int:
     """The steps sliders' default: the served model's `default_steps`, as a call that leaves the steps out
     gets, within the server's limit (the module-level `demo` shows the architecture's, as `_guidance_default`)."""
@@ -1556,7 +1561,9 @@ def _upsample_tab() -> None:
                                         "sweep's silent rays")
                 target = gr.Dropdown([BY_FACTOR, *PRESETS], value=BY_FACTOR, label="Target beams",
                                      info="by the factor, or a preset's beam table at the sweep's own columns")
-                method = gr.Radio(list(METHODS), value=DEFAULT_METHOD, label="Method")
+                method = gr.Radio(list(METHODS), value=_method_default(), label="Method",
+                                  info=f"'{LEARNED}' where the model ships a fill network: the edge-aware fill "
+                                       "corrected by it")
                 with gr.Accordion("Sampling (method 'model')", open=False):
                     steps = gr.Slider(1, MAX_STEPS, value=_steps_default(), step=1, label="Sampling steps")
                     seed = gr.Number(0, label="Seed", precision=0, minimum=0, maximum=MAX_SEED)

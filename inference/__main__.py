@@ -53,6 +53,7 @@ from inference.rollout import Progress, RolloutResult
 from inference.upsample import (
     DEFAULT_FACTOR,
     DEFAULT_METHOD,
+    LEARNED,
     METHODS,
     RECORD_NAME,
     SWEEP_FORMATS,
@@ -182,7 +183,7 @@ def _upsample(args: argparse.Namespace, started: float) -> int:
     ready = time.perf_counter() - started
     out = pipe.upsample(scan, args.factor, sensor=args.sensor, method=args.method, steps=args.steps, seed=args.seed)
     request = {"command": args.command, "scan": str(args.scan), "factor": args.factor, "sensor": args.sensor,
-               "method": args.method, "steps": args.steps, "seed": args.seed}
+               "method": out.method, "steps": args.steps, "seed": args.seed}
     record = write_upsample(args.out, out, args.format, provenance=pipe.provenance, request=request,
                             overwrite=args.overwrite)
     views = write_upsample_views(args.out, scan, out)
@@ -437,7 +438,9 @@ def _parser() -> argparse.ArgumentParser:
     target.add_argument("--factor", type=_WHOLE, default=None,
                         help=f"beams per measured gap (default {DEFAULT_FACTOR}; 1 fills the sweep's own silent rays)")
     target.add_argument("--sensor", default=None, help="a preset whose beam table to fill, at the sweep's columns")
-    up.add_argument("--method", default=DEFAULT_METHOD, choices=METHODS, help="what fills the new rays")
+    up.add_argument("--method", default=None, choices=METHODS,
+                    help=f"what fills the new rays (default: {LEARNED} where the model ships a fill network, else "
+                         f"{DEFAULT_METHOD})")
     up.add_argument("--steps", type=_WHOLE, default=None,
                     help=f"sampler steps of --method model, 1..{MAX_STEPS} (default: the model's)")
     up.add_argument("--seed", type=_WHOLE, default=0)

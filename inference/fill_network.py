@@ -1,7 +1,7 @@
 """The learned fill: a small range-image network that corrects the edge-aware fill of the rays to fill.
 
 The edge-aware fill (`inference.upsample`) is planar between the known rays above and below a filled ray, which
-is right on the road and on walls and wrong where the two known rays see different surfaces: three in four of
+is right on the road and on walls and wrong where the two known rays see different surfaces: two thirds of
 its metres of error on a real KITTI sweep come from the 5 % of filled rays that land on a depth edge. What the
 column cannot say, the neighbourhood can: an edge runs on across columns, a car's roof is flat, a pole is
 thin. The network sees the known rays, the edge-aware fill and, per filled ray, its known neighbours above and
@@ -24,7 +24,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from lidar.range_image import RangeImage
+from lidar.range_image import RangeImage, column_neighbours
 from lidar.sensors import Sensor
 
 #: The fill network's file in a release folder or a Hub repo, beside the world model's.
@@ -106,8 +106,6 @@ def _log_range(r: np.ndarray) -> np.ndarray:
 def fill_features(given: RangeImage, base: RangeImage, todo: np.ndarray, sensor: Sensor) -> np.ndarray:
     """(len(FEATURES), H, W) float32 input of the network: `given` the known rays (silent on the rays `todo`),
     `base` the edge-aware fill of `todo`, on `sensor`'s grid."""
-    from inference.upsample import column_neighbours  # the fill's own neighbour search
-
     height, width = given.shape
     known = ~todo
     above, below = column_neighbours(known)

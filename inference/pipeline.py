@@ -29,7 +29,7 @@ from inference.loader import Provenance, load_model
 from inference.measured import Observation, ego_body, observation, without_ego_body
 from inference.network import WorldModel, WorldModelConfig
 from inference.rollout import Progress, RolloutResult, cache_from_scans, frame_times, rollout
-from inference.upsample import DEFAULT_METHOD, UpsampleResult, upsample
+from inference.upsample import UpsampleResult, upsample
 from lidar.errors import InputError, shown
 from lidar.formats import Scan, detect_sensor, write_points
 from lidar.range_image import RangeImage, project, unproject
@@ -315,7 +315,7 @@ class LidarVersePipeline:
         *,
         sensor: Sensor | str | None = None,
         mask: np.ndarray | None = None,
-        method: str = DEFAULT_METHOD,
+        method: str | None = None,
         steps: int | None = None,
         seed: int = 0,
         limits: Limits = LIBRARY_LIMITS,
@@ -324,7 +324,7 @@ class LidarVersePipeline:
         """`points` (one sweep) on a denser beam table, or with its missing rays filled; every input point comes
         back bit for bit (`inference.upsample.upsample`: `factor` beams per measured gap, or `sensor`'s beam
         table; `mask` the rays to fill; `method` what fills them, "model" this pipeline's network, "learned" its
-        release's fill network; `limits` the target's rays, e.g. an app's stricter `APP_LIMITS`)."""
+        release's fill network (the default where it ships one, else "edge-aware"); `limits` the target's rays, e.g. an app's stricter `APP_LIMITS`)."""
         steps, _ = self._check_sampling(steps, None, seed, callback)
         return upsample(self.model, points, factor, sensor=sensor, mask=mask, method=method, steps=steps, seed=seed,
                         limits=limits, callback=callback, fill_network=self.fill_network)

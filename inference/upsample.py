@@ -58,7 +58,14 @@ from lidar.errors import InputError, shown
 from lidar.formats import READ_SUFFIXES, Scan, SweepGeometry, sweep_geometry, write_points
 from lidar.formats.detect import ROWS_FROM_PRESET
 from lidar.formats.rings import MAX_BEAMS, recover_rings
-from lidar.range_image import RangeImage, azimuth_columns, nearest_per_pixel, point_elevations, point_ranges
+from lidar.range_image import (
+    RangeImage,
+    azimuth_columns,
+    column_neighbours,
+    nearest_per_pixel,
+    point_elevations,
+    point_ranges,
+)
 from lidar.sensors import PRESETS, Sensor, get_sensor
 
 logger = logging.getLogger(__name__)
@@ -69,6 +76,7 @@ DEFAULT_FACTOR = 4
 MAX_FACTOR = 8
 EDGE_AWARE, LEARNED, MODEL, LINEAR, NEAREST = "edge-aware", "learned", "model", "linear", "nearest"
 METHODS = (EDGE_AWARE, LEARNED, MODEL, LINEAR, NEAREST)
+#: The fill when none is named and no fill network is at hand; with one, "learned" (`default_method`).
 DEFAULT_METHOD = EDGE_AWARE
 #: Slopes the edge-aware fill tries: azimuth change per elevation change along the line through a filled ray
 #: (1: a 45 deg edge in the range image), 0 the vertical.
@@ -126,6 +134,11 @@ class _Grid:
     fan: tuple[float, float]
 
 
+def default_method(fill_network: FillNetwork | None) -> str:
+    """The fill a call that names none gets: the learned one where its network is at hand."""
+    return LEARNED if fill_network is not None else DEFAULT_METHOD
+
+
 def upsample(
     model: WorldModel | None,
     points: Scan | np.ndarray,
@@ -133,7 +146,7 @@ def upsample(
     *,
     sensor: Sensor | str | None = None,
     mask: np.ndarray | None = None,
-    method: str = DEFAULT_METHOD,
+    method: str | None = None,
     steps: int | None = None,
     seed: int = 0,
     limits: Limits = LIBRARY_LIMITS,
@@ -146,10 +159,11 @@ def upsample(
 
     `mask` (H, W) bool on the target grid names the rays to fill (default: the new beams, or on the sweep's
     own table every silent ray); a ray the input returns on keeps its point whatever the mask says. `model`,
-    `steps` and `seed` serve `method="model"` only, `fill_network` `method="learned"` only. Bad input raises
-    `InputError`, before any compute.
+    `steps` and `seed` serve `method="model"` only, `fill_network` `method="learned"`, the default where given
+    (`default_method`). Bad input raises `InputError`, before any compute.
     """
     start = time.perf_counter()
+    method = default_method(fill_network) if method is None else method
     if method not in METHODS:
         raise InputError(f"method must be one of {', '.join(METHODS)}, got {shown(method)}")
     if method == MODEL and model is None:
@@ -339,17 +353,6 @@ def _fill_mask(grid: _Grid, mask: np.ndarray | None) -> np.ndarray:
 
 
 # ---------------------------------------------------------------------------------------------- the fills
-
-
-def column_neighbours(known: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(H, W) row of the nearest known ray above each ray in its column (-1: none) and below it (H: none)."""
-    height = known.shape[0]
-    rows = np.arange(height)[:, None]
-    above = np.maximum.accumulate(np.where(known, rows, -1), axis=0)
-    below = np.minimum.accumulate(np.where(known, rows, height)[::-1], axis=0)[::-1]
-    above = np.concatenate([np.full((1, known.shape[1]), -1), above[:-1]])
-    below = np.concatenate([below[1:], np.full((1, known.shape[1]), height)])
-    return above, below
 
 
 def planar_range(r_a: np.ndarray, r_b: np.ndarray, el_a: np.ndarray, el_b: np.ndarray, el: np.ndarray) -> np.ndarray:

@@ -207,6 +207,17 @@ def unproject(image: RangeImage, sensor: Sensor) -> np.ndarray:
     return np.concatenate([xyz, image.intensity[mask][:, None]], axis=1).astype(np.float32)
 
 
+def column_neighbours(known: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(H, W) row of the nearest known ray above each ray in its column (-1: none) and below it (H: none)."""
+    height = known.shape[0]
+    rows = np.arange(height)[:, None]
+    above = np.maximum.accumulate(np.where(known, rows, -1), axis=0)
+    below = np.minimum.accumulate(np.where(known, rows, height)[::-1], axis=0)[::-1]
+    above = np.concatenate([np.full((1, known.shape[1]), -1), above[:-1]])
+    below = np.concatenate([below[1:], np.full((1, known.shape[1]), height)])
+    return above, below
+
+
 def encode_range(range_m: np.ndarray, max_range: float) -> np.ndarray:
     """Metres -> log-range in [-1, 1] as the network sees it; 0 m (no return) maps to exactly -1."""
     r = np.clip(np.asarray(range_m, dtype=np.float32), 0.0, max_range)

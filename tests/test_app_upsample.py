@@ -179,8 +179,10 @@ def test_the_learned_fill_runs_where_the_model_ships_one_and_is_refused_by_name_
     scan = EXAMPLES / SHIPPED_EXAMPLES[1]
     with pytest.raises(gr.Error, match="Method 'learned' needs a fill network, and the loaded model ships none"):
         upsampled(scan, method="learned")
+    assert app._method_default() == "edge-aware"
     network = FillNetwork(FillNetworkConfig(channels=8)).eval()  # untrained: the edge-aware fill exactly
     monkeypatch.setattr(app.PIPELINE, "fill_network", network)
+    assert app._method_default() == "learned", "the radio offers the shipped network's fill first"
     learned, files = upsampled(scan, method="learned")
     edge, _ = upsampled(scan, method="edge-aware")
     assert learned.stats["method"] == "learned" and json.loads(files["upsample.json"])["method"] == "learned"

@@ -195,3 +195,24 @@ def test_a_job_dir_refuses_another_config_and_install_puts_the_network_in_a_rele
     config.write_text(json.dumps({"stepz": 3}))
     assert main(["--job-dir", str(tmp_path / "bad"), "--config", str(config)]) == 2
     assert "unknown fields ['stepz']" in capsys.readouterr().err
+
+
+def test_the_command_fills_with_the_learned_method_by_default_where_the_release_ships_one(tmp_path, capsys):
+    from inference.__main__ import main as cli
+
+    release = write_release(tmp_path / "release", tiny_model(seed=2))
+    points, ring = ring_sweep(ELEVATIONS, 256)
+    scan_file = write_points(tmp_path / "sweep.pcd", points, ring=ring)
+
+    def record(out: str) -> dict:
+        assert cli(["upsample", "--model", str(release), "--scan", str(scan_file), "--out", str(tmp_path / out),
+                    "--quiet"]) == 0
+        return json.loads((tmp_path / out / "upsample.json").read_text())
+
+    assert record("bare")["method"] == EDGE_AWARE
+    assert cli(["upsample", "--model", str(release), "--scan", str(scan_file), "--out", str(tmp_path / "refused"),
+                "--method", LEARNED]) == 2
+    assert "needs a fill network" in capsys.readouterr().err
+    save_fill_network(perturbed(), release / FILL_WEIGHTS_NAME)
+    shipped = record("shipped")
+    assert shipped["method"] == LEARNED and shipped["request"]["method"] == LEARNED

@@ -23,7 +23,7 @@ import logging
 import shutil
 import sys
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
@@ -42,7 +42,7 @@ from inference.fill_network import (
 from inference.upsample import EDGE_AWARE, upsample
 from lidar.errors import InputError
 from lidar.formats import Scan
-from lidar.range_image import unproject
+from lidar.range_image import RangeImage, unproject
 from lidar.sim.dataset import SimDataset
 from training.evaluate_upsample import SHARED, Sweep, load_sweep, sweep_files, sweep_of
 
@@ -55,23 +55,22 @@ LOG_NAME = "train_fill.log"
 CROP_MARGIN = 4
 
 
-def _default_real() -> tuple[str, ...]:
-    """The shared real sweeps the evaluation does not score: the KITTI raw drive and the other sensors' scans."""
-    scans = sorted(p for p in (SHARED / "real_scans").glob("*.bin") if not p.name.startswith("kitti_"))
-    return (str(SHARED / "real_seq" / "kitti_raw_ttc" / "velodyne_points" / "data"), *map(str, scans))
+#: The release's training sweeps: the shared real drive the evaluation does not score (40 KITTI raw sweeps).
+DEFAULT_REAL = (str(SHARED / "real_seq" / "kitti_raw_ttc" / "velodyne_points" / "data"),)
 
 
 @dataclass
 class FillTrainConfig:
     """One training of the fill network; the defaults are the release's."""
 
-    real: tuple[str, ...] = field(default_factory=_default_real)
-    sim: tuple[str, ...] = ("data/native/hdl64_2048",)
+    real: tuple[str, ...] = DEFAULT_REAL
+    #: Simulated datasets (`python -m lidar.sim --out DIR`); none in the release's (docs/upsampling.md).
+    sim: tuple[str, ...] = ()
     #: Simulated sequences per dataset, and the frames of each taken.
     sim_sequences: int = 40
     sim_frames: tuple[int, ...] = (0, 10)
     #: Share of batches from the simulated pool (the rest from the real one).
-    sim_share: float = 0.35
+    sim_share: float = 0.0
     #: Ring drops: every `every`-th ring kept, at every offset.
     every: tuple[int, ...] = (4, 2)
     steps: int = 2000
@@ -136,8 +135,6 @@ def ring_drops(sweep: Sweep, every: tuple[int, ...]) -> list[Item]:
 
 def sim_sweep(dataset: SimDataset, sequence: int, frame: int) -> Sweep | str:
     """A simulated frame as a sweep file would bring it: its points with their rings, read on their geometry."""
-    from lidar.range_image import RangeImage
-
     arrays = dataset.load_sequence(sequence)
     image = RangeImage(arrays["range"][frame], arrays["intensity"][frame])
     rows = np.broadcast_to(np.arange(image.shape[0])[:, None], image.shape)[image.mask]
