@@ -216,3 +216,17 @@ def test_the_command_fills_with_the_learned_method_by_default_where_the_release_
     save_fill_network(perturbed(), release / FILL_WEIGHTS_NAME)
     shipped = record("shipped")
     assert shipped["method"] == LEARNED and shipped["request"]["method"] == LEARNED
+
+
+def test_a_camera_view_keeps_the_points_ahead_on_the_beams_it_still_holds():
+    from training.evaluate_upsample import sweep_of
+    from training.train_fill import CAMERA_DOWN, CAMERA_DROP_M, CAMERA_HALF_WIDTH, camera_view
+
+    whole = sweep_of(sweep(), "whole")
+    cut = camera_view(whole)
+    p = cut.scan.points
+    assert 0 < len(p) < len(whole.scan.points) / 3
+    assert (p[:, 0] > 0).all() and (np.abs(p[:, 1]) < CAMERA_HALF_WIDTH * p[:, 0]).all()
+    assert (p[:, 2] >= -CAMERA_DOWN * p[:, 0] - CAMERA_DROP_M).all()
+    assert cut.geometry.sensor.height < whole.geometry.sensor.height, "the beams below the view are gone"
+    assert cut.name == "whole (camera view)"

@@ -53,6 +53,10 @@ CONFIG_NAME = "fill_config.json"
 LOG_NAME = "train_fill.log"
 #: Columns at each crop's sides the loss skips: the network sees no further there than the crop.
 CROP_MARGIN = 4
+#: The camera view that KITTI's object-detection sweeps are cut to (their `velodyne_reduced` clouds): ahead
+#: within the left camera's 1242 x 375 image at a focal length of 721 px, so |y| < 0.861 x (40.7 deg either
+#: side) and, the camera 0.076 m below the LiDAR, z >= -0.28 x - 0.076 (about -15 deg far out).
+CAMERA_HALF_WIDTH, CAMERA_DOWN, CAMERA_DROP_M = 0.861, 0.28, 0.076
 
 
 #: The release's training sweeps: the shared real drive the evaluation does not score (40 KITTI raw sweeps).
@@ -73,6 +77,8 @@ class FillTrainConfig:
     sim_share: float = 0.0
     #: Ring drops: every `every`-th ring kept, at every offset.
     every: tuple[int, ...] = (4, 2)
+    #: Each real sweep also cut to a camera's view (`camera_view`), as object-detection datasets ship sweeps.
+    camera_view: bool = True
     steps: int = 2000
     batch: int = 6
     crop: int = 256
@@ -115,6 +121,8 @@ class Item:
     features: np.ndarray
     truth: np.ndarray
     scored: np.ndarray
+    #: The columns holding scored rays: where a crop is centred.
+    columns: np.ndarray
 
 
 def ring_drops(sweep: Sweep, every: tuple[int, ...]) -> list[Item]:
@@ -129,8 +137,20 @@ def ring_drops(sweep: Sweep, every: tuple[int, ...]) -> list[Item]:
             todo = res.mask & ~res.given.mask
             features = fill_features(res.given, res.image, todo, res.sensor)
             scored = todo & (res.image.range > 0) & sweep.truth.mask
-            items.append(Item(features, sweep.truth.range.astype(np.float32), scored))
+            columns = np.flatnonzero(scored.any(axis=0))
+            if len(columns):
+                items.append(Item(features, sweep.truth.range.astype(np.float32), scored, columns))
     return items
+
+
+def camera_view(sweep: Sweep) -> Sweep | str:
+    """`sweep` cut to a camera's view ahead (`CAMERA_HALF_WIDTH`, ...), each point on its beam, read on the
+    geometry that is left (the beams the view still holds)."""
+    points, rows = sweep.scan.points, sweep.geometry.rows
+    x, y, z = points[:, 0], points[:, 1], points[:, 2]
+    keep = (rows >= 0) & (x > 0) & (np.abs(y) < CAMERA_HALF_WIDTH * x) & (z >= -CAMERA_DOWN * x - CAMERA_DROP_M)
+    scan = Scan(points=points[keep], ring=rows[keep].astype(np.int64), ring_source="file", path=sweep.scan.path)
+    return sweep_of(scan, f"{sweep.name} (camera view)")
 
 
 def sim_sweep(dataset: SimDataset, sequence: int, frame: int) -> Sweep | str:
@@ -153,6 +173,11 @@ def build_pools(cfg: FillTrainConfig) -> dict[str, list[Item]]:
             logger.warning("skipped %s", sweep)
             continue
         pools["real"] += ring_drops(sweep, cfg.every)
+        cut = camera_view(sweep) if cfg.camera_view else None
+        if isinstance(cut, Sweep):
+            pools["real"] += ring_drops(cut, cfg.every)
+        elif cut is not None:
+            logger.warning("skipped %s", cut)
     for root in cfg.sim:
         dataset = SimDataset(root, cache_size=1)
         for sequence in range(min(cfg.sim_sequences, len(dataset))):
@@ -176,7 +201,8 @@ def batch(pools: dict[str, list[Item]], cfg: FillTrainConfig, rng: np.random.Gen
         item = first if k == 0 else same[rng.integers(len(same))]
         width = item.truth.shape[1]
         crop = min(cfg.crop, width)
-        c0 = int(rng.integers(0, width - crop + 1))
+        centre = int(item.columns[rng.integers(len(item.columns))])
+        c0 = int(np.clip(centre - crop // 2, 0, width - crop))
         cut = slice(c0, c0 + crop)
         x, t, m = item.features[:, :, cut], item.truth[:, cut], item.scored[:, cut].copy()
         m[:, :CROP_MARGIN] = m[:, -CROP_MARGIN:] = False
