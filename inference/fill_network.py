@@ -41,6 +41,8 @@ GAP_UNIT_DEG, ELEVATION_UNIT_DEG = 2.0, 30.0
 #: Downsamplings of the U-net: the grid is padded to a multiple of 2 ** LEVELS.
 LEVELS = 2
 METADATA_KEY = "fill_network"
+#: Widest network a fill file may name.
+MAX_CHANNELS = 128
 
 
 @dataclass(frozen=True)
@@ -50,8 +52,9 @@ class FillNetworkConfig:
     channels: int = 32
 
     def __post_init__(self) -> None:
-        if not isinstance(self.channels, int) or not 8 <= self.channels <= 256 or self.channels % 8:
-            raise ValueError(f"channels must be a multiple of 8 in [8, 256], got {self.channels!r}")
+        # bounded, as a file from a Hub repo names it: 128 channels cost 16x the default 32's compute per sweep
+        if not isinstance(self.channels, int) or not 8 <= self.channels <= MAX_CHANNELS or self.channels % 8:
+            raise ValueError(f"channels must be a multiple of 8 in [8, {MAX_CHANNELS}], got {self.channels!r}")
 
 
 class _Conv(nn.Module):

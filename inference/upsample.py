@@ -16,9 +16,9 @@ What fills them (`method`):
   planar along that line: the inverse range of a plane seen along a vertical fan is `A cos(el) + B sin(el)`,
   so two returns on the road fix the road's range at every elevation between them, which a straight line in
   range does not (3 m off at 35 m between beams 1.6 deg apart).
-- "learned": the edge-aware fill, corrected by a small network trained on real and simulated sweeps with rings
-  dropped (`inference.fill_network`): it sees the neighbourhood, so a depth edge the column cannot place is
-  placed where the edge runs on in the columns around.
+- "learned": the edge-aware fill, corrected by a small network trained on sweeps with rings dropped
+  (`inference.fill_network`): it sees the neighbourhood, so a depth edge the column cannot place is placed
+  where the edge runs on in the columns around.
 - "model": the world model re-simulates the sweep at its own pose on the target grid, conditioned on it
   as its cache (the measured rays on their own rows), and the fill rays take the network's sample.
 - "linear" and "nearest": the baselines, linear in range between the known rays above and below, or the

@@ -117,6 +117,10 @@ def test_a_file_that_is_not_a_fill_network_is_refused(tmp_path):
     (tmp_path / "torn.safetensors").write_bytes(b"\x08\x00\x00\x00\x00\x00\x00\x00{}")
     with pytest.raises(ValueError, match="is not a LidarVerse fill network"):
         load_fill_network(tmp_path / "torn.safetensors")
+    wide = tmp_path / "wide.safetensors"  # a file naming a network past the bound is refused before it is built
+    save_fill_network(perturbed(), wide, {"fill_network": json.dumps({"channels": 1024})})
+    with pytest.raises(ValueError, match=r"channels must be a multiple of 8 in \[8, 128\], got 1024"):
+        load_fill_network(wide)
 
 
 @pytest.fixture(scope="module")
