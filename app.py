@@ -1563,7 +1563,8 @@ def _upsample_tab() -> None:
                                      info="by the factor, or a preset's beam table at the sweep's own columns")
                 method = gr.Radio(list(METHODS), value=_method_default(), label="Method",
                                   info=f"'{LEARNED}' where the model ships a fill network: the edge-aware fill "
-                                       "corrected by it")
+                                       f"corrected by it, trained for new beams; '{EDGE_AWARE}' fills a sweep's "
+                                       "own silent rays (factor 1) better")
                 with gr.Accordion("Sampling (method 'model')", open=False):
                     steps = gr.Slider(1, MAX_STEPS, value=_steps_default(), step=1, label="Sampling steps")
                     seed = gr.Number(0, label="Seed", precision=0, minimum=0, maximum=MAX_SEED)

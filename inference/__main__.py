@@ -439,8 +439,8 @@ def _parser() -> argparse.ArgumentParser:
                         help=f"beams per measured gap (default {DEFAULT_FACTOR}; 1 fills the sweep's own silent rays)")
     target.add_argument("--sensor", default=None, help="a preset whose beam table to fill, at the sweep's columns")
     up.add_argument("--method", default=None, choices=METHODS,
-                    help=f"what fills the new rays (default: {LEARNED} where the model ships a fill network, else "
-                         f"{DEFAULT_METHOD})")
+                    help=f"what fills the new rays (default: {LEARNED} for new beams where the model ships a fill "
+                         f"network, else {DEFAULT_METHOD})")
     up.add_argument("--steps", type=_WHOLE, default=None,
                     help=f"sampler steps of --method model, 1..{MAX_STEPS} (default: the model's)")
     up.add_argument("--seed", type=_WHOLE, default=0)

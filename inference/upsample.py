@@ -134,9 +134,10 @@ class _Grid:
     fan: tuple[float, float]
 
 
-def default_method(fill_network: FillNetwork | None) -> str:
-    """The fill a call that names none gets: the learned one where its network is at hand."""
-    return LEARNED if fill_network is not None else DEFAULT_METHOD
+def default_method(fill_network: FillNetwork | None, new_beams: bool = True) -> str:
+    """The fill a call that names none gets: the learned one for new beams where its network is at hand (it is
+    trained on rings dropped; on rays missing at random the edge-aware fill scores better), else edge-aware."""
+    return LEARNED if fill_network is not None and new_beams else DEFAULT_METHOD
 
 
 def upsample(
@@ -159,21 +160,17 @@ def upsample(
 
     `mask` (H, W) bool on the target grid names the rays to fill (default: the new beams, or on the sweep's
     own table every silent ray); a ray the input returns on keeps its point whatever the mask says. `model`,
-    `steps` and `seed` serve `method="model"` only, `fill_network` `method="learned"`, the default where given
-    (`default_method`). Bad input raises `InputError`, before any compute.
+    `steps` and `seed` serve `method="model"` only, `fill_network` `method="learned"`, the default for new beams
+    where given (`default_method`). Bad input raises `InputError`, before any compute.
     """
     start = time.perf_counter()
-    method = default_method(fill_network) if method is None else method
-    if method not in METHODS:
-        raise InputError(f"method must be one of {', '.join(METHODS)}, got {shown(method)}")
-    if method == MODEL and model is None:
-        raise InputError("method 'model' needs a world model; load a pipeline and call its upsample")
-    if method == LEARNED and fill_network is None:
-        raise InputError(f"method '{LEARNED}' needs a fill network; load a release that ships one "
-                         f"({FILL_WEIGHTS_NAME}) and call its pipeline's upsample, or pass fill_network=")
+    if method is not None:
+        _check_method(method, model, fill_network)
     xyzi, scan = _input_points(points)
     grid = _grid(xyzi, scan, factor, sensor, limits)
     fill = _fill_mask(grid, mask)
+    if method is None:
+        method = default_method(fill_network, new_beams=grid.sensor.height > len(grid.measured_rows))
     geometry_s = time.perf_counter() - start
     if method == MODEL:
         image = _model_fill(model, grid, fill, steps, seed, callback)  # type: ignore[arg-type]
@@ -190,6 +187,16 @@ def upsample(
     logger.info("upsample: %d points -> %d on %dx%d (%s) in %.2f s", len(xyzi), len(result.points),
                 *grid.sensor.shape, method, total)
     return replace(result, timings=timings)
+
+
+def _check_method(method: str, model: WorldModel | None, fill_network: FillNetwork | None) -> None:
+    if method not in METHODS:
+        raise InputError(f"method must be one of {', '.join(METHODS)}, got {shown(method)}")
+    if method == MODEL and model is None:
+        raise InputError("method 'model' needs a world model; load a pipeline and call its upsample")
+    if method == LEARNED and fill_network is None:
+        raise InputError(f"method '{LEARNED}' needs a fill network; load a release that ships one "
+                         f"({FILL_WEIGHTS_NAME}) and call its pipeline's upsample, or pass fill_network=")
 
 
 # ---------------------------------------------------------------------------------------------- the grid

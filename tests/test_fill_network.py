@@ -234,3 +234,11 @@ def test_a_camera_view_keeps_the_points_ahead_on_the_beams_it_still_holds():
     assert (p[:, 2] >= -CAMERA_DOWN * p[:, 0] - CAMERA_DROP_M).all()
     assert cut.geometry.sensor.height < whole.geometry.sensor.height, "the beams below the view are gone"
     assert cut.name == "whole (camera view)"
+
+
+def test_the_learned_fill_is_the_default_for_new_beams_and_edge_aware_for_completion():
+    network = perturbed()
+    assert upsample(None, sweep(), 4, fill_network=network).method == LEARNED
+    assert upsample(None, sweep(), 1, fill_network=network).method == EDGE_AWARE, "trained on rings, not rays"
+    assert upsample(None, sweep(), 4).method == EDGE_AWARE
+    assert upsample(None, sweep(), 1, method=LEARNED, fill_network=network).method == LEARNED, "named: as asked"

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import json
 import logging
 import sys
 import time
@@ -35,6 +36,7 @@ from typing import Any
 import numpy as np
 
 from inference import load_pipeline
+from inference.fill_network import fill_metadata
 from inference.pipeline import LidarVersePipeline
 from inference.upsample import DEFAULT_FACTOR, EDGE_AWARE, LEARNED, LINEAR, MODEL, NEAREST, UpsampleResult
 from lidar.errors import InputError
@@ -289,6 +291,17 @@ def write_sparse_pictures(out_dir: Path, pipe: LidarVersePipeline, cfg: Upsample
     return [bev, strip]
 
 
+def fill_summary(pipe: LidarVersePipeline) -> dict[str, Any] | None:
+    """What the release's fill network is and was trained on (its file's metadata), for the report."""
+    if pipe.fill_network is None or pipe.provenance.fill is None:
+        return None
+    meta = fill_metadata(pipe.provenance.fill)
+    config = json.loads(meta.get("config", "{}"))
+    return {"parameters": sum(p.numel() for p in pipe.fill_network.parameters()), "steps": int(meta.get("steps", 0)),
+            "real": config.get("real", []), "sim": config.get("sim", []), "camera_view": config.get("camera_view"),
+            "every": config.get("every", [])}
+
+
 def evaluate(pipe: LidarVersePipeline, cfg: UpsampleEvalConfig, seed: int = 0,
              pictures: Path | None = None) -> dict[str, Any]:
     """Run the protocol; returns the JSON-ready report."""
@@ -325,6 +338,7 @@ def evaluate(pipe: LidarVersePipeline, cfg: UpsampleEvalConfig, seed: int = 0,
                      "sweeps": [r["sweep"] for r in rows], "duplicates": duplicates, "skipped": skipped},
         "tables": tables,
         "bars": bars(tables) if BASELINE in cfg.methods else [],
+        "fill_network": fill_summary(pipe),
         "per_sweep": rows,
         "timings": {"total_s": time.perf_counter() - start},
     }
@@ -349,6 +363,13 @@ def format_report(report: dict[str, Any]) -> str:
         lines.append(f"Byte-identical files counted once: {', '.join(p['duplicates'])}.")
     if p["skipped"]:
         lines.append(f"Skipped: {'; '.join(p['skipped'])}.")
+    fill = report.get("fill_network")
+    if fill:
+        data = [f"`{d}`" for d in fill["real"] + fill["sim"]]
+        views = " (each also cut to a camera's view)" if fill["camera_view"] else ""
+        lines.append(f"The learned fill: a {fill['parameters'] / 1e6:.2f} M-parameter network trained "
+                     f"(`python -m training.train_fill`) for {fill['steps']:,} steps on {', '.join(data)}{views}, every "
+                     f"{' or '.join(map(str, fill['every']))} rings kept; none of the sweeps scored here.")
     if p.get("left_out"):
         lines.append(f"Left out (the model ships no fill network): {', '.join(p['left_out'])}.")
     for setting, table in report["tables"].items():

@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import shutil
 import sys
 import time
@@ -257,14 +258,19 @@ def train(cfg: FillTrainConfig, job_dir: Path) -> Path:
                      "schedule": schedule.state_dict(), "rng": rng.bit_generator.state, "step": step}
             atomic_torch_save(state, job_dir / CHECKPOINT_NAME)
     out = job_dir / FILL_WEIGHTS_NAME
-    data = {"real": [Path(p).name for p in cfg.real], "sim": [Path(p).name for p in cfg.sim]}
+    shown = {**asdict(cfg), "real": [_relative(p) for p in cfg.real], "sim": [_relative(p) for p in cfg.sim]}
     tmp = out.with_suffix(".tmp")
-    save_fill_network(network, tmp, {"steps": str(step), "data": json.dumps(data), "config": json.dumps(asdict(cfg))})
+    save_fill_network(network, tmp, {"steps": str(step), "config": json.dumps(shown)})
     fsync_file(tmp)
     tmp.replace(out)
     fsync_dir(job_dir)
     logger.info("wrote %s (step %d)", out, step)
     return out
+
+
+def _relative(path: str) -> str:
+    """`path` as the file's metadata names it: relative to the working directory, so no machine's layout ships."""
+    return os.path.relpath(Path(path).resolve())
 
 
 def _check_same_config(cfg: FillTrainConfig, job_dir: Path) -> None:
