@@ -453,7 +453,8 @@ def test_by_default_the_model_cannot_be_switched(monkeypatch):
 def test_every_steps_slider_starts_at_the_served_models_default_within_the_servers_limit(monkeypatch):
     served = app.PIPELINE
     for default, shown in ((3, 3), (app.MAX_STEPS + 7, app.MAX_STEPS)):
-        monkeypatch.setattr(app, "PIPELINE", SimpleNamespace(config=replace(served.config, default_steps=default), sensor=served.sensor))
+        monkeypatch.setattr(app, "PIPELINE", SimpleNamespace(config=replace(served.config, default_steps=default), sensor=served.sensor,
+                                                           fill_network=None))
         sliders = [block for block in app.build_demo().blocks.values()
                    if isinstance(block, gr.Slider) and block.label == "Sampling steps"]
         assert len(sliders) == 4 and {slider.value for slider in sliders} == {shown}  # 3 rollout tabs, upsample
