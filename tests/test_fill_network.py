@@ -261,3 +261,21 @@ def test_the_shipped_fill_network_beats_the_edge_aware_fill_on_a_real_kitti_swee
     mae = {m: scores(pipe.upsample(given, sensor=truth.geometry.sensor, mask=fill, method=m), truth)["mae"]
            for m in (EDGE_AWARE, LEARNED)}
     assert mae[LEARNED] < 0.97 * mae[EDGE_AWARE], mae
+
+
+def test_simulated_drives_are_a_pool_of_their_own_read_as_sweep_files_are(train_data, tmp_path):
+    from lidar.sensors import VLP16
+    from lidar.sim.dataset import write_dataset
+    from training.train_fill import batch, build_pools
+
+    root = tmp_path / "sim"
+    write_dataset(root, VLP16.with_width(128), sequences=1, frames=2, seed=3)
+    cfg = tiny_train(train_data, sim=(str(root),), sim_share=1.0, sim_frames=(0, 1), camera_view=False)
+    pools = build_pools(cfg)
+    assert len(pools["sim"]) == 2 * 4 and len(pools["real"]) == 2 * 4  # 2 frames or sweeps x 4 offsets of every 4th
+    assert {item.truth.shape for item in pools["sim"]} == {(16, 128)}, "the simulated sensor's own grid"
+    x, truth, scored = batch(pools, cfg, np.random.default_rng(0))
+    assert x.shape == (cfg.batch, len(FEATURES), 16, cfg.crop) and scored.any()
+    assert (truth[scored] > 0).all(), "only rays the truth returns on are scored"
+    with pytest.raises(InputError, match="draws from a pool with no data"):
+        tiny_train(train_data, sim_share=0.5)
