@@ -9,8 +9,8 @@ below with their elevation gaps and its own elevation (angles, not row indices, 
 problem), and it returns a log-range correction to the fill. Its last layer starts at zero, so an untrained
 network is the edge-aware fill exactly; the return of each filled ray stays the edge-aware rule's.
 
-It is trained self-supervised on real sweeps and simulated ones with rings dropped (`training.train_fill`) and
-ships beside the world model in a release as `FILL_WEIGHTS_NAME`, its architecture in the file's metadata.
+It is trained self-supervised on sweeps with rings dropped, real ones and, where a training config names them,
+simulated ones (`training.train_fill`), and ships beside the world model in a release as `FILL_WEIGHTS_NAME`, its architecture in the file's metadata.
 """
 
 from __future__ import annotations
@@ -115,12 +115,13 @@ def fill_features(given: RangeImage, base: RangeImage, todo: np.ndarray, sensor:
     has_above, has_below = above >= 0, below < height
     above, below = np.clip(above, 0, height - 1), np.clip(below, 0, height - 1)
     cols = np.broadcast_to(np.arange(width)[None, :], (height, width))
-    elevation = np.degrees(sensor.elevations)[:, None]
+    degrees = np.degrees(sensor.elevations)
+    elevation = degrees[:, None]
     known_range = np.where(known, given.range, 0.0)
     range_above = np.where(has_above, known_range[above, cols], 0.0)
     range_below = np.where(has_below, known_range[below, cols], 0.0)
-    gap_above = np.where(has_above, np.degrees(sensor.elevations)[above] - elevation, 0.0) / GAP_UNIT_DEG
-    gap_below = np.where(has_below, elevation - np.degrees(sensor.elevations)[below], 0.0) / GAP_UNIT_DEG
+    gap_above = np.where(has_above, degrees[above] - elevation, 0.0) / GAP_UNIT_DEG
+    gap_below = np.where(has_below, elevation - degrees[below], 0.0) / GAP_UNIT_DEG
     fills = todo & (base.range > 0)
     planes = (known & (known_range > 0), _log_range(known_range), np.where(known, given.intensity, 0.0), todo, fills,
               _log_range(np.where(fills, base.range, 0.0)), _log_range(range_above), gap_above,
@@ -146,12 +147,18 @@ def refine(network: FillNetwork, given: RangeImage, base: RangeImage, todo: np.n
     return RangeImage(np.where(fills, refined, base.range).astype(np.float32), base.intensity)
 
 
-def save_fill_network(network: FillNetwork, path: str | Path, extra: dict[str, str] | None = None) -> None:
-    """The network's weights as safetensors, its config (and `extra`: what it was trained on) in the metadata."""
-    from safetensors.torch import save_file
+def fill_network_bytes(network: FillNetwork, extra: dict[str, str] | None = None) -> bytes:
+    """The network's weights as a safetensors file, its config (and `extra`: what it was trained on) in the
+    metadata; the bytes, for a caller that writes them atomically."""
+    from safetensors.torch import save
 
     state = {k: v.detach().contiguous().cpu() for k, v in network.state_dict().items()}
-    save_file(state, str(path), metadata={METADATA_KEY: json.dumps(asdict(network.config)), **(extra or {})})
+    return save(state, metadata={METADATA_KEY: json.dumps(asdict(network.config)), **(extra or {})})
+
+
+def save_fill_network(network: FillNetwork, path: str | Path, extra: dict[str, str] | None = None) -> None:
+    """`fill_network_bytes` written to `path`."""
+    Path(path).write_bytes(fill_network_bytes(network, extra))
 
 
 def fill_metadata(path: str | Path) -> dict[str, str]:

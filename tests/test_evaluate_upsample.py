@@ -87,10 +87,11 @@ def test_the_pictures_and_the_markdown(report):
     out, pictures = report
     assert sorted(p.name for p in pictures.iterdir()) == sorted(
         [f"upsample_{view}_{k}.png" for k in [*range(4), "sparse"] for view in ("bev", "range")])
-    # the sparse sweep made 4x denser: its 16 beams become 61 rows, one strip per method below the given one
-    strips = Image.open(pictures / "upsample_range_sparse.png")
-    one = Image.open(pictures / "upsample_range_0.png")
-    assert strips.height > one.height and strips.getbbox() is not None
+    # the sparse sweep made 4x denser: given | each of the 4 methods, the settings' pictures have the truth besides
+    sparse, setting = (Image.open(pictures / f"upsample_bev_{k}.png") for k in ("sparse", 0))
+    assert sparse.height == setting.height and sparse.width * 6 == setting.width * 5
+    strips, one = (Image.open(pictures / f"upsample_range_{k}.png") for k in ("sparse", 0))
+    assert strips.height > one.height and strips.getbbox() is not None, "61-row strips against 16-row ones"
     text = format_report(out)
     assert all(s.name in text for s in SETTINGS) and "Bars on" in text and "copy.pcd" in text
 

@@ -21,7 +21,6 @@ import argparse
 import json
 import logging
 import os
-import shutil
 import sys
 import time
 from dataclasses import asdict, dataclass
@@ -30,15 +29,15 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from checkpointing.atomic import atomic_torch_save, atomic_write_text, fsync_dir, fsync_file
+from checkpointing.atomic import atomic_torch_save, atomic_write_bytes, atomic_write_text
 from inference.fill_network import (
     FILL_WEIGHTS_NAME,
     FillNetwork,
     FillNetworkConfig,
     corrected_range,
     fill_features,
+    fill_network_bytes,
     load_fill_network,
-    save_fill_network,
 )
 from inference.upsample import EDGE_AWARE, upsample
 from lidar.errors import InputError
@@ -259,11 +258,7 @@ def train(cfg: FillTrainConfig, job_dir: Path) -> Path:
             atomic_torch_save(state, job_dir / CHECKPOINT_NAME)
     out = job_dir / FILL_WEIGHTS_NAME
     shown = {**asdict(cfg), "real": [_relative(p) for p in cfg.real], "sim": [_relative(p) for p in cfg.sim]}
-    tmp = out.with_suffix(".tmp")
-    save_fill_network(network, tmp, {"steps": str(step), "config": json.dumps(shown)})
-    fsync_file(tmp)
-    tmp.replace(out)
-    fsync_dir(job_dir)
+    atomic_write_bytes(out, fill_network_bytes(network, {"steps": str(step), "config": json.dumps(shown)}))
     logger.info("wrote %s (step %d)", out, step)
     return out
 
@@ -303,11 +298,7 @@ def install(weights: Path, release: Path) -> Path:
         raise InputError(f"--into {release} is not a release folder (no config.json)")
     load_fill_network(weights)
     target = release / FILL_WEIGHTS_NAME
-    tmp = target.with_suffix(".tmp")
-    shutil.copyfile(weights, tmp)
-    fsync_file(tmp)
-    tmp.replace(target)
-    fsync_dir(release)
+    atomic_write_bytes(target, weights.read_bytes())
     return target
 
 
