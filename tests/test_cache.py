@@ -110,3 +110,25 @@ def test_a_cache_restored_from_its_state_merges_as_the_original_does():
     fresh.load_state_dict({**restored.state_dict()})
     fresh.add(np.zeros((0, 4), np.float32), pose_at(6.0))
     assert np.array_equal(original.points(), restored.points()) and np.array_equal(original.points(), fresh.points())
+
+
+def test_merging_matches_the_voxel_rule_point_by_point():
+    """Observed before generated, then the newest, then the first of a sweep: checked against a plain loop over
+    the points, newest sweep first, through adds of both kinds with many points sharing voxels."""
+    rng = np.random.default_rng(3)
+    cache = SpatialCache(radius=1e6, voxel_size=1.0, max_points=10**6)
+    held: list[tuple[np.ndarray, bool]] = []  # the rule's winners, newest first
+    for observed in (True, False, False, True, False):
+        new = np.column_stack([rng.integers(-6, 6, (400, 3)) + rng.random((400, 3)), rng.random(400)])
+        new = new.astype(np.float32)
+        cache.add(new, observed=observed)
+        candidates = [*((p, observed) for p in new), *held]
+        winner: dict[tuple[int, ...], int] = {}
+        for i, (point, obs) in enumerate(candidates):
+            voxel = tuple(np.floor(point[:3].astype(np.float64)).astype(int))
+            if voxel not in winner or (obs and not candidates[winner[voxel]][1]):
+                winner[voxel] = i
+        held = [candidates[i] for i in sorted(winner.values())]
+        assert len(held) < len(candidates)
+        np.testing.assert_array_equal(cache.points(), np.array([p for p, _ in held]))
+        np.testing.assert_array_equal(cache.observed(), [o for _, o in held])
