@@ -59,6 +59,7 @@ from lidar.motion import moving_objects
 from lidar.range_image import (
     RangeImage,
     azimuth_columns,
+    beam_offsets,
     beam_rows,
     elevation_span,
     encode_range,
@@ -129,6 +130,15 @@ NEAR_GROUND_TOLERANCE_M = 0.6
 SIGHT_TOLERANCE_M = 0.3
 SIGHT_SLOPE = 0.05
 SILENT_SEEN_M = 60.0
+
+
+#: A measured point lies on one of the frames' beams within this share of the beam spacing (`beam_offsets`).
+ON_BEAM_SHARE = 0.25
+#: The observed sweeps sit on their beams when this percentile of their points (every `ON_BEAM_STRIDE`-th, at
+#: their own poses) lies on the frames' beams: simulated sweeps and fixed beam tables do, a KITTI HDL-64E
+#: sweep does not (its points scatter about their rings, half of them more than half a spacing).
+ON_BEAM_PERCENTILE = 90.0
+ON_BEAM_STRIDE = 8
 
 
 def measured_points(scans: list[np.ndarray], poses: np.ndarray) -> np.ndarray:
@@ -216,6 +226,8 @@ class Observation:
     velocity: np.ndarray | None = None
     #: Seconds of the newest sweep, on the clock of the frames' times.
     time: float = 0.0
+    #: The sweeps' own returns lie on the frames' beams (`on_beams`).
+    on_beams: bool = False
 
     @property
     def positions(self) -> np.ndarray:
@@ -320,7 +332,19 @@ def observation(scans: list[np.ndarray], poses: np.ndarray, sensor: Sensor,
         seen = [project(np.asarray(scan), sensor).range for scan in scans]
     sight = np.stack(seen) if scans else np.zeros((0, *sensor.shape), np.float32)
     return Observation(points, poses, sensor_shadow(scans, sensor, [r > 0 for r in seen]), sweep, body, sight,
-                       sensor, velocity, time)
+                       sensor, velocity, time, on_beams(scans, sensor))
+
+
+def on_beams(scans: list[np.ndarray], sensor: Sensor) -> bool:
+    """Whether sensor-frame sweeps lie on `sensor`'s beams (`ON_BEAM_PERCENTILE` of their points within
+    `ON_BEAM_SHARE` of a beam): then a point seen off every beam from another pose is on no ray the sensor has
+    there."""
+    sample = [np.asarray(scan)[::ON_BEAM_STRIDE, :3] for scan in scans]
+    sample = [points[np.abs(points).sum(axis=1) > 0] for points in sample]
+    if not sum(len(points) for points in sample):
+        return False
+    offsets = beam_offsets(np.concatenate(sample), sensor)
+    return bool(np.percentile(offsets, ON_BEAM_PERCENTILE) <= ON_BEAM_SHARE)
 
 
 def _nearest_sweep(observed: Observation, pose: np.ndarray) -> tuple[np.ndarray, int]:
@@ -445,6 +469,10 @@ def beside_grid(local: np.ndarray, observed: Observation, pose: np.ndarray, sens
       keeping every point of the newest cost 1.00x -> 1.01x, so there the z-buffer stays);
     - elsewhere, the nearest point per cell of the fine ray grid (`lidar.ray_grid`, the angular resolution of
       the densest sensor), the `own_sweep`'s on every cell it returns on, as the z-buffer of `measured_view`.
+      Where the sweeps sit on the frames' beams (`Observation.on_beams`), only those on a beam of the pose: a
+      point between its beams is on no ray the sensor has there, and a coarse fan (a VLP-16's 2 deg) would
+      keep the old pose's rings between the new one's. A KITTI sweep's points scatter about their rings, and
+      the next sweep's do too, so there they all stay (docs/evaluation.md has the figures).
     An actor's box in front of a point hides it, as it hides a pixel's point.
     """
     if not len(local) or not kept.any():
@@ -464,6 +492,8 @@ def beside_grid(local: np.ndarray, observed: Observation, pose: np.ndarray, sens
         placed = inside & kept[pixel]
         chosen = _fine_winners(local, rng, placed | unplaced, observed, own_sweep(observed, pose))
         chosen = chosen[(candidate | unplaced)[chosen]]
+        if observed.on_beams:
+            chosen = chosen[beam_offsets(take_rows(local, chosen), sensor) <= ON_BEAM_SHARE]
     if boxes is not None and len(chosen):
         box = encode_range(boxes.range.reshape(-1)[pixel[chosen]], sensor.max_range)
         chosen = chosen[~((box > -1.0) & (box < encode_range(rng[chosen], sensor.max_range) - SNAP_TOLERANCE))]

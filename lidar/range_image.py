@@ -93,6 +93,21 @@ def beam_rows(points: np.ndarray, sensor: Sensor) -> np.ndarray:
     return rows
 
 
+def beam_offsets(points: np.ndarray, sensor: Sensor) -> np.ndarray:
+    """How far each point (N, 3+) lies from its nearest beam's elevation, in that beam's own spacing (the mean of
+    its gaps to the beams above and below): 0 on the beam, 0.5 midway to the next; beyond the outer beams it
+    grows on."""
+    elev = point_elevations(points)
+    beams = sensor.elevations
+    if len(beams) < 2:
+        return np.zeros(len(points))
+    spacing = np.abs(np.diff(beams))
+    local = np.r_[spacing[0], 0.5 * (spacing[1:] + spacing[:-1]), spacing[-1]]
+    mids = 0.5 * (beams[1:] + beams[:-1])  # descending, as the beams
+    rows = np.searchsorted(-mids, -elev)
+    return np.abs(elev - beams[rows]) / local[rows]
+
+
 def rows_from_ring(points: np.ndarray, ring: np.ndarray, sensor: Sensor) -> np.ndarray:
     """Rows from a file's ring/beam column, oriented so row 0 is the highest beam.
 

@@ -552,3 +552,33 @@ def test_an_older_point_on_a_ray_the_own_sweep_measured_empty_is_stale(pipe) -> 
     view = measured_view(seen, target, sensor)
     assert not view.mask[row, 25] and view.misses[row, 25]
     assert view.mask[row, 24] and view.mask[row, 26]
+
+
+def test_sweeps_on_their_beams_keep_beside_the_grid_only_points_on_the_new_poses_beams(pipe) -> None:
+    """A simulated VLP-16 sweep (2 deg between beams) seen from 3 m on: its points beside the grid are those on a
+    beam of the new pose; a KITTI sweep, whose points scatter about its rings, keeps them all."""
+    from dataclasses import replace
+
+    from inference.measured import ON_BEAM_SHARE, on_beams
+    from lidar.formats import read_points
+    from lidar.formats.detect import sweep_geometry
+    from lidar.range_image import beam_offsets
+    from lidar.sensors import VLP16
+    from lidar.sim.sensor_model import LidarSimulator
+
+    world = make_world(4, "urban")
+    pose = plan_drive(world, "straight", 1, seed=0, mount_height=VLP16.mount_height)[:1]
+    scan = LidarSimulator(VLP16, seed=0).scan(world, pose[0]).points
+    seen = observation([scan], pose, VLP16)
+    assert seen.on_beams
+    target = pose[0].copy()
+    target[:3, 3] += 3.0 * pose[0][:3, 0]  # 3 m ahead: farther than ALONE_REACH_M from the sweep
+    view = measured_view(seen, target, VLP16)
+    everything = measured_view(replace(seen, on_beams=False), target, VLP16)
+    assert len(view.beside) and (beam_offsets(view.beside, VLP16) <= ON_BEAM_SHARE).all()
+    off = beam_offsets(everything.beside, VLP16) > ON_BEAM_SHARE
+    assert off.sum() > len(view.beside)  # most of what a 2-deg fan would otherwise keep is on no ray of its own
+    # the kept points beside the grid are those of the unfiltered view that lie on a beam
+    np.testing.assert_array_equal(np.sort(view.beside, axis=0), np.sort(everything.beside[~off], axis=0))
+    kitti = read_points(sorted((KITTI00 / "velodyne").glob("*.bin"))[0])
+    assert not on_beams([kitti.points], sweep_geometry(kitti).sensor)

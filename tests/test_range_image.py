@@ -8,6 +8,7 @@ import pytest
 from lidar.range_image import (
     RangeImage,
     azimuth_columns,
+    beam_offsets,
     beam_rows,
     decode_range,
     encode_range,
@@ -229,3 +230,14 @@ def test_log_range_encoding_inverts_and_marks_no_return():
     dec = decode_range(enc, max_range=120.0, min_range=1.0)
     np.testing.assert_allclose(dec[2:], r[2:], rtol=1e-4)
     np.testing.assert_array_equal(dec[:2], [0.0, 0.0])  # below min_range decodes as a ray drop
+
+
+def test_beam_offsets_count_in_each_beams_own_spacing():
+    # VLP-16: beams every 2 deg from +15 to -15
+    elevations = np.deg2rad([15.0, 14.0, 13.5, 0.0, -15.0, -15.5, -17.0])
+    points = np.c_[10 * np.cos(elevations), np.zeros(7), 10 * np.sin(elevations)]
+    np.testing.assert_allclose(beam_offsets(points, VLP16), [0.0, 0.5, 0.25, 0.5, 0.0, 0.25, 1.0], atol=1e-9)
+    # uneven tables: an HDL-64E's upper block is twice as dense as its lower one
+    on = np.deg2rad(HDL64.elevations_deg)
+    rays = np.c_[np.cos(on), np.zeros(len(on)), np.sin(on)]
+    assert beam_offsets(rays, HDL64).max() < 1e-9
