@@ -279,3 +279,19 @@ def test_simulated_drives_are_a_pool_of_their_own_read_as_sweep_files_are(train_
     assert (truth[scored] > 0).all(), "only rays the truth returns on are scored"
     with pytest.raises(InputError, match="draws from a pool with no data"):
         tiny_train(train_data, sim_share=0.5)
+
+
+def test_ray_drops_add_completion_items_drawn_like_the_evaluations(train_data) -> None:
+    from training.evaluate_upsample import load_sweep, sweep_files
+    from training.train_fill import build_pools, ray_drops
+
+    cfg = tiny_train(train_data, drops=(0.5, 0.9), camera_view=False)
+    pools = build_pools(cfg)
+    assert len(pools["real"]) == 2 * (4 + 2)  # 2 sweeps x (4 ring offsets + 2 ray drops)
+    sweep = load_sweep(sweep_files(cfg.real)[0][0])
+    half, most = ray_drops(sweep, (0.5, 0.9), np.random.default_rng(0))
+    share = [item.scored.sum() / sweep.truth.mask.sum() for item in (half, most)]
+    assert 0.4 < share[0] < 0.5 < 0.8 < share[1] < 0.9  # scored: dropped rays the fill and the truth return on
+    assert not (half.scored.all(axis=0) | ~half.scored.any(axis=0)).all(), "rays, not whole columns"
+    with pytest.raises(InputError, match="drops must be shares"):
+        tiny_train(train_data, drops=(1.0,))

@@ -3,9 +3,10 @@
 A sweep with rings dropped is its own label: the dropped rings are what the network must give back.
 1. Items: each sweep of the real folders, read on its own geometry (`training.evaluate_upsample.load_sweep`),
    and the chosen frames of the simulated datasets, each with rings dropped (every `every`-th ring kept, at
-   each offset), filled edge-aware by `inference.upsample.upsample` exactly as the evaluation and the learned
-   method fill them. The shared KITTI sweeps the evaluation scores (`real_seq/kitti00`, `real_scans/kitti_*`)
-   are not in the default data, so the card's figures are on sweeps the network never saw.
+   each offset; the real sweeps also with each share of `drops` of their rays dropped at random), filled
+   edge-aware by `inference.upsample.upsample` exactly as the evaluation and the learned method fill them. The
+   shared KITTI sweeps the evaluation scores (`real_seq/kitti00`, `real_scans/kitti_*`) are not in the default
+   data, so the card's figures are on sweeps the network never saw.
 2. Steps: a batch is `batch` azimuth crops of one pool's sweeps of one height (real or simulated, drawn with
    `sim_share`), mirrored in azimuth at random; the loss is the L1 in metres on the filled rays that both the
    fill and the truth return on, the metric the evaluation reports.
@@ -44,7 +45,7 @@ from lidar.errors import InputError
 from lidar.formats import Scan
 from lidar.range_image import RangeImage, unproject
 from lidar.sim.dataset import SimDataset
-from training.evaluate_upsample import SHARED, Sweep, load_sweep, sweep_files, sweep_of
+from training.evaluate_upsample import SHARED, Setting, Sweep, load_sweep, sweep_files, sweep_of
 
 logger = logging.getLogger(__name__)
 
@@ -77,6 +78,9 @@ class FillTrainConfig:
     sim_share: float = 0.0
     #: Ring drops: every `every`-th ring kept, at every offset.
     every: tuple[int, ...] = (4, 2)
+    #: Ray drops: each share of a sweep's rays dropped at random (one draw per sweep and share), as completion
+    #: fills them; none in the release's.
+    drops: tuple[float, ...] = ()
     #: Each real sweep also cut to a camera's view (`camera_view`), as object-detection datasets ship sweeps.
     camera_view: bool = True
     steps: int = 2000
@@ -91,7 +95,7 @@ class FillTrainConfig:
 
     def __post_init__(self) -> None:
         self.real, self.sim = tuple(self.real), tuple(self.sim)
-        self.sim_frames, self.every = tuple(self.sim_frames), tuple(self.every)
+        self.sim_frames, self.every, self.drops = tuple(self.sim_frames), tuple(self.every), tuple(self.drops)
         if not self.real and not self.sim:
             raise InputError("no training data: give real sweep folders or files, or simulated datasets")
         if not 0.0 <= self.sim_share <= 1.0:
@@ -100,6 +104,8 @@ class FillTrainConfig:
             raise InputError(f"sim_share {self.sim_share} draws from a pool with no data; give both, or 0 / 1")
         if any(e < 2 for e in self.every) or not self.every:
             raise InputError(f"every must be ring spacings >= 2, got {self.every}")
+        if any(not 0.0 < d < 1.0 for d in self.drops):
+            raise InputError(f"drops must be shares of rays in (0, 1), got {self.drops}")
         for name in ("steps", "batch", "crop", "save_every", "threads"):
             if getattr(self, name) < 1:
                 raise InputError(f"{name} must be >= 1, got {getattr(self, name)}")
@@ -128,18 +134,30 @@ class Item:
 def ring_drops(sweep: Sweep, every: tuple[int, ...]) -> list[Item]:
     """`sweep` with every `e`-th ring kept, for each e of `every` and each offset, filled edge-aware."""
     height = sweep.truth.shape[0]
+    returning = sweep.truth.mask.any(axis=0)[None, :]
+    fills = [np.broadcast_to(((np.arange(height) - offset) % e != 0)[:, None], sweep.truth.shape) & returning
+             for e in every for offset in range(e)]
+    return filled_items(sweep, fills)
+
+
+def ray_drops(sweep: Sweep, drops: tuple[float, ...], rng: np.random.Generator) -> list[Item]:
+    """`sweep` with each share of `drops` of its rays dropped at random, as the evaluation's completion settings
+    drop them, filled edge-aware."""
+    return filled_items(sweep, [Setting("ray drop", drop=d).mask(sweep.truth, rng) for d in drops])
+
+
+def filled_items(sweep: Sweep, fills: list[np.ndarray]) -> list[Item]:
+    """One item per (H, W) mask of rays to fill: the sweep without them, filled edge-aware exactly as
+    `upsample` fills them, and the rays the loss scores."""
     items = []
-    for e in every:
-        for offset in range(e):
-            rows = (np.arange(height) - offset) % e != 0
-            fill = np.broadcast_to(rows[:, None], sweep.truth.shape) & sweep.truth.mask.any(axis=0)[None, :]
-            res = upsample(None, sweep.given(fill), sensor=sweep.geometry.sensor, mask=fill, method=EDGE_AWARE)
-            todo = res.mask & ~res.given.mask
-            features = fill_features(res.given, res.image, todo, res.sensor)
-            scored = todo & (res.image.range > 0) & sweep.truth.mask
-            columns = np.flatnonzero(scored.any(axis=0))
-            if len(columns):
-                items.append(Item(features, sweep.truth.range.astype(np.float32), scored, columns))
+    for fill in fills:
+        res = upsample(None, sweep.given(fill), sensor=sweep.geometry.sensor, mask=fill, method=EDGE_AWARE)
+        todo = res.mask & ~res.given.mask
+        features = fill_features(res.given, res.image, todo, res.sensor)
+        scored = todo & (res.image.range > 0) & sweep.truth.mask
+        columns = np.flatnonzero(scored.any(axis=0))
+        if len(columns):
+            items.append(Item(features, sweep.truth.range.astype(np.float32), scored, columns))
     return items
 
 
@@ -167,12 +185,13 @@ def build_pools(cfg: FillTrainConfig) -> dict[str, list[Item]]:
     """Step 1: the real and the simulated items."""
     pools: dict[str, list[Item]] = {"real": [], "sim": []}
     files, _ = sweep_files(cfg.real) if cfg.real else ([], [])
-    for path in files:
+    for index, path in enumerate(files):
         sweep = load_sweep(path)
         if isinstance(sweep, str):
             logger.warning("skipped %s", sweep)
             continue
         pools["real"] += ring_drops(sweep, cfg.every)
+        pools["real"] += ray_drops(sweep, cfg.drops, np.random.default_rng([cfg.seed, index]))
         cut = camera_view(sweep) if cfg.camera_view else None
         if isinstance(cut, Sweep):
             pools["real"] += ring_drops(cut, cfg.every)
