@@ -167,9 +167,8 @@ def _merge(new_keys: np.ndarray, observed: bool, old_keys: np.ndarray,
     """Which new points and which cached ones keep their voxel: within a voxel an observed point beats a
     generated one, then the new beat the cached and, among the new, the first wins. `old_keys` are unique.
 
-    Sorting only the new keys and the cached ones apart, then matching them, takes half the time of one stable
-    sort of both (a frame's 120 k points into a full cache: 18 ms against 40 ms), and the cache merges every
-    frame."""
+    The cache merges every frame, so the new keys and the cached ones are sorted apart and matched: half the
+    time of one stable sort of both (the changelog has the figures)."""
     keep_new = np.zeros(len(new_keys), dtype=bool)
     keep_old = np.ones(len(old_keys), dtype=bool)
     if not len(new_keys):
