@@ -83,14 +83,19 @@ def beam_rows(points: np.ndarray, sensor: Sensor) -> np.ndarray:
         tol = np.deg2rad(1.0)
         rows[np.abs(elev - beams[0]) > tol] = -1
         return rows
-    mids = 0.5 * (beams[1:] + beams[:-1])
-    asc = np.searchsorted(mids, elev)
-    rows = (len(beams) - 1 - asc).astype(np.int64)
+    rows = _nearest_beams(elev, sensor)
     spacing = np.diff(beams)
     top_tol, bottom_tol = spacing[-1], spacing[0]
     outside = (elev > beams[-1] + top_tol) | (elev < beams[0] - bottom_tol)
     rows[outside] = -1
     return rows
+
+
+def _nearest_beams(elevations: np.ndarray, sensor: Sensor) -> np.ndarray:
+    """Row (0 = highest beam) of the beam nearest each elevation (rad), of two tied the lower; never -1."""
+    beams = sensor.elevations[::-1]  # ascending for searchsorted
+    asc = np.searchsorted(0.5 * (beams[1:] + beams[:-1]), elevations)
+    return (len(beams) - 1 - asc).astype(np.int64)
 
 
 def beam_offsets(points: np.ndarray, sensor: Sensor) -> np.ndarray:
@@ -103,8 +108,7 @@ def beam_offsets(points: np.ndarray, sensor: Sensor) -> np.ndarray:
         return np.zeros(len(points))
     spacing = np.abs(np.diff(beams))
     local = np.r_[spacing[0], 0.5 * (spacing[1:] + spacing[:-1]), spacing[-1]]
-    mids = 0.5 * (beams[1:] + beams[:-1])  # descending, as the beams
-    rows = np.searchsorted(-mids, -elev)
+    rows = _nearest_beams(elev, sensor)
     return np.abs(elev - beams[rows]) / local[rows]
 
 
