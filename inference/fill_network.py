@@ -10,7 +10,8 @@ problem), and it returns a log-range correction to the fill. Its last layer star
 network is the edge-aware fill exactly; the return of each filled ray stays the edge-aware rule's.
 
 It is trained self-supervised on sweeps with rings dropped, real ones and, where a training config names them,
-simulated ones (`training.train_fill`), and ships beside the world model in a release as `FILL_WEIGHTS_NAME`, its architecture in the file's metadata.
+simulated ones (`training.train_fill`), and ships beside the world model in a release as `FILL_WEIGHTS_NAME`,
+its architecture in the file's metadata.
 """
 
 from __future__ import annotations
@@ -156,11 +157,6 @@ def fill_network_bytes(network: FillNetwork, extra: dict[str, str] | None = None
     return save(state, metadata={METADATA_KEY: json.dumps(asdict(network.config)), **(extra or {})})
 
 
-def save_fill_network(network: FillNetwork, path: str | Path, extra: dict[str, str] | None = None) -> None:
-    """`fill_network_bytes` written to `path`."""
-    Path(path).write_bytes(fill_network_bytes(network, extra))
-
-
 def fill_metadata(path: str | Path) -> dict[str, str]:
     """The string metadata of a fill network file; no tensor is read."""
     from safetensors import safe_open
@@ -170,7 +166,7 @@ def fill_metadata(path: str | Path) -> dict[str, str]:
 
 
 def load_fill_network(path: str | Path, device: str | torch.device = "cpu") -> FillNetwork:
-    """The fill network of a `save_fill_network` file; ValueError for a file that is not one."""
+    """The fill network of a `fill_network_bytes` file; ValueError for a file that is not one."""
     from safetensors.torch import load_file
 
     try:

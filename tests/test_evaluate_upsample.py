@@ -11,7 +11,7 @@ import pytest
 from PIL import Image
 
 from inference import load_pipeline
-from inference.fill_network import FILL_WEIGHTS_NAME, FillNetwork, FillNetworkConfig, save_fill_network
+from inference.fill_network import FILL_WEIGHTS_NAME, FillNetwork, FillNetworkConfig, fill_network_bytes
 from inference.upsample import EDGE_AWARE, LEARNED, LINEAR, MODEL, NEAREST
 from lidar.errors import InputError
 from lidar.formats import write_points
@@ -126,7 +126,7 @@ def test_the_learned_fill_is_scored_where_the_release_ships_it(data, tmp_path, o
         evaluate(load_pipeline(release, device="cpu"), UpsampleEvalConfig(data=cfg.data, methods=(LEARNED,)))
     shipped = tmp_path / "release"
     shutil.copytree(release, shipped)
-    save_fill_network(FillNetwork(FillNetworkConfig(channels=8)), shipped / FILL_WEIGHTS_NAME)
+    (shipped / FILL_WEIGHTS_NAME).write_bytes(fill_network_bytes(FillNetwork(FillNetworkConfig(channels=8))))
     table = evaluate(load_pipeline(shipped, device="cpu"), cfg)["tables"][BAR_SETTING]
     assert list(table) == [LINEAR, EDGE_AWARE, LEARNED]
     assert table[LEARNED]["mae"] == pytest.approx(table[EDGE_AWARE]["mae"], rel=1e-5), "untrained: edge-aware exactly"

@@ -305,10 +305,10 @@ def test_card_has_the_upsampling_section_with_its_pictures_when_given(job, tmp_p
 
 
 def test_a_release_can_ship_a_fill_network_and_a_foreign_one_is_refused(job, tmp_path: Path) -> None:
-    from inference.fill_network import FILL_WEIGHTS_NAME, FillNetwork, FillNetworkConfig, save_fill_network
+    from inference.fill_network import FILL_WEIGHTS_NAME, FillNetwork, FillNetworkConfig, fill_network_bytes
 
     fill = tmp_path / "fill.safetensors"
-    save_fill_network(FillNetwork(FillNetworkConfig(channels=8)), fill)
+    fill.write_bytes(fill_network_bytes(FillNetwork(FillNetworkConfig(channels=8))))
     release = tmp_path / "release"
     export(job[0], release, fill=fill)
     assert (release / FILL_WEIGHTS_NAME).read_bytes() == fill.read_bytes()

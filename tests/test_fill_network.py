@@ -17,8 +17,8 @@ from inference.fill_network import (
     FillNetwork,
     FillNetworkConfig,
     fill_features,
+    fill_network_bytes,
     load_fill_network,
-    save_fill_network,
 )
 from inference.upsample import EDGE_AWARE, LEARNED, upsample
 from lidar.errors import InputError
@@ -92,7 +92,7 @@ def test_a_release_that_ships_a_fill_network_loads_it_and_upsamples_with_it(tmp_
     with pytest.raises(InputError, match="needs a fill network"):
         bare.upsample(sweep(), 4, method=LEARNED)
     network = perturbed()
-    save_fill_network(network, release / FILL_WEIGHTS_NAME)
+    (release / FILL_WEIGHTS_NAME).write_bytes(fill_network_bytes(network))
     pipe = load_pipeline(release, device="cpu")
     assert pipe.provenance.fill == str(release / FILL_WEIGHTS_NAME)
     direct = upsample(None, sweep(), 4, method=LEARNED, fill_network=network)
@@ -101,7 +101,7 @@ def test_a_release_that_ships_a_fill_network_loads_it_and_upsamples_with_it(tmp_
 
 def test_a_hub_repo_with_a_fill_network_brings_it_from_the_same_commit(tmp_path, monkeypatch):
     release = write_release(tmp_path / "release", tiny_model(seed=2))
-    save_fill_network(perturbed(), release / FILL_WEIGHTS_NAME)
+    (release / FILL_WEIGHTS_NAME).write_bytes(fill_network_bytes(perturbed()))
     cache = tmp_path / "hub"
     write_hub_cache(cache, "lab/with-fill", release, files=("config.json", "model.safetensors", FILL_WEIGHTS_NAME))
     write_hub_cache(cache, "lab/without-fill", release)
@@ -119,7 +119,7 @@ def test_a_file_that_is_not_a_fill_network_is_refused(tmp_path):
     with pytest.raises(ValueError, match="is not a LidarVerse fill network"):
         load_fill_network(tmp_path / "torn.safetensors")
     wide = tmp_path / "wide.safetensors"  # a file naming a network past the bound is refused before it is built
-    save_fill_network(perturbed(), wide, {"fill_network": json.dumps({"channels": 1024})})
+    wide.write_bytes(fill_network_bytes(perturbed(), {"fill_network": json.dumps({"channels": 1024})}))
     with pytest.raises(ValueError, match=r"channels must be a multiple of 8 in \[8, 128\], got 1024"):
         load_fill_network(wide)
 
@@ -218,7 +218,7 @@ def test_the_command_fills_with_the_learned_method_by_default_where_the_release_
     assert cli(["upsample", "--model", str(release), "--scan", str(scan_file), "--out", str(tmp_path / "refused"),
                 "--method", LEARNED]) == 2
     assert "needs a fill network" in capsys.readouterr().err
-    save_fill_network(perturbed(), release / FILL_WEIGHTS_NAME)
+    (release / FILL_WEIGHTS_NAME).write_bytes(fill_network_bytes(perturbed()))
     shipped = record("shipped")
     assert shipped["method"] == LEARNED and shipped["request"]["method"] == LEARNED
 
