@@ -233,6 +233,14 @@ def test_a_fine_tuned_jobs_card_names_the_model_it_started_from(job, tmp_path: P
     assert "- initialised from `weights/default`" in (tmp_path / "release" / "README.md").read_text()
 
 
+def test_a_card_names_the_folder_it_is_exported_to(job, tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    export(job[0], Path("weights/candidate"))
+    card = (tmp_path / "weights" / "candidate" / "README.md").read_text()
+    assert 'load_pipeline("weights/candidate")`.' in card
+    assert "weights/default" not in card.split("## Training data")[0]
+
+
 def test_card_includes_the_evaluation_table_when_given(job, tmp_path: Path) -> None:
     from training.evaluate import BAR_SPAN
 

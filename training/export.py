@@ -165,7 +165,7 @@ def export(
             shutil.copyfile(fill, staging / FILL_WEIGHTS_NAME)
             fsync_file(staging / FILL_WEIGHTS_NAME)
         card = model_card(cfg, progress, dataset, iteration, model, weights, metrics, notes or [], base_model, shown,
-                          native)
+                          native, folder=_shown_folder(out_dir))
         atomic_write_text(staging / CARD_NAME, card)
         # 4. Read it back as every user will.
         verify_release(staging, state, iteration)
@@ -177,6 +177,13 @@ def export(
     logger.info("exported %s (iteration %d, %.1f MB) to %s", source, iteration,
                 (out_dir / WEIGHTS_NAME).stat().st_size / 1e6, out_dir)
     return out_dir / WEIGHTS_NAME
+
+
+def _shown_folder(out_dir: Path) -> str:
+    """`out_dir` as a card names it: relative to the working directory where it lies inside it, so no machine's
+    layout ships."""
+    resolved, here = out_dir.resolve(), Path.cwd().resolve()
+    return resolved.relative_to(here).as_posix() if resolved.is_relative_to(here) else out_dir.as_posix()
 
 
 def _copy_pictures(pictures: Path | None, staging: Path) -> list[str]:
@@ -564,7 +571,8 @@ def card_training_data(cfg: TrainConfig, dataset: dict[str, Any], native: list[d
 def model_card(cfg: TrainConfig, progress: dict[str, Any], dataset: dict[str, Any], iteration: int,
                model: WorldModel, weights: Path, metrics: dict[str, Any] | None, notes: list[str],
                base_model: str | None = None, pictures: list[str] | None = None,
-               native: list[dict[str, Any]] | None = None) -> str:
+               native: list[dict[str, Any]] | None = None, folder: str = "weights/default") -> str:
+    """The card of a release that sits at `folder`, the path its load and evaluate commands name."""
     sensor = cfg.model["sensor"]
     native = native or []
     launches = progress["launches"]
@@ -588,7 +596,8 @@ def model_card(cfg: TrainConfig, progress: dict[str, Any], dataset: dict[str, An
         "(`data`: the simulator version, seed and sizes, recordings), the launch commands and the git commit |",
         "| `README.md` | this card |",
         "",
-        "Load it with `inference.load_pipeline(\"weights/default\")` (the app does this by default).",
+        f"Load it with `inference.load_pipeline(\"{folder}\")`"
+        + (" (the app does this by default)." if folder == "weights/default" else "."),
         "",
     ]
     lines += card_training_data(cfg, dataset, native)
@@ -626,7 +635,7 @@ def model_card(cfg: TrainConfig, progress: dict[str, Any], dataset: dict[str, An
         lines.append("")
     lines += ["## Evaluation", ""]
     if metrics is None:
-        lines += ["Not evaluated yet: run `python -m training.evaluate --model weights/default --json`.", ""]
+        lines += [f"Not evaluated yet: run `python -m training.evaluate --model {folder} --json`.", ""]
         lines += picture_lines(pictures or [])
     else:
         lines += evaluation_section(metrics, pictures or [])
