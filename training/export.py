@@ -165,7 +165,7 @@ def export(
             shutil.copyfile(fill, staging / FILL_WEIGHTS_NAME)
             fsync_file(staging / FILL_WEIGHTS_NAME)
         card = model_card(cfg, progress, dataset, iteration, model, weights, metrics, notes or [], base_model, shown,
-                          native, folder=_shown_folder(out_dir))
+                          native, folder=shown_path(out_dir))
         atomic_write_text(staging / CARD_NAME, card)
         # 4. Read it back as every user will.
         verify_release(staging, state, iteration)
@@ -179,11 +179,9 @@ def export(
     return out_dir / WEIGHTS_NAME
 
 
-def _shown_folder(out_dir: Path) -> str:
-    """`out_dir` as a card names it: relative to the working directory where it lies inside it, so no machine's
-    layout ships."""
-    resolved, here = out_dir.resolve(), Path.cwd().resolve()
-    return resolved.relative_to(here).as_posix() if resolved.is_relative_to(here) else out_dir.as_posix()
+def shown_path(path: str | Path) -> str:
+    """`path` as a release's files name it: relative to the working directory, so no machine's layout ships."""
+    return Path(os.path.relpath(Path(path).resolve())).as_posix()
 
 
 def _copy_pictures(pictures: Path | None, staging: Path) -> list[str]:

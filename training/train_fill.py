@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import os
 import sys
 import time
 from dataclasses import asdict, dataclass
@@ -46,6 +45,7 @@ from lidar.formats import Scan
 from lidar.range_image import RangeImage, unproject
 from lidar.sim.dataset import SimDataset
 from training.evaluate_upsample import SHARED, Setting, Sweep, load_sweep, sweep_files, sweep_of
+from training.export import shown_path
 
 logger = logging.getLogger(__name__)
 
@@ -276,15 +276,10 @@ def train(cfg: FillTrainConfig, job_dir: Path) -> Path:
                      "schedule": schedule.state_dict(), "rng": rng.bit_generator.state, "step": step}
             atomic_torch_save(state, job_dir / CHECKPOINT_NAME)
     out = job_dir / FILL_WEIGHTS_NAME
-    shown = {**asdict(cfg), "real": [_relative(p) for p in cfg.real], "sim": [_relative(p) for p in cfg.sim]}
+    shown = {**asdict(cfg), "real": [shown_path(p) for p in cfg.real], "sim": [shown_path(p) for p in cfg.sim]}
     atomic_write_bytes(out, fill_network_bytes(network, {"steps": str(step), "config": json.dumps(shown)}))
     logger.info("wrote %s (step %d)", out, step)
     return out
-
-
-def _relative(path: str) -> str:
-    """`path` as the file's metadata names it: relative to the working directory, so no machine's layout ships."""
-    return os.path.relpath(Path(path).resolve())
 
 
 def _check_same_config(cfg: FillTrainConfig, job_dir: Path) -> None:
