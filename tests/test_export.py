@@ -239,6 +239,7 @@ def test_a_card_names_the_folder_it_is_exported_to(job, tmp_path: Path, monkeypa
     card = (tmp_path / "weights" / "candidate" / "README.md").read_text()
     assert 'load_pipeline("weights/candidate")`.' in card
     assert "weights/default" not in card.split("## Training data")[0]
+    assert "\n# LidarVerse world model\n" in card and "default world model" not in card
 
 
 def test_card_includes_the_evaluation_table_when_given(job, tmp_path: Path) -> None:

@@ -37,7 +37,7 @@ from safetensors.torch import save_file
 from checkpointing.atomic import atomic_write_text, fsync_dir, fsync_file
 from inference import load_pipeline
 from inference.fill_network import FILL_WEIGHTS_NAME, load_fill_network
-from inference.loader import CONFIG_NAME, WEIGHTS_NAME
+from inference.loader import CONFIG_NAME, DEFAULT_MODEL, WEIGHTS_NAME
 from inference.network import WorldModel
 from lidar.errors import InputError
 from lidar.sequence import open_recording
@@ -469,15 +469,16 @@ def _grids(native: list[dict[str, Any]]) -> str:
     return ", ".join(_grid_name(d["sensor"]) for d in native if "sensor" in d)
 
 
-def card_intro(model: WorldModel, sensor: dict[str, Any], native: list[dict[str, Any]] | None = None) -> list[str]:
+def card_intro(model: WorldModel, sensor: dict[str, Any], native: list[dict[str, Any]] | None = None,
+               default: bool = True) -> list[str]:
     """The card's title and first paragraph: what the network is, which sensors it saw and which sampling rules
-    its config switches on."""
+    its config switches on. Only the release the app loads by default is titled the default one."""
     model_cfg, parameters = model.config, model.num_parameters()
     seen = ([f"Trained at the native grids of {_grids(native)}, it draws each frame in the geometry of the",
              "sweep it is given (or of the sensor asked for), reading every pixel's elevation and azimuth from its",
              "condition."] if native else [])
     return [
-        "# LidarVerse default world model",
+        "# LidarVerse default world model" if default else "# LidarVerse world model",
         "",
         f"A causal, few-step (rectified flow, {model_cfg.default_steps} Euler steps from noise tempered to "
         f"{model_cfg.default_noise_scale:g} by default), block-autoregressive LiDAR world model:",
@@ -569,8 +570,11 @@ def card_training_data(cfg: TrainConfig, dataset: dict[str, Any], native: list[d
 def model_card(cfg: TrainConfig, progress: dict[str, Any], dataset: dict[str, Any], iteration: int,
                model: WorldModel, weights: Path, metrics: dict[str, Any] | None, notes: list[str],
                base_model: str | None = None, pictures: list[str] | None = None,
-               native: list[dict[str, Any]] | None = None, folder: str = "weights/default") -> str:
-    """The card of a release that sits at `folder`, the path its load and evaluate commands name."""
+               native: list[dict[str, Any]] | None = None, folder: str | None = None) -> str:
+    """The card of a release that sits at `folder` (default: the release the app loads), the path its load and
+    evaluate commands name."""
+    default = shown_path(DEFAULT_MODEL)
+    folder = folder or default
     sensor = cfg.model["sensor"]
     native = native or []
     launches = progress["launches"]
@@ -584,7 +588,7 @@ def model_card(cfg: TrainConfig, progress: dict[str, Any], dataset: dict[str, An
     wall = wall_seconds(progress)
     lines = [
         card_metadata(base_model),
-        *card_intro(model, sensor, native),
+        *card_intro(model, sensor, native, default=folder == default),
         "",
         "| file | what |",
         "|---|---|",
@@ -595,7 +599,7 @@ def model_card(cfg: TrainConfig, progress: dict[str, Any], dataset: dict[str, An
         "| `README.md` | this card |",
         "",
         f"Load it with `inference.load_pipeline(\"{folder}\")`"
-        + (" (the app does this by default)." if folder == "weights/default" else "."),
+        + (" (the app does this by default)." if folder == default else "."),
         "",
     ]
     lines += card_training_data(cfg, dataset, native)
