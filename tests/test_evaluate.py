@@ -104,6 +104,11 @@ def test_quick_evaluation_reports_every_method_horizon_and_bar(quick_run) -> Non
     table = format_report(report)
     assert "| noise floor |" in table and "| sim-vs-sim floor |" in table and "goal met" in table
     assert table.count("| method | Chamfer (m²) ↓ |") == 3
+    # each drive's Chamfer: as many as drives, and their mean is the bars' mean over drives and frames
+    for method, drives in report["per_drive"]["chamfer"].items():
+        assert len(drives) == report["protocol"]["rollouts"]
+        assert np.mean(drives) == pytest.approx(report["per_ray"][BAR_SPAN][method]["chamfer"])
+    assert "| method | drive 0 | drive 1 |" in table
 
 
 def test_kitti_pairs_are_scored_for_both_methods(quick_run) -> None:
