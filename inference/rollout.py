@@ -20,6 +20,7 @@ import torch
 
 from inference.cache import SpatialCache
 from inference.conditioning import (
+    SNAP_TOLERANCE,
     LayoutView,
     build_condition,
     decode_image,
@@ -37,10 +38,10 @@ from inference.measured import (
     settle_additions,
 )
 from inference.network import IMAGE_CHANNELS, WorldModel, to_encoded_image
-from lidar.range_image import RangeImage, unproject
+from lidar.range_image import RangeImage, encode_range, unproject
 from lidar.rows import take_rows
 from lidar.sensors import Sensor
-from lidar.vocabulary import FRAME_RATE_HZ, LayoutSource, MapSource, transform_points
+from lidar.vocabulary import FRAME_RATE_HZ, LayoutSource, MapSource, MapView, transform_points
 
 logger = logging.getLogger(__name__)
 
@@ -126,6 +127,26 @@ def _finish(x: torch.Tensor, kept: MeasuredView | None, pose: np.ndarray, sensor
     return image, points, transform_points(np.concatenate([world, kept.beside]), pose)
 
 
+def memorable(image: RangeImage, map_view: MapView | None, boxes: LayoutView | None,
+              sensor: Sensor) -> np.ndarray:
+    """(N,) bool per return of a generated frame (row-major, as `unproject` lists them): what the cache may
+    keep of it. A return in front of every surface the map and the layout put on its ray (nearer by more than
+    `SNAP_TOLERANCE` in encoded range) is an occluder the network invented; cached, the next frame's prior
+    takes it for a surface (a cached point beats the map there) and builds on it, frame after frame
+    (docs/design.md). Rays with no map surface and no box keep everything."""
+    mask = image.mask
+    layers = [] if map_view is None else [map_view.ground, map_view.building, map_view.vegetation]
+    layers += [] if boxes is None else [boxes.range]
+    if not layers:
+        return np.ones(int(mask.sum()), dtype=bool)
+    nearest = np.min([np.where(layer > 0, layer, np.inf) for layer in layers], axis=0)[mask]
+    mapped = np.isfinite(nearest)
+    invented = np.zeros(len(nearest), dtype=bool)
+    own = encode_range(image.range[mask][mapped], sensor.max_range)
+    invented[mapped] = own < encode_range(nearest[mapped], sensor.max_range) - SNAP_TOLERANCE
+    return ~invented
+
+
 def frame_times(count: int, times: np.ndarray | None, start: float = 0.0) -> np.ndarray:
     """Seconds of each frame: `times` as given (checked), else 10 Hz from `start`."""
     if times is None:
@@ -209,8 +230,9 @@ def rollout(
         image, points, world_points = _finish(model.snap_to_prior(x, prepared), kept, pose, sensor,
                                               settle=map_view is None and boxes is None)
         in_world.append(world_points)
-        if update_cache:
-            cache.add(world_points, pose)
+        if update_cache:  # what was measured is fed back whole; a generated frame less its invented occluders
+            cache.add(world_points if kept is not None else world_points[memorable(image, map_view, boxes, sensor)],
+                      pose)
         frame = Frame(index, pose, points, image, time.perf_counter() - frame_start)
         frames.append(frame)
         if callback is not None:

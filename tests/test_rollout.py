@@ -5,12 +5,12 @@ import pytest
 import torch
 
 from inference.cache import SpatialCache
-from inference.conditioning import LAYOUT_CLASSES, ConditionLayout, build_condition, layout_view
+from inference.conditioning import LAYOUT_CLASSES, ConditionLayout, LayoutView, build_condition, layout_view
 from inference.network import WorldModel, WorldModelConfig
-from inference.rollout import Progress, cache_from_scans, frame_times, rollout
+from inference.rollout import Progress, cache_from_scans, frame_times, memorable, rollout
 from lidar.boxes import box_range_view
 from lidar.formats import read_points
-from lidar.range_image import project, unproject
+from lidar.range_image import RangeImage, project, unproject
 from lidar.real_scans import real_scans_dir
 from lidar.sensors import VLP16
 from lidar.vocabulary import OBJECT_CLASSES, transform_points
@@ -258,3 +258,40 @@ def test_times_must_give_one_finite_second_per_pose(model):
         rollout(model, straight_poses(2), times=np.array([0.0, np.nan]))
     np.testing.assert_allclose(frame_times(3, None, start=2.0), [2.0, 2.1, 2.2])
     assert OBJECT_CLASSES[car_world().boxes()["box_class"][0]] == "car"
+
+
+def test_a_generated_return_in_front_of_every_mapped_surface_is_not_remembered():
+    """The cache keeps what lies on the map's and the layout's surfaces, or behind them, or where they have
+    none; an occluder the network invented in front of them would become the next frame's prior."""
+    pose = straight_poses(1)[0]
+    view = FLAT.range_view(pose, SENSOR)
+    ground = view.ground.copy()
+    below = ground > 0
+    range_ = ground.copy()
+    rows = np.flatnonzero(below.any(axis=1))
+    invented = np.zeros_like(below)
+    invented[rows[-1], :8] = True  # half way to the ground: in front of it
+    range_[invented] *= 0.5
+    range_[rows[-2], :8] *= 1.05  # on the ground within the snap tolerance
+    sky = ~below
+    range_[sky] = 30.0  # rays with no mapped surface keep whatever returns there
+    image = RangeImage(range_, np.zeros_like(range_))
+    keep = memorable(image, view, None, SENSOR)
+    np.testing.assert_array_equal(keep, ~invented[image.mask])
+    # a box on the invented returns' rays makes them a surface again
+    boxes = LayoutView(np.where(invented, 0.5 * ground, 0.0).astype(np.float32), np.where(invented, 0, -1))
+    assert memorable(image, view, boxes, SENSOR).all()
+    assert memorable(image, None, None, SENSOR).all()
+
+
+def test_generation_feeds_back_only_what_stands_on_the_map(model):
+    poses = straight_poses(1)
+    result = rollout(model, poses, map_source=FLAT, seed=0)
+    frame = result.frames[0]
+    keep = memorable(frame.range_image, FLAT.range_view(poses[0], SENSOR), None, SENSOR)
+    assert 0 < keep.sum() < len(keep), "the perturbed model invents returns in front of the ground, and not only"
+    expected, everything = SpatialCache(), SpatialCache()
+    expected.add(transform_points(frame.points[keep], poses[0]), poses[0])
+    everything.add(transform_points(frame.points, poses[0]), poses[0])
+    np.testing.assert_array_equal(result.cache.points(), expected.points())
+    assert len(everything) > len(result.cache)
