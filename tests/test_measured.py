@@ -445,6 +445,28 @@ def test_a_second_point_on_a_pixel_that_is_a_ray_of_its_own_is_kept_beside_the_g
     assert len(view.beside) == 1
 
 
+def test_a_point_a_nearer_surface_hides_from_a_moved_pose_is_not_kept_beside_the_grid(pipe) -> None:
+    """One sweep alone, seen from 1 m on (within `ALONE_REACH_M`, beyond `HIDDEN_FROM_M`): of its points on
+    one fine ray of the new pose, a second firing on the nearest one's surface stays; one metres behind goes."""
+    from inference.measured import ALONE_REACH_M, HIDDEN_FROM_M
+
+    sensor = pipe.sensor
+    shift = 1.0
+    assert HIDDEN_FROM_M < shift < ALONE_REACH_M
+    elevation = sensor.elevations[sensor.height // 2]
+    col = np.deg2rad(360.0 / sensor.width)
+    azimuths = np.array([0.3, 0.3, 0.31]) * col  # one fine ray of the new pose
+    ranges = np.array([9.0, 11.0, 9.03])  # the surface, a point 2 m behind it, a second firing on it
+    target_frame = np.c_[ranges * np.cos(elevation) * np.cos(azimuths), ranges * np.cos(elevation) *
+                         np.sin(azimuths), ranges * np.sin(elevation), np.full(3, 0.5)]
+    scan = (target_frame + np.array([shift, 0.0, 0.0, 0.0])).astype(np.float32)  # as the sweep at the origin took them
+    target = np.eye(4)
+    target[0, 3] = shift
+    view = measured_view(observation([scan], np.eye(4)[None], sensor), target, sensor)
+    assert view.mask.sum() == 1  # all three on one pixel, won by the surface
+    np.testing.assert_allclose(np.linalg.norm(view.beside[:, :3], axis=1), [9.03], rtol=1e-4)
+
+
 def test_an_addition_where_an_observing_sensor_saw_through_goes(pipe) -> None:
     from inference.measured import SILENT_SEEN_M, sight_through
 
