@@ -635,7 +635,8 @@ def format_report(report: dict[str, Any]) -> str:
     for label, table in report["per_ray"].items():
         span = f"mean over {label} (the bars)" if label == p["bar_span"] else f"at {label} (frame {p['horizons'][label]})"
         lines += ["", f"Simulated drives, {span}:", "", *_per_ray_table("method", list(table.items()))]
-    lines += ["", f"Squared Chamfer (m²) per drive, mean over {p['bar_span']}:", "", *_per_drive_table(report)]
+    if "per_drive" in report:  # reports written before it was measured have none
+        lines += ["", f"Squared Chamfer (m²) per drive, mean over {p['bar_span']}:", "", *_per_drive_table(report)]
     real = report["real"]
     lines += ["", "Real KITTI seq 00 pairs (KISS-ICP poses; ground truth = the second sweep as the sensor took it, "
               "every point; L1 and AbsRel along its rays on the rays both methods return on):", ""]
