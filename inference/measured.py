@@ -69,7 +69,7 @@ from lidar.range_image import (
     project,
 )
 from lidar.ray_grid import COLUMNS as RAY_COLUMNS
-from lidar.ray_grid import ROWS, ray_cells
+from lidar.ray_grid import ROWS, nearest_per_ray, ray_cells
 from lidar.rows import put_rows, take_rows
 from lidar.sensors import Sensor
 from lidar.vocabulary import MapView, transform_points
@@ -496,7 +496,7 @@ def beside_grid(local: np.ndarray, observed: Observation, pose: np.ndarray, sens
     if gaps[here] <= (ALONE_REACH_M if alone else SAME_EYES_M):
         chosen = np.flatnonzero((candidate | unplaced) & (observed.sweep == here))
         if gaps[here] > HIDDEN_FROM_M:
-            chosen = _unhidden(local, rng, chosen, np.flatnonzero(np.isfinite(rng) & (observed.sweep == here)))
+            chosen = _unhidden(local, rng, chosen, np.flatnonzero(observed.sweep == here))
     else:
         placed = inside & kept[pixel]
         chosen = _fine_winners(local, rng, placed | unplaced, observed, own_sweep(observed, pose))
@@ -517,11 +517,8 @@ def _unhidden(local: np.ndarray, rng: np.ndarray, chosen: np.ndarray, sweep: np.
     1.09x the squared Chamfer of the same sweep less such points."""
     if not len(chosen):
         return chosen
-    winners, won = nearest_per_pixel(ray_cells(take_rows(local, sweep)), rng[sweep], ROWS * RAY_COLUMNS)
-    nearest = rng[sweep][winners]
-    cells = ray_cells(take_rows(local, chosen))
-    at = np.minimum(np.searchsorted(won, cells), len(won) - 1)
-    front = np.where(won[at] == cells, nearest[at], np.inf)
+    front = nearest_per_ray(take_rows(local, sweep)).range_at(ray_cells(take_rows(local, chosen)))
+    front = np.where(front > 0, front, np.inf)
     return chosen[rng[chosen] <= front + HIDDEN_GAP_M + HIDDEN_GAP_SHARE * front]
 
 

@@ -83,6 +83,8 @@ NOT_SURFACE = (MAP_CLASS_INDEX["none"], MAP_CLASS_INDEX["building"])
 #: Reported horizons (label -> target frame at 10 Hz) and the span the bars average over.
 HORIZONS = {"0.5 s": 5, "1.0 s": 10}
 BAR_SPAN = "frames 1-10"
+#: The frames the bar span averages: the first, up to the longest horizon.
+BAR_FRAMES = max(HORIZONS.values())
 #: Per-ray metrics: key in the JSON -> table header (arrow: which way is better).
 PER_RAY = {"chamfer": "Chamfer (m²) ↓", "l1_mean": "L1 mean (m) ↓", "l1_median": "L1 median (m) ↓",
            "absrel": "AbsRel ↓", "iou": "return IoU ↑", "coverage": "coverage"}
@@ -311,15 +313,14 @@ def summarise_per_ray(scores: dict[str, dict[str, list[list[float]]]]) -> tuple[
             curves[method][metric] = [_mean(arr[:, t]) for t in range(arr.shape[1])]
             for label, frame in HORIZONS.items():
                 tables[label].setdefault(method, {})[metric] = curves[method][metric][frame - 1]
-            tables[BAR_SPAN].setdefault(method, {})[metric] = _mean(arr[:, : max(HORIZONS.values())])
+            tables[BAR_SPAN].setdefault(method, {})[metric] = _mean(arr[:, :BAR_FRAMES])
     return curves, tables
 
 
 def per_drive_chamfer(scores: dict[str, dict[str, list[list[float]]]]) -> dict[str, list[float | None]]:
     """Each method's squared Chamfer per drive, the mean over the bar span: the bars are ratios of means over
     drives, which one drive can carry, so the report shows what each drive gives."""
-    span = max(HORIZONS.values())
-    return {method: [_mean(np.asarray(drive[:span], dtype=np.float64)) for drive in by_metric["chamfer"]]
+    return {method: [_mean(np.asarray(drive[:BAR_FRAMES], dtype=np.float64)) for drive in by_metric["chamfer"]]
             for method, by_metric in scores.items()}
 
 
