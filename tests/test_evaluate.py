@@ -109,6 +109,8 @@ def test_quick_evaluation_reports_every_method_horizon_and_bar(quick_run) -> Non
         assert len(drives) == report["protocol"]["rollouts"]
         assert np.mean(drives) == pytest.approx(report["per_ray"][BAR_SPAN][method]["chamfer"])
     assert "| method | drive 0 | drive 1 |" in table
+    many = {**report, "per_drive": {"chamfer": {m: v * 10 for m, v in report["per_drive"]["chamfer"].items()}}}
+    assert "| method | drive 0 |" not in format_report(many) and "`per_drive`" in format_report(many)
 
 
 def test_kitti_pairs_are_scored_for_both_methods(quick_run) -> None:
