@@ -3,14 +3,14 @@ save against the disk's own speed.
 
     nice python -m bench.checkpoint_bench [--sections layouts,throughput,crash] [--mb 128] [--ranks 1,2,4]
 
-layouts (issue 21): FSDP2 gloo ranks hold a model of --mb MiB, its EMA and AdamW moments (4x --mb of state,
+layouts: FSDP2 gloo ranks hold a model of --mb MiB, its EMA and AdamW moments (4x --mb of state,
 sharded); for 1, 2 and 4 ranks x the full and the sharded layout: rank 0's extra memory during a synchronous
 save (peak RSS above the RSS before it, with the allocator's retained free memory returned and the kernel's
 peak counter reset first), the save's wall time (the slowest rank) and how long an asynchronous save() blocks
 (the slowest rank; the staging buffers it copies into are kept between saves, as in training). Ratios sharded / full at each world size:
   rank-0 extra memory   goal <= 0.5 at 4 ranks (stretch 0.3)
   save time             goal <= 1.0 at 4 ranks (stretch 0.5)
-throughput (issue 2), one process, --throughput-mb of state:
+throughput, one process, --throughput-mb of state:
   sync save throughput / `dd conv=fsync` throughput for the same bytes   goal >= 0.9
   time save() blocks with async_saving / sync save time                  goal <= 0.1
   load time / raw read time of the same files                            goal <= 1.5

@@ -2,7 +2,7 @@
 
 It accepts a weights file (`.safetensors` or a weights-only `.pt`), a checkpoint marker, a
 checkpoints directory or a job directory; the latter two resolve to the newest valid generation. A sharded
-generation (issue 21) loads in this one process, with no process group: DCP reshards its part's shards
+generation loads in this one process, with no process group: DCP reshards its part's shards
 into the model, and the optimizer's shards are never read.
 """
 

@@ -9,7 +9,7 @@ In `<job>/checkpoints/`:
     latest_checkpoint.txt           "iter_000000100.pt\n", published last
 Without retention the stem is `ckpt_` (ckpt_.pt, ckpt__reg_model.pt, ...), overwritten by each save.
 
-The sharded layout (issue 21) keeps the marker, `_optim.pt` (everything but the optimizer's tensors) and the
+The sharded layout keeps the marker, `_optim.pt` (everything but the optimizer's tensors) and the
 manifest, and replaces each weights or optimizer-tensor file by a torch.distributed.checkpoint part:
     iter_000000100_reg_model.metadata          the part's DCP metadata (written by rank 0)
     iter_000000100_reg_model_rank{r}.distcp    rank r's shards of it (one file per rank)

@@ -73,7 +73,7 @@ class Manifest:
     backup: bool = False  # hard-linked copy of ckpt_.pt kept only while ckpt_.pt is being overwritten
     files: dict[str, dict[str, int | str]] = field(default_factory=dict)  # name -> {"size", "sha256"}
     format: int = FORMAT_VERSION
-    state_layout: str = layout.FULL  # manifests written before issue 21 lack it: they are all full
+    state_layout: str = layout.FULL  # manifests written before the sharded layout lack it: they are all full
 
     @classmethod
     def from_records(

@@ -1,4 +1,4 @@
-"""The sharded layout (issue 21): every rank writes its own shards of the model, EMA and optimizer tensors with
+"""The sharded layout: every rank writes its own shards of the model, EMA and optimizer tensors with
 torch.distributed.checkpoint (DCP), and any world size, one plain process included, reads them back (DCP
 reshards on load).
 

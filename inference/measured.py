@@ -3,7 +3,7 @@
 The network sees the observation through the cache (one point per 0.2 m voxel, each spread over a voxel's
 width along its row) and corrects a prior built from it; on real recordings, which come without a map, that
 rewrote the measured ranges by about 4 % each, so a forecast lost to the observed sweeps merely moved to the
-new pose on every ray they both saw (issue 19). The rollout therefore finishes every frame by writing the
+new pose on every ray they both saw. The rollout therefore finishes every frame by writing the
 measurement back: on each ray where a measured point is the nearest return of all observed sweeps moved to
 the pose, the frame takes that point, where it was measured, with its range and intensity. The network's work
 is what the observation lacks: holes, disoccluded and far ground, rows outside the observing sensor's field

@@ -131,8 +131,8 @@ REAL_SCANS = real_scans_dir()
 KITTI_SCAN = REAL_SCANS / "kitti_patchworkpp_000000.bin"
 needs_real_scans = pytest.mark.skipif(not KITTI_SCAN.is_file(), reason=f"shared real scans not found at {REAL_SCANS}")
 
-#: The endpoints a visitor may call, and nothing else: exposing another one is a decision made here (issue 12
-#: adds "/forecast_from_scans" and "/resimulate"). With --allow-model-switch, "/reload_model" joins them.
+#: The endpoints a visitor may call, and nothing else: exposing another one is a decision made here.
+#: With --allow-model-switch, "/reload_model" joins them.
 PUBLIC_ENDPOINTS = frozenset({"/generate_world", "/forecast_from_scan", "/forecast_from_scans", "/resimulate", "/upsample",
                               "/model_info"})
 #: What the app ships in examples/scans; a fresh clone offers these as forecast examples.

@@ -724,7 +724,7 @@ def test_a_bug_while_loading_is_raised_as_it_is_not_called_bad_input(monkeypatch
 
 
 # ----------------------------------------------------------------------------------------------------------
-# The worker (issue 22): cancelled work stops at its next step, one generation at a time, errors are typed
+# The worker: cancelled work stops at its next step, one generation at a time, errors are typed
 
 
 def _count_sampler_steps() -> tuple[list[float], object]:

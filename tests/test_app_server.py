@@ -385,7 +385,7 @@ def test_eight_concurrent_requests_all_complete_with_bounded_memory(server):
 
 
 # ----------------------------------------------------------------------------------------------------------
-# Issue 22: cancelled work stops, one queue for every route, per-client limits, a soak of hostile requests
+# Cancelled work stops, one queue for every route, per-client limits, a soak of hostile requests
 
 
 def _cancelled_soon(client: Client, seconds: float = 1.0) -> None:

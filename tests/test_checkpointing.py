@@ -1,6 +1,6 @@
 """Checkpointing in one process: layout, resume completeness, the seed's defects, faults, CLI.
 
-Each test that names a seed defect (numbers from issue 2) asserts the behaviour the seed got wrong.
+Each test that names a seed defect (one of the seed's eight, 1 to 8) asserts the behaviour the seed got wrong.
 Multi-process and SIGKILL tests live in test_checkpointing_dist.py and, for the sharded layout,
 test_checkpointing_sharded.py; the single-process tests of both layouts live here.
 """
@@ -492,7 +492,7 @@ def test_defect7_no_valid_generation_left_is_a_clear_error(tmp_path):
 
 
 def test_a_generation_whose_save_never_committed_is_not_taken_for_a_seed_folder(tmp_path, caplog):
-    """Issue 11: our marker without its manifest (a peer rank failed before the commit) never counts."""
+    """Our marker without its manifest (a peer rank failed before the commit) never counts."""
     job = tmp_path / "job"
     saved = save_generations(job, [1, 2, 3])
     (ckdir(job) / "iter_000000002_manifest.json").unlink()
@@ -721,7 +721,7 @@ print("dcp" if "torch.distributed.checkpoint" in sys.modules else "plain")
     assert out == ["plain"]
 
 
-# ---------------------------------------------------------------- issue 22: nothing in a checkpoints folder is trusted unchecked
+# ---------------------------------------------------------------- nothing in a checkpoints folder is trusted unchecked
 
 
 def _rewrite_manifest(job: Path, marker_stem: str, edit) -> None:
@@ -836,7 +836,7 @@ def _special_pointer(job: Path, kind: str) -> None:
 
 @pytest.mark.parametrize("kind", ["dev-zero", "fifo", "oversized"])
 def test_pointers_are_read_only_from_small_regular_files(tmp_path, kind):
-    """A pointer linked to /dev/zero filled memory, a FIFO pointer hung every reader (issue 22)."""
+    """A pointer linked to /dev/zero filled memory, a FIFO pointer hung every reader."""
     job = tmp_path / "job"
     save_generations(job, [1])
     _special_pointer(job, kind)
@@ -880,7 +880,7 @@ def test_saving_an_iteration_again_leaves_exactly_the_new_files(tmp_path):
         assert load_fresh(job / str(keep))[0] == again
 
 
-# ---------------------------------------------------------------- issue 21: the sharded layout in one process
+# ---------------------------------------------------------------- the sharded layout in one process
 # (multi-rank saves, resharding, crash loops: test_checkpointing_sharded.py)
 
 

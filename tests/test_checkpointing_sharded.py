@@ -1,4 +1,4 @@
-"""The sharded layout with real processes (issue 21): 4 and 2 FSDP2 gloo ranks each write their own shards,
+"""The sharded layout with real processes: 4 and 2 FSDP2 gloo ranks each write their own shards,
 the generation resumes exactly on 2, 4 and 1 ranks, a truncated shard falls back to the older generation, a
 plain process with no process group loads the weights without opening an optimizer shard, a failure on one
 rank reaches every rank, and SIGKILLs at random moments never leave a torn generation trusted.

@@ -202,7 +202,7 @@ def test_info_resolves_a_hub_id_offline_in_a_fresh_process(release, tmp_path):
 
 
 def _hostile_inputs(tmp_path: Path) -> dict[str, list[str]]:
-    """Issue 22's inputs that used to end in a traceback, as --prefix / --poses arguments."""
+    """Hostile inputs that used to end in a traceback, as --prefix / --poses arguments."""
     member = sweep_points(0).astype(np.float32).tobytes()
     kinds = {"encrypted": {"flag": 1}, "method": {"method": 99}, "corrupt": {"corrupt": True}}
     args = {kind: ["--prefix", str(patched_zip(tmp_path / f"{kind}.zip", member, **how))] for kind, how in kinds.items()}

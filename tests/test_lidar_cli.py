@@ -161,7 +161,7 @@ def test_module_entry_point_runs_info(hdl32_bin):
 
 
 def test_points_at_3e38_are_refused_by_convert_to_las_in_one_line(tmp_path):
-    """Issue 22: float32-finite but absurd points used to end in an OverflowError traceback inside laspy."""
+    """Float32-finite but absurd points used to end in an OverflowError traceback inside laspy."""
     points = np.full((2000, 4), 0.5, dtype="<f4")
     points[:, :3] = np.random.default_rng(1).uniform(-3e38, 3e38, (2000, 3))
     src = tmp_path / "absurd.npy"

@@ -154,7 +154,7 @@ def test_a_bad_member_is_named_inside_its_zip_not_by_a_scratch_path(tmp_path: Pa
 
 
 # ----------------------------------------------------------------------------------------------------------
-# Hostile archives and pose files (issue 22): refused fast, by size or shape, with a message and no internals
+# Hostile archives and pose files: refused fast, by size or shape, with a message and no internals
 
 
 def test_a_million_entry_zip_is_refused_from_its_end_record_before_zipfile_reads_it(tmp_path: Path) -> None:

@@ -1,6 +1,6 @@
 """Score a model against the ground truth of the same poses: `python -m training.evaluate --model SRC [--json] [--quick]`.
 
-Protocol (issue 10), everything measured in the same run:
+Protocol, everything measured in the same run:
 1. Held-out drives are sequences of a `lidar.sim` dataset with seed `EVAL_SEED`; their worlds are checked to
    be disjoint from the training dataset's. Frame 0 of each drive is observed; frames 1..10 (10 Hz) are the
    targets, so the horizons 0.5 s and 1.0 s are frames 5 and 10.
@@ -33,7 +33,7 @@ Protocol (issue 10), everything measured in the same run:
    Temporal consistency: Chamfer (m) between consecutive frames after ego-motion compensation, against the
    ground truth's. Map adherence: of the returns at or below 0.5 m above the map's ground, the fraction
    lying on the ground (within 0.25 m) of a surface class (not "none", not "building").
-6. Bars: issue 10's table (`bars`), every ratio taken within this run.
+6. Bars: the release's limits and goals (`bars`), every ratio taken within this run.
 """
 
 from __future__ import annotations
