@@ -12,7 +12,7 @@ import pytest
 from scipy.spatial import cKDTree
 
 from inference import load_pipeline
-from inference.measured import keep_measured, measured_points, measured_view, observation
+from inference.measured import MISS_BASELINE_M, keep_measured, measured_points, measured_view, observation
 from inference.pipeline import EgoMotion, action_poses, measured_motion
 from lidar.range_image import grid_winners, project
 from lidar.sim import make_world, plan_drive
@@ -60,7 +60,11 @@ def _moved(points: np.ndarray, pose: np.ndarray, sensor):
 def test_a_forecast_keeps_the_nearest_observed_return_of_every_sweep_on_each_ray(pipe, observed) -> None:
     scans, poses = observed
     target = poses[0].copy()
-    target[:3, 3] = poses[:, :3, 3].mean(axis=0)  # as far from one sweep as from the other
+    # as far from one sweep as from the other, and beyond MISS_BASELINE_M of both, where nothing the newest saw
+    # past is left out (that is the next test's)
+    drive = poses[1, :3, 3] - poses[0, :3, 3]
+    side = np.cross([0.0, 0.0, 1.0], drive / np.linalg.norm(drive))
+    target[:3, 3] = poses[:, :3, 3].mean(axis=0) + side * math.sqrt(max(MISS_BASELINE_M**2 - (drive @ drive) / 4, 0) + 1)
     out = pipe.forecast(scans, prefix_poses=poses, poses=target[None], steps=2, seed=1, sensor=pipe.sensor)
     moved = _moved(measured_points(scans, poses), target, pipe.sensor)
     np.testing.assert_allclose(out.frames[0].range_image.range[moved.mask], moved.range[moved.mask], rtol=1e-5)
@@ -604,3 +608,39 @@ def test_sweeps_on_their_beams_keep_beside_the_grid_only_points_on_the_new_poses
     np.testing.assert_array_equal(np.sort(view.beside, axis=0), np.sort(everything.beside[~off], axis=0))
     kitti = read_points(sorted((KITTI00 / "velodyne").glob("*.bin"))[0])
     assert not on_beams([kitti.points], sweep_geometry(kitti).sensor)
+
+
+def test_a_forecast_near_the_newest_sweep_drops_an_older_point_it_saw_past(pipe) -> None:
+    sensor = pipe.sensor
+    row = sensor.height // 2
+    elevation = sensor.elevations[row]
+    step = 2 * np.pi / sensor.width
+
+    def ray(column: int, distance: float) -> np.ndarray:
+        az = np.pi - (column + 0.5) * step  # the column's centre (azimuth +180 deg at column 0)
+        return np.array([distance * np.cos(elevation) * np.cos(az), distance * np.cos(elevation) * np.sin(az),
+                         distance * np.sin(elevation), 0.5])
+
+    poses = np.stack([np.eye(4), np.eye(4)])
+    poses[0, 0, 3] = -1.0  # the older sweep, 1 m back: its points are the newest frame's plus 1 m in x
+    newest = np.stack([ray(c, 20.0) for c in range(20, 31)]).astype(np.float32)  # a wall 20 m out
+    gone, wall = ray(25, 8.0), ray(27, 20.0)  # what stood 8 m out on column 25's ray; the same wall
+    older = (np.stack([gone, wall]) + np.array([1.0, 0, 0, 0])).astype(np.float32)
+
+    def kept_gone(times: np.ndarray | None, x: float) -> bool:
+        """Whether a pose `x` m along the drive keeps the point at 8 m on its ray."""
+        target = np.eye(4)
+        target[0, 3] = x
+        view = measured_view(observation([older, newest], poses, sensor, times=times), target, sensor)
+        local = (gone - np.array([x, 0, 0, 0]))[None].astype(np.float32)
+        pixel = project(local, sensor).mask
+        return bool(np.abs(view.image.range[pixel] - np.linalg.norm(local[0, :3])).min() < 1e-3)
+
+    forecast = np.array([-0.1, 0.0])
+    seen = observation([older, newest], poses, sensor, times=forecast)
+    assert seen.passed.tolist() == [True, False, *([False] * len(newest))]  # the wall's second firing stands
+    assert len(seen.current.points) == len(seen.points) - 1
+    # a forecast between the sweeps follows the newest, whose ray passed the place
+    assert not kept_gone(forecast, -0.5)
+    # a re-simulation renders every sweep's own moment; far from every sweep a forecast sees it anew
+    assert kept_gone(None, -0.5) and kept_gone(forecast, -7.0)
