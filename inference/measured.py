@@ -368,14 +368,20 @@ def seen_past(points: np.ndarray, sweep: np.ndarray, newest: np.ndarray, sensor:
     what moves does not hold as an object) or lets rays through, and the z-buffer of the sweeps moved to a pose
     would still give it the ray. A ray the newest left silent says nothing here: real sweeps drop returns
     on dark paint and glass (docs/evaluation.md has the figures of both)."""
-    out = sweep < sweep.max(initial=0)
-    rows = beam_rows(points[out], sensor)
-    inside = rows >= 0
-    older = np.flatnonzero(out)[inside]
-    seen = newest[rows[inside], azimuth_columns(points[older, :2], sensor.width)]
-    out[:] = False
-    out[older] = _seen_beyond(seen, point_ranges(points[older]))
+    older = np.flatnonzero(sweep < sweep.max(initial=0))
+    inside, seen, rng = _sight_at(newest, points[older], sensor)
+    out = np.zeros(len(points), dtype=bool)
+    out[older] = inside & _seen_beyond(seen, rng)
     return out
+
+
+def _sight_at(sight: np.ndarray, local: np.ndarray, sensor: Sensor) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """For points in a sweep's own frame (`local`): whether a ray of `sensor` holds them, that sweep's nearest
+    range on their ray (`sight`, (H, W), 0 where silent or outside), and their own range."""
+    rows, rng = beam_rows(local, sensor), point_ranges(local)
+    inside = rows >= 0
+    seen = np.where(inside, sight[np.maximum(rows, 0), azimuth_columns(local[:, :2], sensor.width)], 0.0)
+    return inside, seen, rng
 
 
 def _seen_beyond(seen: np.ndarray, rng: np.ndarray) -> np.ndarray:
@@ -697,9 +703,7 @@ def sight_through(points: np.ndarray, measured: MeasuredView) -> np.ndarray:
     sensor = observed.sensor
     for sight, sweep_pose in zip(observed.sight, observed.poses, strict=True):
         local = transform_points(points[:, :4].astype(np.float32), np.linalg.inv(sweep_pose) @ measured.pose)
-        rows, rng = beam_rows(local, sensor), point_ranges(local)
-        inside = rows >= 0
-        seen = np.where(inside, sight[np.maximum(rows, 0), azimuth_columns(local[:, :2], sensor.width)], 0.0)
+        inside, seen, rng = _sight_at(sight, local, sensor)
         out |= inside & (_seen_beyond(seen, rng) | ((seen <= 0) & (rng <= SILENT_SEEN_M)))
     return out
 
