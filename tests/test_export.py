@@ -444,6 +444,8 @@ def test_push_to_hub_uploads_the_release_and_it_loads_back_by_revision(job, tmp_
     assert {auth for path, auth in hub.requests if path.startswith("POST")} == {"Bearer hf_from_the_environment"}
     card = ModelCard(commit["files"]["README.md"].decode())
     assert card.data.library_name == "lidarverse" and card.data.pipeline_tag == "robotics"
+    assert 'load_pipeline("lidarverse/tiny-release@v1")' in card.text, "the pushed card's load line names the repo"
+    assert str(out) not in card.text
     pipe = load_pipeline("lidarverse/tiny-release@v1", device="cpu", dtype=torch.float32)
     assert pipe.provenance.iteration == ITERATION and pipe.provenance.revision == hub.uploaded[
         "lidarverse/tiny-release"]["v1"][0]

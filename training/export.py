@@ -128,12 +128,14 @@ def export(
     base_model: str | None = None,
     pictures: Path | None = None,
     fill: Path | None = None,
+    load_as: str | None = None,
 ) -> Path:
     """Publish the release of the job's newest valid checkpoint at `out_dir`; return the weights path.
 
     `base_model` (a Hub id) goes into the card's metadata when the job continued another release;
     `pictures` is a folder written by `training.evaluate --pictures`, whose BEV panels the card shows; `fill` a
-    fill network (`training.train_fill`) the release ships for learned upsampling.
+    fill network (`training.train_fill`) the release ships for learned upsampling; `load_as` the source its card's
+    load line names where a reader gets it elsewhere than `out_dir` (the Hub repo it is pushed to).
     """
     # 1. The job's own record of how it was trained.
     cfg = TrainConfig.from_json(job_dir / CONFIG_NAME)
@@ -165,7 +167,7 @@ def export(
             shutil.copyfile(fill, staging / FILL_WEIGHTS_NAME)
             fsync_file(staging / FILL_WEIGHTS_NAME)
         card = model_card(cfg, progress, dataset, iteration, model, weights, metrics, notes or [], base_model, shown,
-                          native, folder=shown_path(out_dir))
+                          native, folder=load_as or shown_path(out_dir))
         atomic_write_text(staging / CARD_NAME, card)
         # 4. Read it back as every user will.
         verify_release(staging, state, iteration)
@@ -571,8 +573,8 @@ def model_card(cfg: TrainConfig, progress: dict[str, Any], dataset: dict[str, An
                model: WorldModel, weights: Path, metrics: dict[str, Any] | None, notes: list[str],
                base_model: str | None = None, pictures: list[str] | None = None,
                native: list[dict[str, Any]] | None = None, folder: str | None = None) -> str:
-    """The card of a release that sits at `folder` (default: the release the app loads), the path its load and
-    evaluate commands name."""
+    """The card of a release that a reader loads as `folder` (a path or a Hub source; default: the release the app
+    loads), which its load and evaluate commands name."""
     default = shown_path(DEFAULT_MODEL)
     folder = folder or default
     sensor = cfg.model["sensor"]
@@ -755,7 +757,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.upsample_metrics:
         metrics = {**(metrics or {}), "upsampling": json.loads(args.upsample_metrics.read_text())}
     try:
-        export(args.job_dir, args.out_dir, metrics, args.note, args.base_model, args.pictures, args.fill)
+        hub_source = None if args.push_to_hub is None else args.push_to_hub + (f"@{args.revision}" if args.revision else "")
+        export(args.job_dir, args.out_dir, metrics, args.note, args.base_model, args.pictures, args.fill, hub_source)
     except (FileExistsError, FileNotFoundError, ReleaseVerificationError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
