@@ -234,7 +234,37 @@ def test_a_camera_view_keeps_the_points_ahead_on_the_beams_it_still_holds():
     assert (p[:, 0] > 0).all() and (np.abs(p[:, 1]) < CAMERA_HALF_WIDTH * p[:, 0]).all()
     assert (p[:, 2] >= -CAMERA_DOWN * p[:, 0] - CAMERA_DROP_M).all()
     assert cut.geometry.sensor.height < whole.geometry.sensor.height, "the beams below the view are gone"
-    assert cut.name == "whole (camera view)"
+    assert cut.name == "whole (camera view at 0 deg)"
+
+
+def test_a_camera_view_at_a_heading_keeps_the_points_that_way_and_matches_the_view_ahead_turned():
+    from training.evaluate_upsample import sweep_of
+    from training.train_fill import CAMERA_HALF_WIDTH, camera_view
+
+    scan = sweep()
+    whole = sweep_of(scan, "whole")
+    left = camera_view(whole, 90.0).scan.points
+    assert len(left) and (left[:, 1] > 0).all() and (np.abs(left[:, 0]) < CAMERA_HALF_WIDTH * left[:, 1]).all()
+    # the same scene turned a quarter to the right holds those points ahead: the same cut, point for point
+    turned = scan.points.copy()
+    turned[:, 0], turned[:, 1] = scan.points[:, 1], -scan.points[:, 0]
+    ahead = camera_view(sweep_of(Scan(points=turned, ring=scan.ring, ring_source="file"), "turned")).scan.points
+    assert len(ahead) == len(left)
+    np.testing.assert_allclose(ahead[:, 2], left[:, 2])
+
+
+def test_a_scaled_item_is_the_item_of_the_scene_made_larger():
+    """Scaling a crop's planes is what filling the scene `scale` times larger would give the network."""
+    from training.evaluate_upsample import sweep_of
+    from training.train_fill import ring_drops, scaled
+
+    scan = sweep()
+    big = Scan(points=np.column_stack([scan.points[:, :3] * 1.5, scan.points[:, 3]]), ring=scan.ring, ring_source="file")
+    small_item, big_item = (ring_drops(sweep_of(s, "s"), (4,))[0] for s in (scan, big))
+    ranges = [k for k, name in enumerate(FEATURES) if name != "known intensity"]  # a tie for a pixel may flip
+    np.testing.assert_allclose(scaled(small_item.features, 1.5)[ranges], big_item.features[ranges], atol=2e-4)
+    assert (scaled(small_item.features, 1.5)[ranges] != small_item.features[ranges]).any()
+    np.testing.assert_allclose(small_item.truth * 1.5, big_item.truth, rtol=1e-5)
 
 
 def test_the_learned_fill_is_the_default_for_new_beams_and_edge_aware_for_completion():
@@ -296,3 +326,11 @@ def test_ray_drops_add_completion_items_drawn_like_the_evaluations(train_data) -
     assert half.scored.any(axis=1)[sweep.truth.mask.any(axis=1)].all()
     with pytest.raises(InputError, match="drops must be shares"):
         tiny_train(train_data, drops=(1.0,))
+
+
+def test_range_scale_and_camera_headings_are_bounded(train_data) -> None:
+    for bad, match in (({"range_scale": (0.1, 1.0)}, "range_scale"), ({"range_scale": (1.5, 1.2)}, "range_scale"),
+                       ({"range_scale": (1.0,)}, "range_scale"), ({"camera_headings": (720.0,)}, "camera_headings")):
+        with pytest.raises(InputError, match=match):
+            tiny_train(train_data, **bad)
+    assert tiny_train(train_data, range_scale=[0.8, 1.25], camera_headings=[0, 90]).range_scale == (0.8, 1.25)

@@ -31,7 +31,9 @@ import torch
 
 from checkpointing.atomic import atomic_torch_save, atomic_write_bytes, atomic_write_text
 from inference.fill_network import (
+    FEATURES,
     FILL_WEIGHTS_NAME,
+    LOG_SCALE,
     FillNetwork,
     FillNetworkConfig,
     corrected_range,
@@ -83,6 +85,11 @@ class FillTrainConfig:
     drops: tuple[float, ...] = ()
     #: Each real sweep also cut to a camera's view (`camera_view`), as object-detection datasets ship sweeps.
     camera_view: bool = True
+    #: The headings of those camera views (deg, 0 ahead, counter-clockwise): each a copy of every real sweep.
+    camera_headings: tuple[float, ...] = (0.0,)
+    #: Each crop's scene scaled by a factor drawn log-uniformly in this range (1, 1: none): the network then
+    #: sees a street's objects at ranges the few training drives do not hold them at.
+    range_scale: tuple[float, float] = (1.0, 1.0)
     steps: int = 2000
     batch: int = 6
     crop: int = 256
@@ -96,6 +103,7 @@ class FillTrainConfig:
     def __post_init__(self) -> None:
         self.real, self.sim = tuple(self.real), tuple(self.sim)
         self.sim_frames, self.every, self.drops = tuple(self.sim_frames), tuple(self.every), tuple(self.drops)
+        self.camera_headings, self.range_scale = tuple(self.camera_headings), tuple(self.range_scale)
         if not self.real and not self.sim:
             raise InputError("no training data: give real sweep folders or files, or simulated datasets")
         if not 0.0 <= self.sim_share <= 1.0:
@@ -104,6 +112,10 @@ class FillTrainConfig:
             raise InputError(f"sim_share {self.sim_share} draws from a pool with no data; give both, or 0 / 1")
         if any(e < 2 for e in self.every) or not self.every:
             raise InputError(f"every must be ring spacings >= 2, got {self.every}")
+        if len(self.range_scale) != 2 or not 0.25 <= self.range_scale[0] <= self.range_scale[1] <= 4.0:
+            raise InputError(f"range_scale must be (low, high) with 0.25 <= low <= high <= 4, got {self.range_scale}")
+        if any(not -360.0 <= h <= 360.0 for h in self.camera_headings):
+            raise InputError(f"camera_headings must be degrees in [-360, 360], got {self.camera_headings}")
         if any(not 0.0 < d < 1.0 for d in self.drops):
             raise InputError(f"drops must be shares of rays in (0, 1), got {self.drops}")
         for name in ("steps", "batch", "crop", "save_every", "threads"):
@@ -161,14 +173,16 @@ def filled_items(sweep: Sweep, fills: list[np.ndarray]) -> list[Item]:
     return items
 
 
-def camera_view(sweep: Sweep) -> Sweep | str:
-    """`sweep` cut to a camera's view ahead (`CAMERA_HALF_WIDTH`, ...), each point on its beam, read on the
-    geometry that is left (the beams the view still holds)."""
+def camera_view(sweep: Sweep, heading_deg: float = 0.0) -> Sweep | str:
+    """`sweep` cut to the view of a camera looking `heading_deg` left of ahead (`CAMERA_HALF_WIDTH`, ...), each
+    point on its beam, read on the geometry that is left (the beams the view still holds)."""
     points, rows = sweep.scan.points, sweep.geometry.rows
-    x, y, z = points[:, 0], points[:, 1], points[:, 2]
+    heading = np.radians(heading_deg)
+    x = points[:, 0] * np.cos(heading) + points[:, 1] * np.sin(heading)
+    y, z = -points[:, 0] * np.sin(heading) + points[:, 1] * np.cos(heading), points[:, 2]
     keep = (rows >= 0) & (x > 0) & (np.abs(y) < CAMERA_HALF_WIDTH * x) & (z >= -CAMERA_DOWN * x - CAMERA_DROP_M)
     scan = Scan(points=points[keep], ring=rows[keep].astype(np.int64), ring_source="file", path=sweep.scan.path)
-    return sweep_of(scan, f"{sweep.name} (camera view)")
+    return sweep_of(scan, f"{sweep.name} (camera view at {heading_deg:g} deg)")
 
 
 def sim_sweep(dataset: SimDataset, sequence: int, frame: int) -> Sweep | str:
@@ -192,11 +206,12 @@ def build_pools(cfg: FillTrainConfig) -> dict[str, list[Item]]:
             continue
         pools["real"] += ring_drops(sweep, cfg.every)
         pools["real"] += ray_drops(sweep, cfg.drops, np.random.default_rng([cfg.seed, index]))
-        cut = camera_view(sweep) if cfg.camera_view else None
-        if isinstance(cut, Sweep):
-            pools["real"] += ring_drops(cut, cfg.every)
-        elif cut is not None:
-            logger.warning("skipped %s", cut)
+        for heading in cfg.camera_headings if cfg.camera_view else ():
+            cut = camera_view(sweep, heading)
+            if isinstance(cut, Sweep):
+                pools["real"] += ring_drops(cut, cfg.every)
+            else:
+                logger.warning("skipped %s", cut)
     for root in cfg.sim:
         dataset = SimDataset(root, cache_size=1)
         for sequence in range(min(cfg.sim_sequences, len(dataset))):
@@ -227,6 +242,9 @@ def batch(pools: dict[str, list[Item]], cfg: FillTrainConfig, rng: np.random.Gen
         m[:, :CROP_MARGIN] = m[:, -CROP_MARGIN:] = False
         if rng.random() < 0.5:  # a sweep turning the other way is as likely
             x, t, m = x[:, :, ::-1], t[:, ::-1], m[:, ::-1]
+        if cfg.range_scale != (1.0, 1.0):
+            scale = float(np.exp(rng.uniform(*np.log(cfg.range_scale))))
+            x, t = scaled(x, scale), t * scale
         if crop < cfg.crop:  # a narrow sweep: pad to the batch's width, the padding unscored
             pad = cfg.crop - crop
             x, t, m = (np.pad(a, [(0, 0)] * (a.ndim - 1) + [(0, pad)]) for a in (x, t, m))
@@ -234,6 +252,21 @@ def batch(pools: dict[str, list[Item]], cfg: FillTrainConfig, rng: np.random.Gen
         ts.append(np.ascontiguousarray(t))
         ms.append(np.ascontiguousarray(m))
     return tuple(torch.from_numpy(np.stack(a)) for a in (xs, ts, ms))
+
+
+def scaled(features: np.ndarray, scale: float) -> np.ndarray:
+    """`features` of the same scene `scale` times larger: every range the planes hold times `scale`, angles
+    unchanged."""
+    out = features.copy()
+    shift = np.log(scale) / LOG_SCALE
+    index = FEATURES.index
+    # a silent neighbour's plane holds 0, as a return at exp(LOG_CENTRE) m would: only a measure-zero range
+    for plane, present in (("known log-range", features[index("known")] > 0),
+                           ("fill log-range", features[index("fill returns")] > 0),
+                           ("log-range above", (features[index("gap above")] != 0) & (features[index("log-range above")] != 0)),
+                           ("log-range below", (features[index("gap below")] != 0) & (features[index("log-range below")] != 0))):
+        out[index(plane)] += np.where(present, shift, 0.0).astype(out.dtype)
+    return out
 
 
 def loss_of(network: FillNetwork, x: torch.Tensor, truth: torch.Tensor, scored: torch.Tensor) -> torch.Tensor:
