@@ -1,10 +1,13 @@
 """Native-resolution speed: a whole frame at 64x2048 against its bare network passes, and where the rest goes.
 
 Timed in the same run, alternating, on one torch thread by default:
-- the bare network: the sampler's steps of `model(x, t, prepared)` at 64x2048 on a prepared condition (the
-  condition of the generated frame), nothing else;
-- a forecast of one real KITTI sweep, 1 frame, in the sweep's own geometry (`LidarVersePipeline.forecast`
-  from its file pose: the measured sensor, the cache, the measurement kept, the additions settled);
+- the bare network: what the network computes for one frame at 64x2048, on the condition of the call's last
+  frame: `model.prepare(cond)` once (the condition's share of the stem convolution, 18 of its 23 ms, and the
+  prior) and the sampler's steps of `model(x, t, prepared)`; nothing else. The share is also printed with the
+  steps alone as the network, as this bench counted it before;
+- a forecast of one real KITTI sweep, `--frames` frames and 1 frame (the once-per-call set-up on a single
+  frame), in the sweep's own geometry (`LidarVersePipeline.forecast` from its file pose: the measured sensor,
+  the cache, the measurement kept, the additions settled);
 - a `generate_world` frame on an HDL-64E at 2048 columns (the world is built once, outside the timing; the
   drive's frames after the first see the cache of those before).
 
@@ -35,6 +38,7 @@ import pstats
 import resource
 import statistics
 import sys
+import threading
 import time
 from collections import defaultdict
 from collections.abc import Callable, Iterator
@@ -110,22 +114,28 @@ MAP_VIEW = "map view (HDMap.range_view)"
 
 @dataclass
 class Split:
-    """Exclusive seconds per stage over the timed calls, kept by wrappers that share one call stack."""
+    """Exclusive seconds per stage over the timed calls, kept by wrappers that share one call stack per thread.
+
+    The rollout draws a frame's pose-only views in a second thread while the network samples; their stages are
+    kept apart (`beside`): they overlap the frame instead of adding to it."""
 
     seconds: dict[str, float] = field(default_factory=lambda: defaultdict(float))
-    _children: list[float] = field(default_factory=list)
+    beside: dict[str, float] = field(default_factory=lambda: defaultdict(float))
+    _local: threading.local = field(default_factory=threading.local)
 
     def wrap(self, function: Callable[..., Any], stage: str) -> Callable[..., Any]:
         def timed(*args: Any, **kwargs: Any) -> Any:
-            self._children.append(0.0)
+            children = self._local.__dict__.setdefault("children", [])
+            book = self.seconds if threading.current_thread() is threading.main_thread() else self.beside
+            children.append(0.0)
             start = time.perf_counter()
             try:
                 return function(*args, **kwargs)
             finally:
                 elapsed = time.perf_counter() - start
-                self.seconds[stage] += elapsed - self._children.pop()
-                if self._children:
-                    self._children[-1] += elapsed
+                book[stage] += elapsed - children.pop()
+                if children:
+                    children[-1] += elapsed
 
         return timed
 
@@ -163,13 +173,14 @@ class Case:
     grid: str
     frames: int
     call: Callable[[int], Any]
-    #: The condition of the call's last frame, prepared (`warm_up`): what its bare network runs on.
-    prepared: PreparedCondition | None = None
+    #: The condition of the call's last frame (`warm_up`): what its bare network runs on.
+    cond: torch.Tensor | None = None
 
 
 def cases(pipe: LidarVersePipeline, data: str, frames: int) -> tuple[list[Case], World]:
-    """The two calls timed: a 1-frame forecast of the recording's first sweep at its file pose, in its own
-    geometry, and a `frames`-frame drive through world 0 on `NATIVE`; and that world."""
+    """The calls timed: forecasts of the recording's first sweep at its file pose, in its own geometry, over
+    `frames` frames and over one (its once-per-call set-up on a single frame), and a `frames`-frame drive through
+    world 0 on `NATIVE`; and that world."""
     rec = open_recording(data)
     if rec.poses is None:
         raise InputError(f"--data {data} has no poses file; expected a recorded sequence with its poses")
@@ -177,25 +188,27 @@ def cases(pipe: LidarVersePipeline, data: str, frames: int) -> tuple[list[Case],
     native = pipe.grid(None, [scan])
     world = make_world(0, "urban")
 
-    def forecast(steps: int) -> Any:
-        return pipe.forecast([scan], prefix_poses=pose, frames=1, steps=steps, seed=0)
+    def forecast(count: int) -> Callable[[int], Any]:
+        return lambda steps: pipe.forecast([scan], prefix_poses=pose, frames=count, steps=steps, seed=0)
 
     def generate(steps: int) -> Any:
         return pipe.generate_world(world, frames=frames, steps=steps, seed=0, sensor=NATIVE)
 
+    grid = f"{native.name} {native.height}x{native.width}"
     return [
-        Case("forecast, 1 KITTI sweep", f"{native.name} {native.height}x{native.width}", 1, forecast),
+        Case(f"forecast, 1 KITTI sweep, {frames} frames", grid, frames, forecast(frames)),
+        Case("forecast, 1 KITTI sweep, 1 frame", grid, 1, forecast(1)),
         Case(f"generate_world, {frames} frames", f"{NATIVE.name} {NATIVE.height}x{NATIVE.width} (preset)", frames, generate),
     ], world
 
 
 def warm_up(pipe: LidarVersePipeline, case: Case) -> None:
-    """One call at 1 step (the allocator, the kernels, the sweep's file cache), keeping its prepared condition."""
+    """One call at 1 step (the allocator, the kernels, the sweep's file cache), keeping its last condition."""
     prepare = pipe.model.prepare
 
     def keep(cond: torch.Tensor) -> PreparedCondition:
-        case.prepared = prepare(cond)
-        return case.prepared
+        case.cond = cond
+        return prepare(cond)
 
     pipe.model.prepare = keep  # type: ignore[method-assign]  # an instance attribute over the method
     try:
@@ -204,17 +217,20 @@ def warm_up(pipe: LidarVersePipeline, case: Case) -> None:
         del pipe.model.prepare
 
 
-def bare_network(pipe: LidarVersePipeline, prepared: PreparedCondition, steps: int) -> float:
-    """Seconds of one frame's network: `steps` forward passes at the sampler's times on the frame's prepared
-    condition, nothing else."""
+def bare_network(pipe: LidarVersePipeline, cond: torch.Tensor, steps: int) -> tuple[float, float]:
+    """Seconds of one frame's network on the frame's condition: all of it (`prepare` once, then `steps` forward
+    passes at the sampler's times), and the forward passes alone."""
     sampler = FlowMatchSampler()
     sampler.set_timesteps(steps)
-    x = torch.randn(1, IMAGE_CHANNELS, *prepared.base_range.shape[-2:])
+    x = torch.randn(1, IMAGE_CHANNELS, *cond.shape[-2:])
     with torch.inference_mode():
         start = time.perf_counter()
+        prepared = pipe.model.prepare(cond)
+        stepping = time.perf_counter()
         for t in sampler.timesteps:
             pipe.model(x, t.reshape(1), prepared)
-        return time.perf_counter() - start
+        end = time.perf_counter()
+    return end - start, end - stepping
 
 
 def per_frame(case: Case, steps: int) -> float:
@@ -230,25 +246,30 @@ def page_faults() -> int:
 
 
 def speed_table(pipe: LidarVersePipeline, all_cases: list[Case], steps_list: list[int], repeats: int) -> None:
-    print("| call | grid | steps | bare network s/frame | end-to-end s/frame | frames/s | "
-          f"vs {TARGET_FPS:g} fps | bare / end-to-end (target ≥ {TARGET_SHARE:g}) | page faults/frame |")
-    print("|---|---|---:|---:|---:|---:|---:|---:|---:|")
+    print("| call | grid | steps | bare network s/frame (prepare + steps) | end-to-end s/frame | frames/s | "
+          f"vs {TARGET_FPS:g} fps | bare / end-to-end (target ≥ {TARGET_SHARE:g}) | steps alone / end-to-end | "
+          "page faults/frame |")
+    print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|")
     for steps in steps_list:
         bare: dict[str, list[float]] = {case.name: [] for case in all_cases}
+        stepping: dict[str, list[float]] = {case.name: [] for case in all_cases}
         ends: dict[str, list[float]] = {case.name: [] for case in all_cases}
         faults: dict[str, list[float]] = {case.name: [] for case in all_cases}
         for _ in range(repeats):  # alternated, so a busy minute slows all of them
             for case in all_cases:
-                assert case.prepared is not None, "warm_up keeps each case's prepared condition"
-                bare[case.name].append(bare_network(pipe, case.prepared, steps))
+                assert case.cond is not None, "warm_up keeps each case's condition"
+                whole, steps_only = bare_network(pipe, case.cond, steps)
+                bare[case.name].append(whole)
+                stepping[case.name].append(steps_only)
                 before = page_faults()
                 ends[case.name].append(per_frame(case, steps))
                 faults[case.name].append((page_faults() - before) / case.frames)
         mark = " (default)" if steps == pipe.config.default_steps else ""
         for case in all_cases:
-            net, end = min(bare[case.name]), min(ends[case.name])
+            net, end, alone = min(bare[case.name]), min(ends[case.name]), min(stepping[case.name])
             print(f"| {case.name} | {case.grid} | {steps}{mark} | {net:.3f} | {end:.3f} | {1 / end:.2f} | "
-                  f"{1 / end / TARGET_FPS:.2f}x | {net / end:.2f} | {statistics.median(faults[case.name]):,.0f} |")
+                  f"{1 / end / TARGET_FPS:.2f}x | {net / end:.2f} | {alone / end:.2f} | "
+                  f"{statistics.median(faults[case.name]):,.0f} |")
 
 
 def split_table(pipe: LidarVersePipeline, all_cases: list[Case], world: World, steps: int, repeats: int) -> None:
@@ -262,7 +283,8 @@ def split_table(pipe: LidarVersePipeline, all_cases: list[Case], world: World, s
     if missing:
         print(f"stages not found in this version (not timed): {', '.join(missing)}\n")
     names = [case.name for case in all_cases]
-    print(f"ms per frame at {steps} steps, each stage's own time (the stages it calls are their own rows):\n")
+    print(f"ms per frame at {steps} steps, each stage's own time (the stages it calls are their own rows; the rows "
+          "'beside the network' overlap the frame and are not in its sum):\n")
     print("| stage | " + " | ".join(names) + " |")
     print("|---|" + "---:|" * len(names))
     stages = [NETWORK, PREPARE, MAP_VIEW, *dict.fromkeys(stage for *_, stage in STAGES)]
@@ -273,6 +295,13 @@ def split_table(pipe: LidarVersePipeline, all_cases: list[Case], world: World, s
             cells.append(f"{ms:.0f} ({ms / 10 / totals[case.name]:.0f} %)" if ms >= 0.5 else "")
         if any(cells):
             print(f"| {stage} | " + " | ".join(cells) + " |")
+    for stage in stages:  # drawn in the views thread while the network samples: not in the frame's sum
+        cells = []
+        for case in all_cases:
+            ms = 1000 * splits[case.name].beside.get(stage, 0.0) / (repeats * case.frames)
+            cells.append(f"{ms:.0f}" if ms >= 0.5 else "")
+        if any(cells):
+            print(f"| {stage}, beside the network (views thread) | " + " | ".join(cells) + " |")
     others = []
     for case in all_cases:
         named = sum(splits[case.name].seconds.values()) / (repeats * case.frames)
@@ -298,7 +327,8 @@ def main() -> None:
     parser.add_argument("--data", default=RealSequenceConfig().data, help="a recorded sequence with its poses")
     parser.add_argument("--steps", type=int, nargs="+", default=None, help="sampler steps (default: 1 2 and the "
                         "model's)")
-    parser.add_argument("--frames", type=int, default=3, help="frames per generate_world call")
+    parser.add_argument("--frames", type=int, default=3, help="frames per generate_world call and per "
+                        "multi-frame forecast")
     parser.add_argument("--repeats", type=int, default=5, help="alternating runs per figure (the fastest)")
     parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
     parser.add_argument("--profile", type=int, default=0, help="print cProfile's N costliest functions per call")

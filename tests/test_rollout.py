@@ -1,5 +1,7 @@
 """The world rollout loop on a tiny model: determinism per seed, callbacks, cache feedback, forecast/resim."""
 
+import threading
+
 import numpy as np
 import pytest
 import torch
@@ -9,6 +11,7 @@ from inference.conditioning import LAYOUT_CLASSES, ConditionLayout, LayoutView, 
 from inference.network import WorldModel, WorldModelConfig
 from inference.rollout import Progress, cache_from_scans, frame_times, memorable, rollout
 from lidar.boxes import box_range_view
+from lidar.errors import InputError
 from lidar.formats import read_points
 from lidar.range_image import RangeImage, project, unproject
 from lidar.real_scans import real_scans_dir
@@ -157,6 +160,78 @@ def test_map_source_may_be_an_hdmap_like_object_and_a_callable_is_refused(model)
     np.testing.assert_array_equal(via_object.frames[1].points, via_hdmap.frames[1].points)
     with pytest.raises(TypeError, match="range_view"):
         rollout(model, straight_poses(1), map_source=lambda pose, sensor: None)
+
+
+class _WatchedMap:
+    """FLAT, noting which thread draws each pose's view; the second view (frame 1's) sets `second`."""
+
+    def __init__(self) -> None:
+        self.threads: list[str] = []
+        self.second = threading.Event()
+
+    def range_view(self, pose, sensor):
+        self.threads.append(threading.current_thread().name)
+        if len(self.threads) == 2:
+            self.second.set()
+        return FLAT.range_view(pose, sensor)
+
+
+def test_the_next_frames_views_are_drawn_while_the_network_samples(model):
+    source = _WatchedMap()
+    waited: list[bool] = []
+    forward = model.forward
+
+    def first_step_waits(*args, **kwargs):
+        if not waited:  # frame 0's first network pass: only a second thread can draw frame 1's view meanwhile
+            waited.append(source.second.wait(timeout=5.0))
+        return forward(*args, **kwargs)
+
+    model.forward = first_step_waits
+    try:
+        overlapped = rollout(model, straight_poses(3), map_source=source, seed=4)
+    finally:
+        del model.forward
+    assert waited == [True], "frame 1's map view was not drawn while frame 0 sampled"
+    assert len(source.threads) == 3 and all(name.startswith("rollout-views") for name in source.threads)
+    in_order = rollout(model, straight_poses(3), map_source=FLAT, seed=4)
+    for a, b in zip(overlapped.frames, in_order.frames, strict=True):
+        np.testing.assert_array_equal(a.points, b.points)
+
+
+def test_a_cancelled_rollout_stops_its_views_thread_and_draws_no_more_views(model):
+    source = _WatchedMap()
+
+    def cancel(progress: Progress) -> None:
+        raise KeyboardInterrupt("the visitor left")
+
+    with pytest.raises(KeyboardInterrupt):
+        rollout(model, straight_poses(6), map_source=source, seed=0, callback=cancel)
+    assert len(source.threads) <= 2, "views of frames after the one being drawn were still drawn"
+    assert not [t for t in threading.enumerate() if t.name.startswith("rollout-views")]
+
+
+def test_an_error_in_a_views_thread_reaches_the_caller(model):
+    class Broken:
+        def range_view(self, pose, sensor):
+            raise InputError("this map has no ground")
+
+    with pytest.raises(InputError, match="no ground"):
+        rollout(model, straight_poses(2), map_source=Broken(), seed=0)
+    assert not [t for t in threading.enumerate() if t.name.startswith("rollout-views")]
+
+
+def test_the_world_union_is_built_once_when_first_read(model, monkeypatch):
+    import inference.rollout as rollout_module
+
+    built = []
+    union = rollout_module.world_union
+    monkeypatch.setattr(rollout_module, "world_union", lambda pieces: built.append(len(pieces)) or union(pieces))
+    result = rollout(model, straight_poses(3), map_source=FLAT, seed=0)
+    assert built == [], "the union was built inside the frames' time"
+    world = result.world
+    assert built == [3] and result.world is world
+    every = np.concatenate([transform_points(f.points, f.pose) for f in result.frames])
+    assert len(world) <= len(every) and {tuple(p) for p in world[:50]} <= {tuple(p) for p in every}
 
 
 def test_bad_poses_and_scans_are_named(model):
