@@ -4,7 +4,7 @@ Timed in the same run, alternating, on one torch thread by default:
 - the bare network: what the network computes for one frame at 64x2048, on the condition of the call's last
   frame: `model.prepare(cond)` once (the condition's share of the stem convolution, 18 of its 23 ms, and the
   prior) and the sampler's steps of `model(x, t, prepared)`; nothing else. The share is also printed with the
-  steps alone as the network, as this bench counted it before;
+  steps alone as the network, for comparison with figures that count only them;
 - a forecast of one real KITTI sweep, `--frames` frames and 1 frame (the once-per-call set-up on a single
   frame), in the sweep's own geometry (`LidarVersePipeline.forecast` from its file pose: the measured sensor,
   the cache, the measurement kept, the additions settled);

@@ -9,13 +9,14 @@ the whole rollout.
 
 from __future__ import annotations
 
+import contextvars
 import logging
 import time
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from functools import partial
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 import torch
@@ -39,13 +40,14 @@ from inference.measured import (
     measured_view,
     settle_additions,
 )
-from inference.network import IMAGE_CHANNELS, WorldModel, to_encoded_image
+from inference.network import IMAGE_CHANNELS, PreparedCondition, WorldModel, to_encoded_image
 from lidar.range_image import RangeImage, encode_range, unproject
 from lidar.rows import take_rows
 from lidar.sensors import Sensor
 from lidar.vocabulary import FRAME_RATE_HZ, LayoutSource, MapSource, MapView, transform_points
 
 logger = logging.getLogger(__name__)
+T = TypeVar("T")
 
 #: Voxel size of the accumulated world returned to the viewer (finer than the cache: it is only drawn).
 WORLD_VOXEL = 0.1
@@ -83,7 +85,8 @@ class RolloutResult:
     """The frames of a rollout, its timings, its cache and the union of its frames in the world frame.
 
     The union is for viewers and files: it is built when first read (`world`), outside the frames' time, so an
-    evaluation or a training loop that reads only the frames does not pay for it.
+    evaluation or a training loop that reads only the frames does not pay for it. Until then the result holds
+    each frame's world-frame points, a second copy of the frames' points.
     """
 
     def __init__(self, frames: list[Frame], world: np.ndarray | Callable[[], np.ndarray], timings: dict[str, Any],
@@ -103,7 +106,8 @@ class RolloutResult:
 
 
 def world_union(in_world: list[np.ndarray]) -> np.ndarray:
-    """The frames' world-frame points (oldest first), one per `WORLD_VOXEL` voxel, the newest winning."""
+    """The frames' world-frame points (oldest first), one per `WORLD_VOXEL` voxel: a place seen again shows its
+    newest frame, as the cache does, and a viewer draws one point where ten frames overlap."""
     world = SpatialCache(radius=np.inf, voxel_size=WORLD_VOXEL, max_points=2**31 - 1)
     world.add(np.concatenate(in_world[::-1]))
     return world.points()
@@ -141,7 +145,10 @@ class _ViewsAhead:
     frame beside a network of 350-800 ms, which releases the GIL in its kernels, as numpy does in its.
 
     While frame i samples, the thread draws frame i's measured view, then frame i + 1's map and layout views;
-    frame i's cache-bound steps (condition, settling, cache update) stay in the caller's thread, in order.
+    frame i's cache-bound steps (condition, settling, cache update) stay in the caller's thread, in order. So
+    a map or layout source is queried from that thread, one frame ahead, and only ever by it during a
+    rollout. Each view runs in a copy of the caller's context, where `lidar.cancel.checkpoint` sees the
+    caller's cancellation.
     """
 
     def __init__(self, map_source: MapSource | None, layout: LayoutSource | None, measured: Observation | None,
@@ -151,15 +158,19 @@ class _ViewsAhead:
         self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="rollout-views")
         self._next = self._submit_pose_views(0)
 
-    def _submit_pose_views(self, index: int) -> Future:
-        return self._thread.submit(_pose_views, self._map, self._layout, float(self._times[index]),
-                                   self._poses[index], self._sensor)
+    def _submit(self, function: Callable[..., T], *args: Any) -> Future[T]:
+        return self._thread.submit(contextvars.copy_context().run, function, *args)
 
-    def views(self, index: int) -> tuple[MapView | None, LayoutView | None, Future | None]:
-        """Frame `index`'s map and layout views (waited for), and its measured view to come (None without an
-        observation); queues frame `index + 1`'s views behind it."""
+    def _submit_pose_views(self, index: int) -> Future[tuple[MapView | None, LayoutView | None]]:
+        return self._submit(_pose_views, self._map, self._layout, float(self._times[index]), self._poses[index],
+                            self._sensor)
+
+    def views(self, index: int) -> tuple[MapView | None, LayoutView | None, Future[MeasuredView] | None]:
+        """Frame `index`'s map and layout views, waited for since its condition needs them, and its measured
+        view to come (None without an observation), which only the frame's end needs; queues frame
+        `index + 1`'s views behind it, to be drawn while this frame samples."""
         map_view, boxes = self._next.result()
-        kept = None if self._measured is None else self._thread.submit(
+        kept = None if self._measured is None else self._submit(
             measured_view, self._measured, self._poses[index], self._sensor, map_view, boxes,
             float(self._times[index]))
         if index + 1 < len(self._poses):
@@ -167,7 +178,8 @@ class _ViewsAhead:
         return map_view, boxes, kept
 
     def close(self) -> None:
-        """Stop: views not yet started are dropped (a cancelled rollout), the one being drawn ends first."""
+        """Stop: views not yet started are dropped (a cancelled rollout), the one being drawn ends first, so no
+        thread outlives the rollout."""
         self._thread.shutdown(wait=True, cancel_futures=True)
 
 
@@ -209,6 +221,34 @@ def memorable(image: RangeImage, map_view: MapView | None, boxes: LayoutView | N
     own = encode_range(image.range[mask][mapped], sensor.max_range)
     invented[mapped] = own < encode_range(nearest[mapped], sensor.max_range) - SNAP_TOLERANCE
     return ~invented
+
+
+def _prepared(model: WorldModel, cond: torch.Tensor, guidance: float) -> PreparedCondition:
+    """A frame's (C, H, W) condition prepared for the sampler's steps, kept float32 (`prepare` casts it and keeps
+    the prior exact); with guidance other than 1, followed in the batch by the same condition with its map
+    dropped, the branch guidance pushes away from."""
+    cond = cond[None].to(device=next(model.parameters()).device)
+    if guidance != 1.0:
+        cond = torch.cat([cond, drop_map(cond, model.config.num_map_classes)])
+    return model.prepare(cond)
+
+
+def _step_done(callback: Callable[[Progress], None], frame: int, frames: int, steps: int, step: int) -> None:
+    callback(Progress(frame, frames, step, steps))
+
+
+def _sample(model: WorldModel, sampler: FlowMatchSampler, prepared: PreparedCondition, shape: tuple[int, int],
+            generator: torch.Generator, guidance: float, after_step: Callable[[int], None] | None) -> torch.Tensor:
+    """The sampler's steps from its initial noise to a (1, 3, H, W) flow image; `after_step(i)` after step i
+    (1-based), where a progress bar moves and a cancelled request stops."""
+    param = next(model.parameters())
+    x = sampler.init_noise((1, IMAGE_CHANNELS, *shape), generator, device=param.device)
+    for i, t in enumerate(sampler.timesteps):
+        v = guided_velocity(model, x.to(param.dtype), t, prepared, guidance).float()
+        x = sampler.step(v, t, x).prev_sample
+        if after_step is not None:
+            after_step(i + 1)
+    return x
 
 
 def frame_times(count: int, times: np.ndarray | None, start: float = 0.0) -> np.ndarray:
@@ -263,8 +303,7 @@ def rollout(
     generator = seed if isinstance(seed, torch.Generator) else torch.Generator().manual_seed(int(seed))
     sampler = sampler or FlowMatchSampler(noise_scale=config.default_noise_scale)
     cache = cache if cache is not None else SpatialCache()
-    param = next(model.parameters())
-    sampler.set_timesteps(steps, device=param.device)
+    sampler.set_timesteps(steps, device=next(model.parameters()).device)
     frames: list[Frame] = []
     in_world: list[np.ndarray] = []  # each frame's world-frame points
     start = time.perf_counter()
@@ -275,20 +314,13 @@ def rollout(
             # 1. condition: the cache, the map and the layout seen from the new pose (the views were drawn
             #    while the network sampled the frame before)
             map_view, boxes, kept_view = ahead.views(index)
-            cond = build_condition(cache.points(), pose, map_view, boxes, sensor, config.num_map_classes)
-            cond = cond[None].to(device=param.device)  # float32: `prepare` casts it and keeps the prior exact
             # guidance pushes away from the map-dropped condition: without a map there is nothing to push from
             scale = guidance if map_view is not None else 1.0
-            if scale != 1.0:
-                cond = torch.cat([cond, drop_map(cond, config.num_map_classes)])
-            prepared = model.prepare(cond)
+            prepared = _prepared(model, build_condition(cache.points(), pose, map_view, boxes, sensor,
+                                                        config.num_map_classes), scale)
             # 2. sample the range image
-            x = sampler.init_noise((1, IMAGE_CHANNELS, *sensor.shape), generator, device=param.device)
-            for i, t in enumerate(sampler.timesteps):
-                v = guided_velocity(model, x.to(param.dtype), t, prepared, scale).float()
-                x = sampler.step(v, t, x).prev_sample
-                if callback is not None:
-                    callback(Progress(index, len(poses), i + 1, steps))
+            x = _sample(model, sampler, prepared, sensor.shape, generator, scale, None if callback is None else
+                        partial(_step_done, callback, index, len(poses), steps))
             # 3. keep the prior where the sample only jitters it, and what was measured where it was seen;
             #    decode, unproject, feed the sweep (less the observing car's own body) back into the cache
             kept = None if kept_view is None else kept_view.result()

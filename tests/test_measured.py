@@ -582,12 +582,10 @@ def test_an_older_point_on_a_ray_the_own_sweep_measured_empty_is_stale(pipe) -> 
 
 def test_sweeps_on_their_beams_keep_beside_the_grid_only_points_on_the_new_poses_beams(pipe) -> None:
     """A simulated VLP-16 sweep (2 deg between beams) seen from 3 m on: its points beside the grid are those on a
-    beam of the new pose; a KITTI sweep, whose points scatter about its rings, keeps them all."""
+    beam of the new pose (a KITTI sweep, whose points scatter about its rings, keeps them all: the test below)."""
     from dataclasses import replace
 
-    from inference.measured import ON_BEAM_SHARE, on_beams
-    from lidar.formats import read_points
-    from lidar.formats.detect import sweep_geometry
+    from inference.measured import ON_BEAM_SHARE
     from lidar.range_image import beam_offsets
     from lidar.sensors import VLP16
     from lidar.sim.sensor_model import LidarSimulator
@@ -606,6 +604,14 @@ def test_sweeps_on_their_beams_keep_beside_the_grid_only_points_on_the_new_poses
     assert off.sum() > len(view.beside)  # most of what a 2-deg fan would otherwise keep is on no ray of its own
     # the kept points beside the grid are those of the unfiltered view that lie on a beam
     np.testing.assert_array_equal(np.sort(view.beside, axis=0), np.sort(everything.beside[~off], axis=0))
+
+
+@pytest.mark.skipif(not KITTI00.is_dir(), reason=f"shared KITTI 00 sweeps not found at {KITTI00}")
+def test_a_kitti_sweep_scatters_about_its_rings_and_is_not_on_its_beams() -> None:
+    from inference.measured import on_beams
+    from lidar.formats import read_points
+    from lidar.formats.detect import sweep_geometry
+
     kitti = read_points(sorted((KITTI00 / "velodyne").glob("*.bin"))[0])
     assert not on_beams([kitti.points], sweep_geometry(kitti).sensor)
 

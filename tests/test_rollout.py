@@ -1,6 +1,7 @@
 """The world rollout loop on a tiny model: determinism per seed, callbacks, cache feedback, forecast/resim."""
 
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -198,16 +199,42 @@ def test_the_next_frames_views_are_drawn_while_the_network_samples(model):
         np.testing.assert_array_equal(a.points, b.points)
 
 
-def test_a_cancelled_rollout_stops_its_views_thread_and_draws_no_more_views(model):
-    source = _WatchedMap()
+def test_a_cancelled_rollout_drops_the_views_not_yet_started_and_leaves_no_thread(model, monkeypatch):
+    import inference.rollout as rollout_module
+    from inference.measured import observation
+
+    poses = straight_poses(4)
+    scan = rollout(model, poses[:1], map_source=FLAT, seed=0).frames[0].points
+    seen = observation([scan], poses[:1], SENSOR)
+    measured_view = rollout_module.measured_view
+
+    def slow_measured_view(*args, **kwargs):  # frame 0's measured view is still drawn when the visitor leaves
+        time.sleep(0.3)
+        return measured_view(*args, **kwargs)
 
     def cancel(progress: Progress) -> None:
         raise KeyboardInterrupt("the visitor left")
 
+    monkeypatch.setattr(rollout_module, "measured_view", slow_measured_view)
+    source = _WatchedMap()
     with pytest.raises(KeyboardInterrupt):
-        rollout(model, straight_poses(6), map_source=source, seed=0, callback=cancel)
-    assert len(source.threads) <= 2, "views of frames after the one being drawn were still drawn"
+        rollout(model, poses, map_source=source, measured=seen, update_cache=False, seed=0, callback=cancel)
+    assert len(source.threads) == 1, "frame 1's views, queued behind frame 0's measured view, were still drawn"
     assert not [t for t in threading.enumerate() if t.name.startswith("rollout-views")]
+
+
+def test_a_views_thread_sees_the_callers_cancellation(model):
+    from lidar.cancel import Cancelled, checkpoint, stop_when
+
+    class Checked:
+        def range_view(self, pose, sensor):
+            checkpoint()  # as the readers do between chunks: the app's scope is the caller's
+            return FLAT.range_view(pose, sensor)
+
+    stop = threading.Event()
+    stop.set()
+    with stop_when(stop), pytest.raises(Cancelled):
+        rollout(model, straight_poses(2), map_source=Checked(), seed=0)
 
 
 def test_an_error_in_a_views_thread_reaches_the_caller(model):
