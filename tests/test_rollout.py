@@ -177,7 +177,27 @@ class _WatchedMap:
         return FLAT.range_view(pose, sensor)
 
 
-def test_the_next_frames_views_are_drawn_while_the_network_samples(model):
+class _InOrder:
+    """An executor that runs each view at once in the caller's thread: the rollout as drawn one step after
+    the other, the reference the views thread must reproduce."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        pass
+
+    def submit(self, function, *args):
+        from concurrent.futures import Future
+
+        future = Future()
+        future.set_result(function(*args))
+        return future
+
+    def shutdown(self, wait: bool = True, cancel_futures: bool = False) -> None:
+        pass
+
+
+def test_the_next_frames_views_are_drawn_while_the_network_samples(model, monkeypatch):
+    import inference.rollout as rollout_module
+
     source = _WatchedMap()
     waited: list[bool] = []
     forward = model.forward
@@ -194,9 +214,36 @@ def test_the_next_frames_views_are_drawn_while_the_network_samples(model):
         del model.forward
     assert waited == [True], "frame 1's map view was not drawn while frame 0 sampled"
     assert len(source.threads) == 3 and all(name.startswith("rollout-views") for name in source.threads)
+    monkeypatch.setattr(rollout_module, "ThreadPoolExecutor", _InOrder)
     in_order = rollout(model, straight_poses(3), map_source=FLAT, seed=4)
     for a, b in zip(overlapped.frames, in_order.frames, strict=True):
         np.testing.assert_array_equal(a.points, b.points)
+
+
+def test_views_drawn_ahead_give_the_same_frames_as_drawn_in_order(model, monkeypatch):
+    import inference.rollout as rollout_module
+    from inference.measured import observation
+
+    poses = straight_poses(4)
+    scan = rollout(model, poses[:1], map_source=FLAT, seed=0).frames[0].points
+    seen = observation([scan], poses[:1], SENSOR)
+    world = car_world()
+    calls = {
+        "generation": lambda: rollout(model, poses, map_source=world.hdmap, layout=world.boxes, seed=3),
+        "forecast": lambda: rollout(model, poses, map_source=FLAT, measured=seen, update_cache=False, seed=3),
+    }
+    ahead = {name: call() for name, call in calls.items()}
+    # each forecast frame keeps what the observation measured from that frame's own pose
+    for frame, time_s in zip(ahead["forecast"].frames, frame_times(len(poses), None), strict=True):
+        kept = rollout_module.measured_view(seen, frame.pose, SENSOR, FLAT.range_view(frame.pose, SENSOR), None,
+                                            float(time_s))
+        expected = kept.points[np.flatnonzero(kept.mask)]
+        assert len(expected) and {p.tobytes() for p in expected} <= {p.tobytes() for p in frame.points}
+    monkeypatch.setattr(rollout_module, "ThreadPoolExecutor", _InOrder)
+    for name, call in calls.items():
+        for a, b in zip(ahead[name].frames, call().frames, strict=True):
+            np.testing.assert_array_equal(a.points, b.points, err_msg=name)
+            np.testing.assert_array_equal(a.range_image.range, b.range_image.range, err_msg=name)
 
 
 def test_a_cancelled_rollout_drops_the_views_not_yet_started_and_leaves_no_thread(model, monkeypatch):
