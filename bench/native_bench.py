@@ -272,6 +272,15 @@ def speed_table(pipe: LidarVersePipeline, all_cases: list[Case], steps_list: lis
                   f"{statistics.median(faults[case.name]):,.0f} |")
 
 
+def _stage_row(stage: str, cells: list[tuple[float, float | None]]) -> None:
+    """One stage's row of ms per frame, each with its share of the frame's seconds where given; none when no
+    call spends half a millisecond there."""
+    shown = [("" if ms < 0.5 else f"{ms:.0f}" if frame is None else f"{ms:.0f} ({ms / 10 / frame:.0f} %)")
+             for ms, frame in cells]
+    if any(shown):
+        print(f"| {stage} | " + " | ".join(shown) + " |")
+
+
 def split_table(pipe: LidarVersePipeline, all_cases: list[Case], world: World, steps: int, repeats: int) -> None:
     splits, totals = {}, {}
     for case in all_cases:
@@ -288,20 +297,12 @@ def split_table(pipe: LidarVersePipeline, all_cases: list[Case], world: World, s
     print("| stage | " + " | ".join(names) + " |")
     print("|---|" + "---:|" * len(names))
     stages = [NETWORK, PREPARE, MAP_VIEW, *dict.fromkeys(stage for *_, stage in STAGES)]
+    to_ms = {case.name: 1000 / (repeats * case.frames) for case in all_cases}
     for stage in stages:
-        cells = []
-        for case in all_cases:
-            ms = 1000 * splits[case.name].seconds.get(stage, 0.0) / (repeats * case.frames)
-            cells.append(f"{ms:.0f} ({ms / 10 / totals[case.name]:.0f} %)" if ms >= 0.5 else "")
-        if any(cells):
-            print(f"| {stage} | " + " | ".join(cells) + " |")
+        _stage_row(stage, [(to_ms[n] * splits[n].seconds.get(stage, 0.0), totals[n]) for n in names])
     for stage in stages:  # drawn in the views thread while the network samples: not in the frame's sum
-        cells = []
-        for case in all_cases:
-            ms = 1000 * splits[case.name].beside.get(stage, 0.0) / (repeats * case.frames)
-            cells.append(f"{ms:.0f}" if ms >= 0.5 else "")
-        if any(cells):
-            print(f"| {stage}, beside the network (views thread) | " + " | ".join(cells) + " |")
+        _stage_row(f"{stage}, beside the network (views thread)",
+                   [(to_ms[n] * splits[n].beside.get(stage, 0.0), None) for n in names])
     others = []
     for case in all_cases:
         named = sum(splits[case.name].seconds.values()) / (repeats * case.frames)
