@@ -812,6 +812,33 @@ def test_holes_in_a_porous_wall_are_places_seen_alike_from_every_pose():
     assert abs(holes - porosity) < 0.1, holes
 
 
+def test_a_crowns_footprint_starts_at_its_base_so_level_rays_pass_under_it(urban):
+    crowns = np.flatnonzero((urban.scenery.kind == ELLIPSOID) & (urban.scenery.label == OBJECT_CLASS_INDEX["tree"]))
+    boxes = urban.hdmap.footprint_boxes["plant"]
+    bottoms = urban.scenery.center[crowns, 2] - urban.scenery.size[crowns, 2]
+    for i, bottom in zip(crowns[:10], bottoms[:10], strict=True):
+        k = np.argmin(np.linalg.norm(boxes[:, :2] - urban.scenery.center[i, :2], axis=1))
+        assert boxes[k, 2] - boxes[k, 5] / 2 == pytest.approx(bottom, abs=0.2)  # a curb's step either way
+    # the crown alone in a map: a level ray under it meets nothing, one through it meets its side
+    i = crowns[np.argmax(bottoms - urban.hdmap.terrain_height(*urban.scenery.center[crowns, :2].T))]
+    centre, size = urban.scenery.center[i], urban.scenery.size[i]
+    k = np.argmin(np.linalg.norm(boxes[:, :2] - centre[:2], axis=1))
+    alone = type(urban.hdmap).from_dict(urban.hdmap.to_dict())
+    alone.layers = {"plant": [f for f in urban.hdmap.layers["plant"]
+                              if np.allclose(np.mean(f["geometry"]["coordinates"][0][:4], axis=0), boxes[k, :2])]}
+    assert len(alone.layers["plant"]) == 1
+    sensor = HDL32.with_width(512)
+    level = int(np.argmin(np.abs(sensor.elevations_deg))), sensor.width // 2  # the beam at 0 deg, looking along +x
+    ground = float(alone.terrain_height(centre[:1], centre[1:])[0])
+    met = {}
+    for name, z in (("under", (ground + centre[2] - size[2]) / 2), ("through", centre[2])):
+        pose = np.eye(4)
+        pose[:3, 3] = (centre[0] - size[0] - 6.0, centre[1], z)
+        met[name] = float(alone.range_view(pose, sensor).vegetation[level])
+    assert met["under"] == 0.0, met
+    assert 0.0 < met["through"] < 6.5, met
+
+
 def test_a_worlds_trees_and_hedges_are_in_its_map_and_in_the_vegetation_view(urban):
     from lidar.sim.actors import PLANT_CLASSES
 

@@ -224,7 +224,9 @@ class HDMap:
         """Each footprint layer's rectangles extruded into (B, 7) boxes standing on the terrain.
 
         Buildings, barriers and plants rise to their `height` property; a green area is a
-        `VEGETATION_HEIGHT` block, a coarse stand-in for the low growth the map does not list one by one.
+        `VEGETATION_HEIGHT` block, a coarse stand-in for the low growth the map does not list one by one. A
+        feature with a `base` (a tree crown's clearance) starts that high above the terrain; one standing on
+        the ground reaches `FOOTPRINT_FOOTING` below it, so slopes leave no gap under it.
         """
         out = {}
         for name in FOOTPRINT_CLASSES:
@@ -233,14 +235,17 @@ class HDMap:
                 ring = np.asarray(feature["geometry"]["coordinates"][0], dtype=np.float64)[:4]
                 if ring.shape != (4, 2):
                     continue  # only the rectangles the layout writes are footprints
-                height = float(feature.get("properties", {}).get("height", VEGETATION_HEIGHT))
+                properties = feature.get("properties", {})
+                height = float(properties.get("height", VEGETATION_HEIGHT))
+                lift = float(np.clip(properties.get("base", 0.0), 0.0, 0.9 * height))
                 centre = ring.mean(axis=0)
                 length = float(np.linalg.norm(ring[1] - ring[0]))
                 width = float(np.linalg.norm(ring[2] - ring[1]))
                 yaw = float(np.arctan2(ring[1, 1] - ring[0, 1], ring[1, 0] - ring[0, 0]))
-                base = float(self.terrain_height(centre[:1], centre[1:])[0]) - FOOTPRINT_FOOTING
-                rows.append((centre[0], centre[1], base + (height + FOOTPRINT_FOOTING) / 2, length, width,
-                             height + FOOTPRINT_FOOTING, yaw))
+                ground = float(self.terrain_height(centre[:1], centre[1:])[0])
+                bottom = ground + lift if lift > 0 else ground - FOOTPRINT_FOOTING
+                rows.append((centre[0], centre[1], (bottom + ground + height) / 2, length, width,
+                             ground + height - bottom, yaw))
             out[name] = np.asarray(rows, dtype=np.float64).reshape(-1, 7)
         return out
 
