@@ -661,20 +661,22 @@ def test_a_building_footprint_straight_ahead_gives_its_walls_distance_up_to_its_
     assert (view.vegetation == 0).all()
 
 
-def test_a_green_area_is_a_vegetation_block_of_the_fixed_height():
-    from lidar.sim.hdmap import VEGETATION_HEIGHT
-
+def test_a_green_area_is_ground_and_only_its_listed_plants_stand_in_the_vegetation_view():
     green = _building(-20.0, -10.0, -5.0, 5.0, height=1.0)
     green["properties"] = {}
+    bush = _building(-16.0, -14.0, -1.0, 1.0, height=1.2)
     hdmap = _flat_map(layers={"vegetation": [green]})
-    box = hdmap.footprint_boxes["vegetation"][0]
-    assert box[2] + box[5] / 2 == pytest.approx(VEGETATION_HEIGHT)  # top of the block above the flat terrain
+    assert len(hdmap.footprint_boxes["plant"]) == 0
     sensor = HDL32.with_width(256)
     pose = np.eye(4)
     pose[2, 3] = sensor.mount_height
-    view = hdmap.range_view(pose, sensor)
-    assert (view.vegetation[:, 0] > 0).any() and (view.vegetation[:, sensor.width // 2] == 0).all()
-    assert (view.building == 0).all()
+    behind = 0  # azimuth 180 deg: looking along -x, over the green area
+    assert (hdmap.range_view(pose, sensor).vegetation == 0).all(), "a green area is no solid"
+    planted = _flat_map(layers={"vegetation": [green], "plant": [bush]})
+    view = planted.range_view(pose, sensor)
+    met = view.vegetation[:, behind][view.vegetation[:, behind] > 0]
+    assert met.size and met.min() == pytest.approx(14.0, abs=0.1), "the bush's near face, 14 m behind"
+    assert (view.vegetation[:, sensor.width // 2] == 0).all() and (view.building == 0).all()
 
 
 def test_a_barrier_footprint_is_met_in_the_building_layer_where_it_is_nearer():

@@ -23,10 +23,10 @@ from lidar.vocabulary import MAP_CLASS_INDEX, MAP_CLASSES, MapView
 RAISED_CLASSES: tuple[str, ...] = ("sidewalk", "curb", "terrain", "vegetation", "building")
 CURB_HEIGHT = 0.15
 
-#: Map layers whose rectangles are extruded into solids the model conditions on (`HDMap.range_view`).
-FOOTPRINT_CLASSES: tuple[str, ...] = ("building", "vegetation", "barrier", "plant")
-#: Height (m) of a green area's block: the map knows where trees and bushes grow, not how tall each is.
-VEGETATION_HEIGHT = 2.0
+#: Map layers whose rectangles are extruded into solids the model conditions on (`HDMap.range_view`), each to
+#: its features' `height`. A green area is no solid: it is ground of the vegetation class, and what grows on
+#: it is listed one by one in the `plant` layer.
+FOOTPRINT_CLASSES: tuple[str, ...] = ("building", "barrier", "plant")
 #: How far (m) a footprint solid reaches below the terrain at its centre, so slopes leave no gap under it.
 FOOTPRINT_FOOTING = 1.0
 
@@ -194,8 +194,9 @@ class HDMap:
             classes=classes,
             ground=ground_m.astype(np.float32).reshape(sensor.shape),
             building=built.range,
-            # green areas and the plants the map lists one by one: where vegetation stands
-            vegetation=box_range_view(np.concatenate([boxes["vegetation"], boxes["plant"]]), pose, sensor).range,
+            # the plants the map lists one by one, each crown from its base: a block over a whole green area
+            # would stand in front of the plants in it, and the network drew it as a cloud over the grass
+            vegetation=box_range_view(boxes["plant"], pose, sensor).range,
         )
 
     def _ground_cast(self, pose: np.ndarray, sensor: Sensor) -> tuple[np.ndarray, np.ndarray]:
@@ -223,8 +224,7 @@ class HDMap:
     def footprint_boxes(self) -> dict[str, np.ndarray]:
         """Each footprint layer's rectangles extruded into (B, 7) boxes standing on the terrain.
 
-        Buildings, barriers and plants rise to their `height` property; a green area is a
-        `VEGETATION_HEIGHT` block, a coarse stand-in for the low growth the map does not list one by one. A
+        Buildings, barriers and plants rise to their `height` property; a feature without one is no solid. A
         feature with a `base` (a tree crown's clearance) starts that high above the terrain; one standing on
         the ground reaches `FOOTPRINT_FOOTING` below it, so slopes leave no gap under it.
         """
@@ -236,7 +236,9 @@ class HDMap:
                 if ring.shape != (4, 2):
                     continue  # only the rectangles the layout writes are footprints
                 properties = feature.get("properties", {})
-                height = float(properties.get("height", VEGETATION_HEIGHT))
+                if "height" not in properties:
+                    continue
+                height = float(properties["height"])
                 lift = float(np.clip(properties.get("base", 0.0), 0.0, 0.9 * height))
                 centre = ring.mean(axis=0)
                 length = float(np.linalg.norm(ring[1] - ring[0]))
