@@ -72,7 +72,7 @@ class MapView:
     classes: np.ndarray  # (H, W) uint8 MAP_CLASSES of the ground under the ray
     ground: np.ndarray  # (H, W) float32 range to the ground surface
     building: np.ndarray  # (H, W) float32 range into an extruded building or barrier (wall, fence) footprint
-    vegetation: np.ndarray  # (H, W) float32 range into a listed plant's solid (tree crown from its base, bush, hedge)
+    vegetation: np.ndarray  # (H, W) float32 range into an extruded green area or plant (tree crown, hedge)
 
 
 class MapSource(Protocol):

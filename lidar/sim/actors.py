@@ -584,17 +584,14 @@ def footprint_features(rel: Shapes, classes: tuple[str, ...], kinds: tuple[int, 
     HD maps list road barriers and walls, because a planner must know them, and cities list their trees;
     the world model needs both: without walls it draws the ground a ray would meet behind a noise wall,
     without trees it cannot know where a street's crowns stand. Each footprint is the solid's (x, y)
-    rectangle with its top as the `height` and its bottom as the `base` (m above the ground), as a tree
-    inventory gives a crown's height and the clearance under it: a crown's solid starts there, so the rays
-    that pass under it meet what stands behind its trunk, which is left out.
+    rectangle with its top as the height; a tree's trunk is left out, since its crown's footprint covers it.
     """
     labels = [OBJECT_CLASS_INDEX[name] for name in classes]
     features = []
     for i in np.flatnonzero(np.isin(rel.kind, kinds) & np.isin(rel.label, labels)):
         fp = Footprint(*rel.center[i, :2], *rel.size[i, :2], float(rel.yaw[i]))
-        top, bottom = rel.center[i, 2] + rel.size[i, 2], max(rel.center[i, 2] - rel.size[i, 2], 0.0)
         features.append(map_feature("Polygon", closed_ring(fp.corners()), **{
-            "class": OBJECT_CLASSES[rel.label[i]], "height": round(float(top), 2), "base": round(float(bottom), 2)}))
+            "class": OBJECT_CLASSES[rel.label[i]], "height": round(float(rel.center[i, 2] + rel.size[i, 2]), 2)}))
     return features
 
 

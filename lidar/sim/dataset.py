@@ -42,9 +42,9 @@ FORMAT = "lidarverse-sim"
 FORMAT_VERSION = 1
 #: What the simulator makes of a seed. Bumped whenever the same seed gives other sweeps or maps (2: window
 #: rays stop at a building's rooms, trees and hedges listed in the map; 3: holes in windows, foliage and
-#: fences are places, not per-ray dice; 4: the map's plants carry their crowns' base), so a set simulated
-#: by an older version is recognised as stale instead of silently scored against today's worlds.
-SIMULATOR_VERSION = 4
+#: fences are places, not per-ray dice), so a set simulated by an older version is recognised as stale
+#: instead of silently scored against today's worlds.
+SIMULATOR_VERSION = 3
 MANIFEST = "manifest.json"
 FRAME_KEYS = ("range", "intensity", "labels", "instances", "map_classes")
 

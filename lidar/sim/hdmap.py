@@ -23,10 +23,10 @@ from lidar.vocabulary import MAP_CLASS_INDEX, MAP_CLASSES, MapView
 RAISED_CLASSES: tuple[str, ...] = ("sidewalk", "curb", "terrain", "vegetation", "building")
 CURB_HEIGHT = 0.15
 
-#: Map layers whose rectangles are extruded into solids the model conditions on (`HDMap.range_view`), each to
-#: its features' `height`. A green area is no solid: it is ground of the vegetation class, and what grows on
-#: it is listed one by one in the `plant` layer.
-FOOTPRINT_CLASSES: tuple[str, ...] = ("building", "barrier", "plant")
+#: Map layers whose rectangles are extruded into solids the model conditions on (`HDMap.range_view`).
+FOOTPRINT_CLASSES: tuple[str, ...] = ("building", "vegetation", "barrier", "plant")
+#: Height (m) of a green area's block: the map knows where trees and bushes grow, not how tall each is.
+VEGETATION_HEIGHT = 2.0
 #: How far (m) a footprint solid reaches below the terrain at its centre, so slopes leave no gap under it.
 FOOTPRINT_FOOTING = 1.0
 
@@ -194,9 +194,8 @@ class HDMap:
             classes=classes,
             ground=ground_m.astype(np.float32).reshape(sensor.shape),
             building=built.range,
-            # the plants the map lists one by one, each crown from its base: a block over a whole green area
-            # would stand in front of the plants in it, and the network drew it as a cloud over the grass
-            vegetation=box_range_view(boxes["plant"], pose, sensor).range,
+            # green areas and the plants the map lists one by one: where vegetation stands
+            vegetation=box_range_view(np.concatenate([boxes["vegetation"], boxes["plant"]]), pose, sensor).range,
         )
 
     def _ground_cast(self, pose: np.ndarray, sensor: Sensor) -> tuple[np.ndarray, np.ndarray]:
@@ -224,9 +223,8 @@ class HDMap:
     def footprint_boxes(self) -> dict[str, np.ndarray]:
         """Each footprint layer's rectangles extruded into (B, 7) boxes standing on the terrain.
 
-        Buildings, barriers and plants rise to their `height` property; a feature without one is no solid. A
-        feature with a `base` (a tree crown's clearance) starts that high above the terrain; one standing on
-        the ground reaches `FOOTPRINT_FOOTING` below it, so slopes leave no gap under it.
+        Buildings, barriers and plants rise to their `height` property; a green area is a
+        `VEGETATION_HEIGHT` block, a coarse stand-in for the low growth the map does not list one by one.
         """
         out = {}
         for name in FOOTPRINT_CLASSES:
@@ -235,19 +233,14 @@ class HDMap:
                 ring = np.asarray(feature["geometry"]["coordinates"][0], dtype=np.float64)[:4]
                 if ring.shape != (4, 2):
                     continue  # only the rectangles the layout writes are footprints
-                properties = feature.get("properties", {})
-                if "height" not in properties:
-                    continue
-                height = float(properties["height"])
-                lift = float(np.clip(properties.get("base", 0.0), 0.0, 0.9 * height))
+                height = float(feature.get("properties", {}).get("height", VEGETATION_HEIGHT))
                 centre = ring.mean(axis=0)
                 length = float(np.linalg.norm(ring[1] - ring[0]))
                 width = float(np.linalg.norm(ring[2] - ring[1]))
                 yaw = float(np.arctan2(ring[1, 1] - ring[0, 1], ring[1, 0] - ring[0, 0]))
-                ground = float(self.terrain_height(centre[:1], centre[1:])[0])
-                bottom = ground + lift if lift > 0 else ground - FOOTPRINT_FOOTING
-                rows.append((centre[0], centre[1], (bottom + ground + height) / 2, length, width,
-                             ground + height - bottom, yaw))
+                base = float(self.terrain_height(centre[:1], centre[1:])[0]) - FOOTPRINT_FOOTING
+                rows.append((centre[0], centre[1], base + (height + FOOTPRINT_FOOTING) / 2, length, width,
+                             height + FOOTPRINT_FOOTING, yaw))
             out[name] = np.asarray(rows, dtype=np.float64).reshape(-1, 7)
         return out
 
