@@ -220,13 +220,19 @@ def test_the_next_frames_views_are_drawn_while_the_network_samples(model, monkey
         np.testing.assert_array_equal(a.points, b.points)
 
 
-def test_views_drawn_ahead_give_the_same_frames_as_drawn_in_order(model, monkeypatch):
-    import inference.rollout as rollout_module
+def _first_frame_observed(model, poses: np.ndarray):
+    """What a sweep generated at poses[0] on the flat map measured, as a forecast's observation."""
     from inference.measured import observation
 
-    poses = straight_poses(4)
     scan = rollout(model, poses[:1], map_source=FLAT, seed=0).frames[0].points
-    seen = observation([scan], poses[:1], SENSOR)
+    return observation([scan], poses[:1], SENSOR)
+
+
+def test_views_drawn_ahead_give_the_same_frames_as_drawn_in_order(model, monkeypatch):
+    import inference.rollout as rollout_module
+
+    poses = straight_poses(4)
+    seen = _first_frame_observed(model, poses)
     world = car_world()
     calls = {
         "generation": lambda: rollout(model, poses, map_source=world.hdmap, layout=world.boxes, seed=3),
@@ -248,11 +254,9 @@ def test_views_drawn_ahead_give_the_same_frames_as_drawn_in_order(model, monkeyp
 
 def test_a_cancelled_rollout_drops_the_views_not_yet_started_and_leaves_no_thread(model, monkeypatch):
     import inference.rollout as rollout_module
-    from inference.measured import observation
 
     poses = straight_poses(4)
-    scan = rollout(model, poses[:1], map_source=FLAT, seed=0).frames[0].points
-    seen = observation([scan], poses[:1], SENSOR)
+    seen = _first_frame_observed(model, poses)
     measured_view = rollout_module.measured_view
 
     def slow_measured_view(*args, **kwargs):  # frame 0's measured view is still drawn when the visitor leaves
