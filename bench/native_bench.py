@@ -116,8 +116,10 @@ MAP_VIEW = "map view (HDMap.range_view)"
 class Split:
     """Exclusive seconds per stage over the timed calls, kept by wrappers that share one call stack per thread.
 
-    The rollout draws a frame's pose-only views in a second thread while the network samples; their stages are
-    kept apart (`beside`): they overlap the frame instead of adding to it."""
+    The rollout draws a frame's pose-only views in a second thread while the network samples, and finishes a
+    forecast's frame there while the next frame samples; their stages are kept apart (`beside`): they overlap
+    the frame instead of adding to it, but for the last frame's finish, which the call waits for (its share of
+    "other")."""
 
     seconds: dict[str, float] = field(default_factory=lambda: defaultdict(float))
     beside: dict[str, float] = field(default_factory=lambda: defaultdict(float))

@@ -177,6 +177,13 @@ class _ViewsAhead:
             self._next = self._submit_pose_views(index + 1)
         return map_view, boxes, kept
 
+    def finish(self, x: torch.Tensor, kept: Future[MeasuredView] | None, pose: np.ndarray,
+               settle: bool) -> Future[tuple[RangeImage, np.ndarray, np.ndarray]]:
+        """`_finish` of a frame whose points no later frame's condition needs (nothing fed back to the cache),
+        drawn behind the frame's measured view while the next frame samples: at 64 x 2048 a forecast's frame
+        spends 40-50 ms there, most of it settling the additions."""
+        return self._submit(_finish_when_kept, x, kept, pose, self._sensor, settle)
+
     def close(self) -> None:
         """Stop: views not yet started are dropped (a cancelled rollout), the one being drawn ends first, so no
         thread outlives the rollout."""
@@ -201,6 +208,54 @@ def _finish(x: torch.Tensor, kept: MeasuredView | None, pose: np.ndarray, sensor
     world = take_rows(points, ~kept.body[image.mask])
     points = np.concatenate([points, kept.beside])  # the measurement's rays that share a pixel
     return image, points, transform_points(np.concatenate([world, kept.beside]), pose)
+
+
+@torch.inference_mode()  # the views thread does not inherit the caller's mode
+def _finish_when_kept(x: torch.Tensor, kept: Future[MeasuredView] | None, pose: np.ndarray, sensor: Sensor,
+                      settle: bool) -> tuple[RangeImage, np.ndarray, np.ndarray]:
+    return _finish(x, None if kept is None else kept.result(), pose, sensor, settle)
+
+
+@dataclass
+class _Finishing:
+    """A sampled frame whose finish runs in the views thread, delivered (`_Delivery.frame`) before the next
+    frame reports its first step, or at the end."""
+
+    index: int
+    pose: np.ndarray
+    started: float
+    result: Future[tuple[RangeImage, np.ndarray, np.ndarray]]
+
+
+@dataclass
+class _Delivery:
+    """The rollout's finished frames in order, each reported to the callback once finished."""
+
+    frames: int
+    steps: int
+    callback: Callable[[Progress], None] | None
+    done: list[Frame]
+    in_world: list[np.ndarray]
+    waiting: _Finishing | None = None
+
+    def frame(self, index: int, pose: np.ndarray, started: float, image: RangeImage, points: np.ndarray,
+              world_points: np.ndarray) -> None:
+        self.in_world.append(world_points)
+        frame = Frame(index, pose, points, image, time.perf_counter() - started)
+        self.done.append(frame)
+        if self.callback is not None:
+            self.callback(Progress(index, self.frames, self.steps, self.steps, frame))
+
+    def waited(self) -> None:
+        """Deliver the frame still finishing, if any."""
+        if self.waiting is not None:
+            waiting, self.waiting = self.waiting, None
+            self.frame(waiting.index, waiting.pose, waiting.started, *waiting.result.result())
+
+    def step_done(self, frame: int, step: int) -> None:
+        self.waited()
+        if self.callback is not None:
+            self.callback(Progress(frame, self.frames, step, self.steps))
 
 
 def memorable(image: RangeImage, map_view: MapView | None, boxes: LayoutView | None,
@@ -231,10 +286,6 @@ def _prepared(model: WorldModel, cond: torch.Tensor, guidance: float) -> Prepare
     if guidance != 1.0:
         cond = torch.cat([cond, drop_map(cond, model.config.num_map_classes)])
     return model.prepare(cond)
-
-
-def _step_done(callback: Callable[[Progress], None], frame: int, frames: int, steps: int, step: int) -> None:
-    callback(Progress(frame, frames, step, steps))
 
 
 def _sample(model: WorldModel, sampler: FlowMatchSampler, prepared: PreparedCondition, shape: tuple[int, int],
@@ -306,6 +357,7 @@ def rollout(
     sampler.set_timesteps(steps, device=next(model.parameters()).device)
     frames: list[Frame] = []
     in_world: list[np.ndarray] = []  # each frame's world-frame points
+    delivery = _Delivery(len(poses), steps, callback, frames, in_world)
     start = time.perf_counter()
     ahead = _ViewsAhead(map_source, layout, measured, poses, times, sensor)
     try:
@@ -318,22 +370,23 @@ def rollout(
             scale = guidance if map_view is not None else 1.0
             prepared = _prepared(model, build_condition(cache.points(), pose, map_view, boxes, sensor,
                                                         config.num_map_classes), scale)
-            # 2. sample the range image
-            x = _sample(model, sampler, prepared, sensor.shape, generator, scale, None if callback is None else
-                        partial(_step_done, callback, index, len(poses), steps))
+            # 2. sample the range image; the frame before, if still finishing, is delivered at the first step
+            x = _sample(model, sampler, prepared, sensor.shape, generator, scale, partial(delivery.step_done, index))
+            delivery.waited()
             # 3. keep the prior where the sample only jitters it, and what was measured where it was seen;
-            #    decode, unproject, feed the sweep (less the observing car's own body) back into the cache
+            #    decode and unproject. Unless the sweep (less the observing car's own body) is fed back into
+            #    the cache, which the next frame's condition reads, that runs beside the next frame's network.
+            x, settle = model.snap_to_prior(x, prepared), map_view is None and boxes is None
+            if not update_cache:
+                delivery.waiting = _Finishing(index, pose, frame_start, ahead.finish(x, kept_view, pose, settle))
+                continue
             kept = None if kept_view is None else kept_view.result()
-            image, points, world_points = _finish(model.snap_to_prior(x, prepared), kept, pose, sensor,
-                                                  settle=map_view is None and boxes is None)
-            in_world.append(world_points)
-            if update_cache:  # what was measured is fed back whole; a generated frame less its invented occluders
-                cache.add(world_points if kept is not None
-                          else world_points[memorable(image, map_view, boxes, sensor)], pose)
-            frame = Frame(index, pose, points, image, time.perf_counter() - frame_start)
-            frames.append(frame)
-            if callback is not None:
-                callback(Progress(index, len(poses), steps, steps, frame))
+            image, points, world_points = _finish(x, kept, pose, sensor, settle)
+            # what was measured is fed back whole; a generated frame less its invented occluders
+            cache.add(world_points if kept is not None
+                      else world_points[memorable(image, map_view, boxes, sensor)], pose)
+            delivery.frame(index, pose, frame_start, image, points, world_points)
+        delivery.waited()
     finally:
         ahead.close()
     total = time.perf_counter() - start

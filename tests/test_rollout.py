@@ -252,6 +252,45 @@ def test_views_drawn_ahead_give_the_same_frames_as_drawn_in_order(model, monkeyp
             np.testing.assert_array_equal(a.range_image.range, b.range_image.range, err_msg=name)
 
 
+def test_a_forecast_frame_is_finished_beside_the_next_frames_network_and_reported_in_order(model, monkeypatch):
+    import inference.rollout as rollout_module
+
+    poses = straight_poses(3)
+    seen = _first_frame_observed(model, poses)
+    finish, threads, first_finished = rollout_module._finish, [], threading.Event()
+
+    def noted_finish(*args, **kwargs):
+        out = finish(*args, **kwargs)
+        threads.append(threading.current_thread().name)
+        first_finished.set()
+        return out
+
+    monkeypatch.setattr(rollout_module, "_finish", noted_finish)
+    forward, passes, waited = model.forward, [], []
+
+    def second_frame_waits(*args, **kwargs):
+        passes.append(1)
+        if len(passes) == 3:  # frame 1's first pass: only a second thread can finish frame 0 meanwhile
+            waited.append(first_finished.wait(timeout=5.0))
+        return forward(*args, **kwargs)
+
+    progress: list[Progress] = []
+    model.forward = second_frame_waits
+    try:
+        rollout(model, poses, map_source=FLAT, measured=seen, update_cache=False, steps=2, seed=0,
+                callback=progress.append)
+    finally:
+        del model.forward
+    assert waited == [True], "frame 0 was not finished while frame 1 sampled"
+    assert len(threads) == 3 and all(name.startswith("rollout-views") for name in threads)
+    assert [(p.frame, p.step, p.frame_result is not None) for p in progress] == [
+        event for f in range(3) for event in ((f, 1, False), (f, 2, False), (f, 2, True))
+    ]
+    threads.clear()  # a generated frame feeds the next frame's cache: finished in the caller's thread, in turn
+    rollout(model, poses[:2], map_source=FLAT, seed=0)
+    assert threads == [threading.main_thread().name] * 2
+
+
 def test_a_cancelled_rollout_drops_the_views_not_yet_started_and_leaves_no_thread(model, monkeypatch):
     import inference.rollout as rollout_module
 
