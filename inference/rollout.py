@@ -62,7 +62,8 @@ class Frame:
     #: (N, 4) float32 in the sensor frame of `pose`.
     points: np.ndarray
     range_image: RangeImage
-    #: Wall time of this frame: condition, sampling, decoding and cache update.
+    #: Wall time of this frame, from its condition to its delivery: sampling, decoding and cache update, and
+    #: for a forecast's frame, finished beside the next frame's network, until that frame's first step.
     seconds: float
 
 
