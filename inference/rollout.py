@@ -290,7 +290,7 @@ def _prepared(model: WorldModel, cond: torch.Tensor, guidance: float) -> Prepare
 
 
 def _sample(model: WorldModel, sampler: FlowMatchSampler, prepared: PreparedCondition, shape: tuple[int, int],
-            generator: torch.Generator, guidance: float, after_step: Callable[[int], None] | None) -> torch.Tensor:
+            generator: torch.Generator, guidance: float, after_step: Callable[[int], None]) -> torch.Tensor:
     """The sampler's steps from its initial noise to a (1, 3, H, W) flow image; `after_step(i)` after step i
     (1-based), where a progress bar moves and a cancelled request stops."""
     param = next(model.parameters())
@@ -298,8 +298,7 @@ def _sample(model: WorldModel, sampler: FlowMatchSampler, prepared: PreparedCond
     for i, t in enumerate(sampler.timesteps):
         v = guided_velocity(model, x.to(param.dtype), t, prepared, guidance).float()
         x = sampler.step(v, t, x).prev_sample
-        if after_step is not None:
-            after_step(i + 1)
+        after_step(i + 1)
     return x
 
 
