@@ -14,7 +14,7 @@ import logging
 import time
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import partial
 from typing import Any, TypeVar
 
@@ -235,8 +235,9 @@ class _Delivery:
     frames: int
     steps: int
     callback: Callable[[Progress], None] | None
-    done: list[Frame]
-    in_world: list[np.ndarray]
+    done: list[Frame] = field(default_factory=list)
+    #: Each delivered frame's world-frame points, for the rollout's world union.
+    in_world: list[np.ndarray] = field(default_factory=list)
     waiting: _Finishing | None = None
 
     def frame(self, index: int, pose: np.ndarray, started: float, image: RangeImage, points: np.ndarray,
@@ -355,9 +356,7 @@ def rollout(
     sampler = sampler or FlowMatchSampler(noise_scale=config.default_noise_scale)
     cache = cache if cache is not None else SpatialCache()
     sampler.set_timesteps(steps, device=next(model.parameters()).device)
-    frames: list[Frame] = []
-    in_world: list[np.ndarray] = []  # each frame's world-frame points
-    delivery = _Delivery(len(poses), steps, callback, frames, in_world)
+    delivery = _Delivery(len(poses), steps, callback)
     start = time.perf_counter()
     ahead = _ViewsAhead(map_source, layout, measured, poses, times, sensor)
     try:
@@ -391,11 +390,11 @@ def rollout(
         ahead.close()
     total = time.perf_counter() - start
     timings = {
-        "per_frame": [f.seconds for f in frames],
+        "per_frame": [f.seconds for f in delivery.done],
         "total": total,
-        "frames_per_second": len(frames) / total if total > 0 else float("inf"),
+        "frames_per_second": len(delivery.done) / total if total > 0 else float("inf"),
     }
     logger.info(
-        "rollout: %d frames, %d steps, %.2f frames/s", len(frames), steps, timings["frames_per_second"]
+        "rollout: %d frames, %d steps, %.2f frames/s", len(delivery.done), steps, timings["frames_per_second"]
     )
-    return RolloutResult(frames, partial(world_union, in_world), timings, cache)
+    return RolloutResult(delivery.done, partial(world_union, delivery.in_world), timings, cache)
