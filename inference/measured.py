@@ -70,7 +70,7 @@ from lidar.range_image import (
     project,
 )
 from lidar.ray_grid import COLUMNS as RAY_COLUMNS
-from lidar.ray_grid import ROWS, nearest_per_ray, ray_cells
+from lidar.ray_grid import ROWS, field_of_view, in_field_of_view, nearest_per_ray, ray_cells
 from lidar.rows import put_rows, take_rows
 from lidar.sensors import Sensor
 from lidar.vocabulary import MapView, transform_points
@@ -189,20 +189,21 @@ class MeasuredView:
         return self.image.mask
 
 
-def sensor_shadow(scans: list[np.ndarray], sensor: Sensor, masks: list[np.ndarray] | None = None) -> np.ndarray:
+def sensor_shadow(scans: list[np.ndarray], sensor: Sensor, masks: list[np.ndarray] | None = None,
+                  spans: list[tuple[float, float]] | None = None) -> np.ndarray:
     """(H, W) rays steeper than `SHADOW_ELEVATION_DEG`, inside the observing sensor's field of view, on which
     no observed sweep (N, 3+ points in its own sensor frame) returned, nor on its row within `MISS_REACH`
     columns: what the car's own body hides from a roof sensor, which travels with the sensor to every pose.
 
     Such rays meet the ground within about 10 m, where a sensor always returns; an isolated silent ray there is
     a dropped return, so a shadow must be wider than a row miss. `masks`: each scan's `project(points,
-    sensor).mask`, when the caller has them already.
+    sensor).mask`, and `spans`, its `elevation_span`, when the caller has them already.
     """
     seen = np.zeros(sensor.shape, dtype=bool)
     lowest = np.inf
     for i, points in enumerate(scans):
         seen |= project(np.asarray(points), sensor).mask if masks is None else masks[i]
-        lowest = min(lowest, elevation_span(points)[0])
+        lowest = min(lowest, (elevation_span(points) if spans is None else spans[i])[0])
     rows = (sensor.elevations < np.radians(SHADOW_ELEVATION_DEG)) & (sensor.elevations >= lowest - ELEVATION_ROUNDING)
     return rows[:, None] & ~seen & ~row_misses(np.flatnonzero(seen), sensor)
 
@@ -229,6 +230,9 @@ class Observation:
     sight: np.ndarray
     #: The frames' sensor.
     sensor: Sensor
+    #: (low, high) elevations (rad) the observing sensor sees (`lidar.ray_grid.field_of_view`, every sweep's):
+    #: seen from another pose, a measured point outside them is on no ray the sensor has there.
+    field_of_view: tuple[float, float]
     #: (N, 3) m/s in the frame of `points`: the newest sweep's moving objects (`lidar.motion`), zero elsewhere;
     #: None when nothing moves or the observation is not forecast.
     velocity: np.ndarray | None = None
@@ -354,8 +358,10 @@ def observation(scans: list[np.ndarray], poses: np.ndarray, sensor: Sensor,
     else:
         passed = None
     sight = np.stack(seen) if scans else np.zeros((0, *sensor.shape), np.float32)
-    return Observation(points, poses, sensor_shadow(scans, sensor, [r > 0 for r in seen]), sweep, body, sight,
-                       sensor, velocity, time, on_beams(scans, sensor), passed)
+    spans = [elevation_span(np.asarray(scan)) for scan in scans]
+    span = (min(low for low, _ in spans), max(high for _, high in spans)) if spans else (-np.pi / 2, np.pi / 2)
+    return Observation(points, poses, sensor_shadow(scans, sensor, [r > 0 for r in seen], spans), sweep, body,
+                       sight, sensor, field_of_view(span), velocity, time, on_beams(scans, sensor), passed)
 
 
 def seen_past(points: np.ndarray, sweep: np.ndarray, newest: np.ndarray, sensor: Sensor) -> np.ndarray:
@@ -522,7 +528,10 @@ def beside_grid(local: np.ndarray, observed: Observation, pose: np.ndarray, sens
     on a neighbouring beam's elevation). Dropped, a re-simulation at the sweep's own pose loses them and a 0.1 s
     forecast returns 0.88x the truth's points. Which are rays of their own:
     - from the place a sweep was taken (within `SAME_PLACE_M`), every point of that sweep, those beyond the
-      grid's beams and ranges too: what it measured is what a sensor there sees. Where no sweep was taken elsewhere, from within `ALONE_REACH_M` of it too:
+      grid's beams and ranges too: what it measured is what a sensor there sees. From anywhere else a point
+      beyond the grid's beams stays only within the observing sensor's own fan (`Observation.field_of_view`):
+      KITTI's near returns lie above its top beam, but the ground a sweep saw 8-10 m ahead lies 30-90 deg
+      below the horizon from a pose a second on, on no ray of the sensor. Where no sweep was taken elsewhere, from within `ALONE_REACH_M` of it too:
       nothing else measured those rays, and a 0.2 deg cell holds two firings of one KITTI ring 0.18 deg apart,
       so its z-buffer drops a sixth of the sweep (a one-sweep 0.1 s forecast on KITTI 00 returned 0.90x the
       truth's points with it, 0.97x without, at 0.98x -> 1.00x the better baseline's Chamfer; with 3 sweeps,
@@ -546,6 +555,8 @@ def beside_grid(local: np.ndarray, observed: Observation, pose: np.ndarray, sens
     unplaced = ~inside  # no pixel of the grid holds them: beyond its beams or its ranges
     candidate[winners[winners < len(local)]] = False
     gaps, here = _nearest_sweep(observed, pose)
+    if gaps[here] > SAME_PLACE_M:  # from elsewhere, only what the observing sensor's fan sees from the pose
+        unplaced &= in_field_of_view(local, observed.field_of_view)
     alone = bool((np.linalg.norm(observed.positions - observed.positions[here], axis=1) < EGO_TRAVEL_M).all())
     if gaps[here] <= (ALONE_REACH_M if alone else SAME_EYES_M):
         chosen = np.flatnonzero((candidate | unplaced) & (observed.sweep == here))

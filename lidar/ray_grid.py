@@ -40,6 +40,24 @@ def ray_cells(points: np.ndarray) -> np.ndarray:
     return cell_rows(point_elevations(pts)) * COLUMNS + cols
 
 
+def field_of_view(span: tuple[float, float]) -> tuple[float, float]:
+    """The vertical field of view (rad, low to high) of a sweep whose elevations span `span`
+    (`lidar.range_image.elevation_span`, in its sensor frame), widened by one ray cell: the percentile span
+    (robust to stray returns) lies just inside its outermost beams, which a sensor of that fan returns on as
+    well. Seen from another pose, a point outside it is on no ray that sensor has."""
+    return span[0] - np.deg2rad(CELL_DEG), span[1] + np.deg2rad(CELL_DEG)
+
+
+def in_field_of_view(points: np.ndarray, span: tuple[float, float]) -> np.ndarray:
+    """(N,) bool: the sensor-frame points within a vertical field of view (`span`, rad, low to high).
+
+    A model's beams may reach +10.7 deg where KITTI's stop at +2 deg: what it draws above has no ground truth
+    to be scored against, and a moved KITTI sweep has nothing there either.
+    """
+    elevations = point_elevations(np.asarray(points))
+    return (elevations >= span[0]) & (elevations <= span[1])
+
+
 @dataclass(frozen=True)
 class Rays:
     """A cloud's nearest point per cell: the cells it returns on (increasing), its range there, and which of

@@ -650,3 +650,39 @@ def test_a_forecast_near_the_newest_sweep_drops_an_older_point_it_saw_past(pipe)
     assert not kept_gone(forecast, -0.5)
     # a re-simulation renders every sweep's own moment; far from every sweep a forecast sees it anew
     assert kept_gone(None, -0.5) and kept_gone(forecast, -7.0)
+
+
+def test_from_a_moved_pose_no_measured_point_outside_the_observing_sensors_fan_is_kept(pipe) -> None:
+    """The ground a sweep saw a few metres ahead lies far below the lowest beam from a pose that moved onto
+    it: no ray of the sensor has it there, so neither the grid nor the points beside it keep it. From where
+    the sweep was taken every point of it stays."""
+    from lidar.ray_grid import field_of_view
+
+    sensor = pipe.sensor
+    lowest, highest = sensor.elevations[-1], sensor.elevations[0]
+    spacing = sensor.elevations[-2] - lowest
+    azimuth = np.linspace(-np.pi, np.pi, 4 * sensor.width, endpoint=False)
+    mount = sensor.mount_height
+
+    def ring(elevation: float, distance: float) -> np.ndarray:
+        return np.c_[distance * np.cos(azimuth), distance * np.sin(azimuth),
+                     np.full(len(azimuth), distance * np.tan(elevation)), np.full(len(azimuth), 0.4)]
+
+    ground = mount / np.tan(-lowest)  # the lowest beam's ring on the road
+    scan = np.concatenate([ring(lowest, ground), ring(lowest + 0.3 * (highest - lowest), 15.0),
+                           ring(highest, 30.0)]).astype(np.float32)
+    seen = observation([scan], np.eye(4)[None], sensor)
+    low, high = field_of_view((lowest, highest))
+    assert seen.field_of_view[0] == pytest.approx(low, abs=1e-3) and seen.field_of_view[1] == pytest.approx(high, abs=1e-3)
+    for shift in (1.0, 6.0):  # alone within ALONE_REACH_M of the sweep, and farther on
+        target = np.eye(4)
+        target[0, 3] = shift
+        view = measured_view(seen, target, sensor)
+        kept = np.concatenate([view.points[view.mask.reshape(-1)], view.beside])
+        elevation = np.arctan2(kept[:, 2], np.hypot(kept[:, 0], kept[:, 1]))
+        below = elevation < lowest - spacing - 1e-6  # the lowest row holds what lies within a spacing of its beam
+        assert len(kept) > 100 and not below.any(), f"{below.sum()} below the fan"
+        # the road behind the moved pose is still on the lowest beams' rays: kept
+        assert (kept[:, 0] < -ground + shift - 0.5).sum() > 100
+    same = measured_view(seen, np.eye(4), sensor)
+    assert len(same.beside) + same.mask.sum() == len(scan)  # from where it was taken: the whole sweep

@@ -59,7 +59,8 @@ from inference.pipeline import LidarVersePipeline
 from lidar.errors import InputError
 from lidar.formats import Scan, read_points
 from lidar.metrics import bev_jsd, bev_mmd, chamfer_distance, forecast_chamfer, per_ray_errors
-from lidar.range_image import RangeImage, project, unproject
+from lidar.range_image import RangeImage, elevation_span, project, unproject
+from lidar.ray_grid import field_of_view, in_field_of_view
 from lidar.real_scans import real_scans_dir
 from lidar.registration import RegistrationError, register_sweeps
 from lidar.render import bev_image, labelled, range_image_png
@@ -69,7 +70,7 @@ from lidar.sim.hdmap import HDMap
 from lidar.sim.sequence import simulate_sequence
 from lidar.sim.world import World, make_world
 from lidar.vocabulary import FRAME_RATE_HZ, MAP_CLASS_INDEX, transform_points
-from training.sweep_scores import COLUMNS, field_of_view, in_field_of_view, sweep_scores
+from training.sweep_scores import COLUMNS, sweep_scores
 
 logger = logging.getLogger(__name__)
 
@@ -465,8 +466,8 @@ def real_pairs(pipe: LidarVersePipeline, cfg: EvalConfig, seed: int) -> RealResu
                       "gap_s": (KITTI_FRAMES[b] - KITTI_FRAMES[a]) / FRAME_RATE_HZ, "truth_points": len(truth),
                       "forecast_shape": list(frame.range_image.shape), "common_rays": common, "methods": scores})
         if (a, b) == KITTI_PICTURE_PAIR:
-            span = field_of_view(truth)
-            result.picture = {GROUND_TRUTH: truth, **{m: in_field_of_view(c, span) for m, c in clouds.items()}}
+            span = field_of_view(elevation_span(truth))
+            result.picture = {GROUND_TRUTH: truth, **{m: c[in_field_of_view(c, span)] for m, c in clouds.items()}}
     # 3. the mean over pairs
     mean = {m: {k: _mean(np.array([p["methods"][m][k] for p in pairs])) for k in REAL_COLUMNS}
             for m in (MODEL_FORECAST, MOVED_FIRST)}

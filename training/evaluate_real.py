@@ -38,13 +38,14 @@ import numpy as np
 from inference import load_pipeline
 from inference.pipeline import LidarVersePipeline
 from lidar.errors import InputError
-from lidar.ray_grid import nearest_per_ray, ray_image, span_rows, z_buffer
+from lidar.range_image import elevation_span
+from lidar.ray_grid import field_of_view, in_field_of_view, nearest_per_ray, ray_image, span_rows, z_buffer
 from lidar.registration import register_sweeps
 from lidar.render import labelled, range_image_png
 from lidar.sequence import Recording, open_recording
 from lidar.vocabulary import FRAME_RATE_HZ, transform_points
 from training.evaluate import bev_panels, publish_report, report_arguments, start_run
-from training.sweep_scores import COLUMNS, field_of_view, in_field_of_view, sweep_scores
+from training.sweep_scores import COLUMNS, sweep_scores
 
 logger = logging.getLogger(__name__)
 
@@ -325,11 +326,10 @@ def write_pictures(out_dir: Path, kept: dict[int, Forecast], start: str, recordi
     out_dir.mkdir(parents=True, exist_ok=True)
     for h in sorted(kept)[-2:]:
         f, label = kept[h], f"{seconds(h)} after {Path(start).stem}"
-        span = field_of_view(f.truth)
+        span = field_of_view(elevation_span(f.truth))
+        model, prefix = (c[in_field_of_view(c, span)] for c in (f.model_points, f.prefix_points))
         clouds = {f"truth, {label} ({len(f.truth):,} points)": f.truth,
-                  f"{MODEL} ({len(in_field_of_view(f.model_points, span)):,})": in_field_of_view(f.model_points, span),
-                  f"{PREFIX_MOVED} ({len(in_field_of_view(f.prefix_points, span)):,})":
-                      in_field_of_view(f.prefix_points, span)}
+                  f"{MODEL} ({len(model):,})": model, f"{PREFIX_MOVED} ({len(prefix):,})": prefix}
         bev_name, range_name = picture_names(recording, h)
         bev_panels(list(clouds.items())).save(out_dir / bev_name)
         rows = span_rows(span)

@@ -17,36 +17,19 @@ from __future__ import annotations
 import numpy as np
 
 from lidar.metrics import forecast_chamfer, in_crop
-from lidar.range_image import elevation_span, point_elevations
-from lidar.ray_grid import CELL_DEG, nearest_per_ray, ray_errors
+from lidar.range_image import elevation_span
+from lidar.ray_grid import field_of_view, in_field_of_view, nearest_per_ray, ray_errors
 
 #: Report key -> table header of `sweep_scores` (which also gives "l1_mean").
 COLUMNS = {"chamfer": "Chamfer (m², 4D-Occ region) ↓", "l1_median": "L1 median, common rays (m) ↓",
            "absrel": "AbsRel, common rays ↓", "coverage": "truth's rays returned ↑", "points": "points ÷ truth's"}
 
 
-def in_field_of_view(points: np.ndarray, span: tuple[float, float]) -> np.ndarray:
-    """The points within the real sensor's vertical field of view (`span`, rad, low to high).
-
-    A model's beams may reach +10.7 deg where KITTI's stop at +2 deg: what it draws above has no ground truth
-    to be scored against, and a moved KITTI sweep has nothing there either.
-    """
-    elevations = point_elevations(np.asarray(points))
-    return np.asarray(points)[(elevations >= span[0]) & (elevations <= span[1])]
-
-
-def field_of_view(truth: np.ndarray) -> tuple[float, float]:
-    """The truth's vertical field of view (rad), widened by one ray cell: its percentile span (robust to stray
-    returns) lies just inside its outermost beams, whose points a method may return as well."""
-    low, high = elevation_span(truth)
-    return low - np.deg2rad(CELL_DEG), high + np.deg2rad(CELL_DEG)
-
-
 def sweep_scores(truth: np.ndarray, clouds: dict[str, np.ndarray]) -> tuple[dict[str, dict[str, float]], float]:
     """Every metric (`COLUMNS` and "l1_mean") of each method's cloud against the truth sweep, all in the
     truth's sensor frame, and the share of the truth's rays every method returns on."""
-    span = field_of_view(truth)
-    seen = {m: in_field_of_view(c, span) for m, c in clouds.items()}
+    span = field_of_view(elevation_span(truth))
+    seen = {m: c[in_field_of_view(c, span)] for m, c in clouds.items()}
     truth_in_region = max(int(in_crop(truth).sum()), 1)
     out, common = ray_errors(nearest_per_ray(truth), {m: nearest_per_ray(c) for m, c in seen.items()})
     for method, cloud in seen.items():
