@@ -41,6 +41,7 @@ from inference.measured import (
     settle_additions,
 )
 from inference.network import IMAGE_CHANNELS, PreparedCondition, WorldModel, to_encoded_image
+from lidar.blind_disc import unseen_ground
 from lidar.range_image import RangeImage, encode_range, unproject
 from lidar.rows import take_rows
 from lidar.sensors import Sensor
@@ -115,7 +116,11 @@ def world_union(in_world: list[np.ndarray]) -> np.ndarray:
 
 
 def cache_from_scans(scans: list[np.ndarray], poses: np.ndarray, **cache_kwargs: Any) -> SpatialCache:
-    """A cache seeded with observed sweeps (N, 3+) given in their own sensor frames at `poses`."""
+    """A cache seeded with observed sweeps (N, 3+) given in their own sensor frames at `poses`, and the ground
+    each sweep's sensor stood on but could not see (`lidar.blind_disc.unseen_ground`). That ground is no
+    measurement: it goes in as generated, so a measured point (and, fed back, a frame) wins its voxel. Without
+    it a forecast from a pose a second on leaves the discs as holes in the road behind the car: the network
+    draws little where its cache holds nothing (docs/evaluation.md has the figures)."""
     poses = np.asarray(poses, dtype=np.float64)
     if poses.shape != (len(scans), 4, 4):
         raise ValueError(f"cache_from_scans: expected {len(scans)} poses of shape (4, 4), got {poses.shape}")
@@ -124,6 +129,8 @@ def cache_from_scans(scans: list[np.ndarray], poses: np.ndarray, **cache_kwargs:
         if np.ndim(points) != 2 or np.shape(points)[1] < 3:
             raise ValueError(f"cache_from_scans: each scan must be (N, 3+) points, got shape {np.shape(points)}")
         cache.add(measured_points([points], pose[None]), pose, observed=True)
+    if len(scans):
+        cache.add(measured_points([unseen_ground(points) for points in scans], poses), observed=False)
     return cache
 
 
