@@ -462,7 +462,7 @@ def native_sensor(scan: ScanLike, fallback: Sensor) -> Sensor:
         if points.ndim != 2 or points.shape[1] < 3 or not np.issubdtype(points.dtype, np.number):
             return fallback  # `_checked_scan` names what is wrong with it
         points = points[np.isfinite(points[:, :3]).all(axis=1)].astype(np.float32)
-        scan = Scan(points=points if points.shape[1] >= 4 else np.pad(points[:, :3], ((0, 0), (0, 1))))
+        scan = Scan.from_points(points[:, :4] if points.shape[1] >= 4 else np.pad(points[:, :3], ((0, 0), (0, 1))))
     return detect_sensor(scan) or fallback
 
 

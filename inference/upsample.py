@@ -57,7 +57,7 @@ from inference.rollout import Progress
 from lidar.errors import InputError, shown
 from lidar.formats import READ_SUFFIXES, Scan, SweepGeometry, sweep_geometry, write_points
 from lidar.formats.detect import ROWS_FROM_PRESET
-from lidar.formats.rings import MAX_BEAMS, recover_rings
+from lidar.formats.rings import MAX_BEAMS
 from lidar.range_image import (
     RangeImage,
     azimuth_columns,
@@ -203,28 +203,26 @@ def _check_method(method: str, model: WorldModel | None, fill_network: FillNetwo
 
 
 def _input_points(points: Scan | np.ndarray) -> tuple[np.ndarray, Scan]:
-    """(N, 4) float32 points as given (no intensity reads 0) and the Scan their geometry is measured from."""
-    if isinstance(points, Scan):
-        if not points.sensor_frame:
-            raise InputError(f"points ({points.path}) are not in the sensor frame (the origin is not at the LiDAR); "
-                             "expected a sweep in its sensor frame")
-        return np.asarray(points.points, dtype=np.float32), points
+    """(N, 4) float32 points as given (no intensity reads 0) and the Scan their geometry is measured from: a
+    file's, or for an array the rings a reader recovers for a file without a ring field (`Scan.from_points`)."""
     if isinstance(points, RangeImage):
         raise InputError("points must be a lidar.formats.Scan or (N, 3+) points, got a RangeImage; "
                          "a range image has lost its rings, pass the points instead")
-    arr = np.asarray(points)
-    if arr.ndim != 2 or arr.shape[1] < 3 or len(arr) == 0 or not np.issubdtype(arr.dtype, np.number):
-        raise InputError(f"points must be a non-empty (N, 3+) array x, y, z[, intensity], got shape {arr.shape}")
-    arr = arr[:, :4].astype(np.float32)
-    bad = int((~np.isfinite(arr)).any(axis=1).sum())
-    if bad:
-        raise InputError(f"points hold {bad:,} rows with NaN or inf; expected finite points (drop them first)")
-    if arr.shape[1] == 3:
-        arr = np.concatenate([arr, np.zeros((len(arr), 1), np.float32)], axis=1)
-    rings = recover_rings(arr[:, :3])  # as a reader recovers them for a file without a ring field
-    if rings is None:
-        return arr, Scan(points=arr)
-    return arr, Scan(points=arr, ring=rings.ring, ring_source=rings.source)
+    if not isinstance(points, Scan):
+        arr = np.asarray(points)
+        if arr.ndim != 2 or arr.shape[1] < 3 or len(arr) == 0 or not np.issubdtype(arr.dtype, np.number):
+            raise InputError(f"points must be a non-empty (N, 3+) array x, y, z[, intensity], got shape {arr.shape}")
+        arr = arr[:, :4].astype(np.float32)
+        bad = int((~np.isfinite(arr)).any(axis=1).sum())
+        if bad:
+            raise InputError(f"points hold {bad:,} rows with NaN or inf; expected finite points (drop them first)")
+        if arr.shape[1] == 3:
+            arr = np.concatenate([arr, np.zeros((len(arr), 1), np.float32)], axis=1)
+        points = Scan.from_points(arr)
+    if not points.sensor_frame:
+        raise InputError(f"points ({points.path or 'an array'}) are not in the sensor frame (the origin is not at "
+                         "the LiDAR); expected a sweep in its sensor frame")
+    return np.asarray(points.points, dtype=np.float32), points
 
 
 def target_sensor(measured: Sensor, factor: int) -> Sensor:

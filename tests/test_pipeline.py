@@ -15,7 +15,7 @@ from inference import MAX_FRAMES, MAX_STEPS, LidarVersePipeline, load_pipeline
 from inference.loader import DEFAULT_MODEL, MODEL_ENV, WEIGHTS_NAME
 from inference.pipeline import FORECAST_SPEED, action_poses, write_rollout
 from inference.rollout import Frame, RolloutResult
-from lidar.formats import read_points
+from lidar.formats import Scan, read_points
 from lidar.range_image import RangeImage
 from lidar.real_scans import real_scans_dir
 from lidar.sensors import HDL64
@@ -95,6 +95,18 @@ def test_forecast_continues_from_a_real_kitti_scan(pipe):
     assert len(out.frames[0].points) >= 0.7 * scan.num_points
     other = pipe.forecast([scan.points[::7]], action="straight", frames=2, steps=2, seed=0)
     assert not np.array_equal(out.frames[0].range_image.range, other.frames[0].range_image.range)
+
+
+@pytest.mark.parametrize("name", ["kitti_patchworkpp_000000.bin", "kitti_pointpillars_000134.bin"])
+def test_an_array_is_forecast_in_the_geometry_its_file_would_be(pipe, name):
+    """A sweep passed as a numpy array has its rings recovered as a reader recovers them from a file without a
+    ring field, so the frames come out on the same measured beams and columns, not the nearest preset's or
+    the model's."""
+    scan = real_scan(name)
+    from_file, from_array = pipe.grid(None, [scan]), pipe.grid(None, [scan.points])
+    assert from_file.name.endswith("-measured")
+    assert from_array.shape == from_file.shape and from_array.elevations_deg == from_file.elevations_deg
+    np.testing.assert_array_equal(Scan.from_points(scan.points).ring, scan.ring)
 
 
 def test_a_forecast_is_conditioned_on_what_was_observed_unless_asked_to_feed_back(pipe):

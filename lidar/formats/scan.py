@@ -87,6 +87,18 @@ class Scan:
     def num_points(self) -> int:
         return len(self.points)
 
+    @classmethod
+    def from_points(cls, points: np.ndarray) -> Scan:
+        """A sweep held in memory ((N, 4) float32 x, y, z, intensity, finite) with what a reader learns of a
+        file without a ring field: whether the points are in the sensor frame and, if so, their rings from
+        the storage order or the elevations (`recover_rings`). An array then measures the geometry its file
+        would: a KITTI sweep's 64 beams at its own columns, not the nearest preset's."""
+        frame_note = _sensor_frame_check(points[:, :3])
+        rings = recover_rings(points[:, :3]) if frame_note is None else None
+        if rings is None:
+            return cls(points=points, sensor_frame=frame_note is None)
+        return cls(points=points, ring=rings.ring, ring_source=rings.source, notes=[rings.note])
+
 
 def check_file_size(path: Path) -> int:
     """Refuse missing, empty and oversized files before reading them."""
