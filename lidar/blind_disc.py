@@ -3,9 +3,9 @@
 A roof LiDAR's lowest beam meets the ground a few metres out (a KITTI HDL-64E at -24.9 deg and 1.73 m: 3.7
 m; a VLP-16 at -15 deg: 6.7 m), so every sweep has a disc of silence around the car. Seen from a pose a
 second later, the discs of the sweeps before it are holes in the road behind the car, and a network that
-fills nothing where nothing was measured leaves them empty (on KITTI 00 a forecast returned a quarter of
-the truth's points there). The ground under a disc is no guess: the car stood on it. `unseen_ground` puts
-points on the plane of the ground the sweep saw around the disc, out to where it saw that ground begin.
+draws little where nothing was measured leaves them empty. The ground under a disc is no guess: the car
+stood on it. `unseen_ground` puts points on the plane of the ground the sweep saw around the disc, out to
+where it saw that ground begin.
 """
 
 from __future__ import annotations
