@@ -58,8 +58,8 @@ def unseen_ground(points: np.ndarray) -> np.ndarray:
     if pts.ndim != 2 or pts.shape[1] < 3:
         raise ValueError(f"unseen_ground: expected (N, 3+) sensor-frame points, got shape {pts.shape}")
     # 1. the ground around the sensor
-    near = take_rows(pts[::SAMPLE_STRIDE], pts[::SAMPLE_STRIDE, 0] ** 2 + pts[::SAMPLE_STRIDE, 1] ** 2 < GROUND_REACH_M**2)
-    near = near.astype(np.float64)
+    sample = pts[::SAMPLE_STRIDE]
+    near = take_rows(sample, sample[:, 0] ** 2 + sample[:, 1] ** 2 < GROUND_REACH_M**2).astype(np.float64)
     near = near[np.isfinite(near[:, :3]).all(axis=1)]
     if len(near) < MIN_GROUND_POINTS:
         return empty
