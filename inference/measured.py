@@ -22,7 +22,7 @@ beam spacing on the ground). And where the layout puts an actor's box in front o
 actor has moved there since: the box, which the prior also holds, wins.
 
 What the sensor measured as empty is kept too. A ray with no measured return between measured returns of
-its own row (within `MISS_REACH` columns) is a miss the sensor saw: glass, dark paint, a surface beyond
+its own row (within `MISS_REACH_DEG` of azimuth) is a miss the sensor saw: glass, dark paint, a surface beyond
 range, all still there from a nearby pose (within `MISS_BASELINE_M`). There the frame returns nothing,
 unless the map puts a surface under the ray. The network, trained on a simulator whose drops are random per
 ray, filled such rays: on KITTI 00 at 0.1 s those fills made the forecast's squared Chamfer 1.14-1.24x the
@@ -99,9 +99,10 @@ SAME_EYES_M = 0.5
 #: point a surface hides from the new pose lies metres behind it.
 HIDDEN_FROM_M = 0.3
 HIDDEN_GAP_M, HIDDEN_GAP_SHARE = 0.2, 0.05
-#: Columns either side of a ray within which a measured return of its row makes the ray's own silence a
-#: measured miss: the gap-fill reach, along rows only.
-MISS_REACH = GAP_REACH[0]
+#: Azimuth (deg) either side of a ray within which a measured return of its row makes the ray's own silence
+#: a measured miss: the gap fill's reach on the 512-column grid the rule was first measured on, held in
+#: degrees so that a finer grid (a KITTI sweep's 2,008 columns) reaches as far (`miss_reach`).
+MISS_REACH_DEG = GAP_REACH[0] * 360.0 / 512
 #: A pose at most this fraction as far from one observing sensor as from any other sees with that sweep's eyes:
 #: the sweep wins every ray it returns on, the others only fill its silent rays (`measured_view`).
 OWN_SWEEP_RATIO = 0.6
@@ -169,7 +170,7 @@ class MeasuredView:
     image: RangeImage
     #: (H * W, 4) x, y, z, intensity of each pixel's kept point; rows of unkept pixels are zero.
     points: np.ndarray
-    #: (H, W) rays measured empty: no measured return, one within `MISS_REACH` columns of the same row seen
+    #: (H, W) rays measured empty: no measured return, one within `MISS_REACH_DEG` of the same row seen
     #: from within `MISS_BASELINE_M` of an observing sensor, and no map surface under them; or the observing
     #: sensor's own shadow, which hides even what was measured and what the map holds.
     misses: np.ndarray
@@ -192,8 +193,9 @@ class MeasuredView:
 def sensor_shadow(scans: list[np.ndarray], sensor: Sensor, masks: list[np.ndarray] | None = None,
                   spans: list[tuple[float, float]] | None = None) -> np.ndarray:
     """(H, W) rays steeper than `SHADOW_ELEVATION_DEG`, inside the observing sensor's field of view, on which
-    no observed sweep (N, 3+ points in its own sensor frame) returned, nor on its row within `MISS_REACH`
-    columns: what the car's own body hides from a roof sensor, which travels with the sensor to every pose.
+    no observed sweep (N, 3+ points in its own sensor frame) returned, nor on its row within
+    `MISS_REACH_DEG`: what the car's own body hides from a roof sensor, which travels with the sensor to every
+    pose.
 
     Such rays meet the ground within about 10 m, where a sensor always returns; an isolated silent ray there is
     a dropped return, so a shadow must be wider than a row miss. `masks`: each scan's `project(points,
@@ -601,13 +603,18 @@ def _fine_winners(local: np.ndarray, rng: np.ndarray, eligible: np.ndarray, obse
     return np.concatenate([index[mine][own_winners], index[winners[~taken]]])
 
 
+def miss_reach(sensor: Sensor) -> int:
+    """Columns of `sensor`'s grid within `MISS_REACH_DEG` of a ray, at least one."""
+    return max(1, round(MISS_REACH_DEG * sensor.width / 360.0))
+
+
 def row_misses(pixels: np.ndarray, sensor: Sensor) -> np.ndarray:
-    """(H, W) pixels without a measured return that have one within `MISS_REACH` columns of their row."""
+    """(H, W) pixels without a measured return that have one within `miss_reach` columns of their row."""
     seen = np.zeros(sensor.height * sensor.width, dtype=bool)
     seen[pixels] = True
     seen = seen.reshape(sensor.shape)
     near = np.zeros_like(seen)
-    for d in range(1, MISS_REACH + 1):
+    for d in range(1, miss_reach(sensor) + 1):
         near |= np.roll(seen, d, axis=1) | np.roll(seen, -d, axis=1)  # azimuth wraps
     return near & ~seen
 

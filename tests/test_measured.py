@@ -185,18 +185,21 @@ def test_the_cli_forecasts_registered_kitti_sweeps_at_their_measured_speed(pipe,
     assert np.allclose(steps, steps[0]) and 0.6 < steps[0] < 0.85
 
 
-def test_a_ray_silent_between_measured_returns_of_its_row_is_a_measured_miss(pipe) -> None:
-    from inference.measured import MISS_REACH, row_misses
+@pytest.mark.parametrize("width", [512, 2048])
+def test_a_ray_silent_between_measured_returns_of_its_row_is_a_measured_miss(pipe, width) -> None:
+    from inference.measured import MISS_REACH_DEG, miss_reach, row_misses
 
-    sensor = pipe.sensor
-    width = sensor.width
+    sensor = pipe.sensor.with_width(width)
+    reach = miss_reach(sensor)
+    # the same azimuth on every grid: two columns of 512, eight of 2,048
+    assert reach == round(MISS_REACH_DEG / (360.0 / width)) == 2 * width // 512
     # one row measured at columns 10-20 with a hole at 15; another row holds one return at the seam
     pixels = np.array([1 * width + c for c in range(10, 21) if c != 15] + [3 * width + 0])
     misses = row_misses(pixels, sensor)
-    assert misses[1, 15] and misses[1, 10 - MISS_REACH] and misses[1, 20 + MISS_REACH]
-    assert not misses[1, 10 - MISS_REACH - 1] and not misses[0, 15] and not misses[1, 12]
+    assert misses[1, 15] and misses[1, 10 - reach] and misses[1, 20 + reach]
+    assert not misses[1, 10 - reach - 1] and not misses[0, 15] and not misses[1, 12]
     assert misses[3, width - 1] and misses[3, 1]  # azimuth wraps
-    assert misses.sum() == 1 + 2 * MISS_REACH + 2 * MISS_REACH
+    assert misses.sum() == 1 + 2 * reach + 2 * reach
 
 
 def test_measured_misses_return_nothing_unless_the_map_puts_a_surface_there(pipe, observed) -> None:
@@ -217,7 +220,7 @@ def test_measured_misses_return_nothing_unless_the_map_puts_a_surface_there(pipe
 
 
 def test_the_sensors_own_shadow_stays_empty_at_every_pose(pipe, monkeypatch) -> None:
-    from inference.measured import MISS_REACH, SHADOW_ELEVATION_DEG, sensor_shadow
+    from inference.measured import SHADOW_ELEVATION_DEG, miss_reach, sensor_shadow
 
     sensor = pipe.sensor
     # a flat ground seen from the mount height, every ray below the horizon down to -20 deg, but the 80 deg
@@ -237,8 +240,8 @@ def test_the_sensors_own_shadow_stays_empty_at_every_pose(pipe, monkeypatch) -> 
     assert len(cols) > 0 and behind[cols].all()  # only behind the car
     assert not shadow[sensor.elevations >= np.radians(SHADOW_ELEVATION_DEG)].any()  # only where ground is near
     assert not shadow[sensor.elevations < np.radians(-20.5)].any()  # nor below the sensor's field of view
-    # all of it but the MISS_REACH columns at each edge, which are row misses (as a dropped return would be)
-    assert (shadow[steep][:, behind].sum(axis=1) == behind.sum() - 2 * MISS_REACH).all()
+    # all of it but the `miss_reach` columns at each edge, which are row misses (as a dropped return would be)
+    assert (shadow[steep][:, behind].sum(axis=1) == behind.sum() - 2 * miss_reach(sensor)).all()
     lone = scan[np.abs(np.arctan2(scan[:, 1], scan[:, 0])) > 0.05]  # one silent column ahead: a dropped return
     assert not sensor_shadow([lone], sensor)[:, sensor.width // 2 - 2 : sensor.width // 2 + 2].any()
     pose = np.eye(4)
@@ -259,10 +262,10 @@ def test_the_sensors_own_shadow_stays_empty_at_every_pose(pipe, monkeypatch) -> 
     seen = {}
     real_rollout = pipeline_module.rollout
     monkeypatch.setattr(pipeline_module, "rollout", lambda *a, **k: seen.update(k) or real_rollout(*a, **k))
-    pipe.forecast([scan], prefix_poses=pose[None], poses=ahead[None], steps=1)
+    pipe.forecast([scan], prefix_poses=pose[None], poses=ahead[None], steps=1, sensor=sensor)
     np.testing.assert_array_equal(seen["measured"].shadow, shadow)
     seen.clear()
-    pipe.resimulate([scan], pose[None], ahead[None], steps=1)
+    pipe.resimulate([scan], pose[None], ahead[None], steps=1, sensor=sensor)
     np.testing.assert_array_equal(seen["measured"].shadow, shadow)
 
 
