@@ -255,6 +255,11 @@ class _Delivery:
         if self.callback is not None:
             self.callback(Progress(index, self.frames, self.steps, self.steps, frame))
 
+    def finishing(self, frame: _Finishing) -> None:
+        """Hold `frame` until its finish is done, the frame before it delivered first."""
+        self.waited()
+        self.waiting = frame
+
     def waited(self) -> None:
         """Deliver the frame still finishing, if any."""
         if self.waiting is not None:
@@ -378,13 +383,12 @@ def rollout(
                                                         config.num_map_classes), scale)
             # 2. sample the range image; the frame before, if still finishing, is delivered at the first step
             x = _sample(model, sampler, prepared, sensor.shape, generator, scale, partial(delivery.step_done, index))
-            delivery.waited()
             # 3. keep the prior where the sample only jitters it, and what was measured where it was seen;
             #    decode and unproject. Unless the sweep (less the observing car's own body) is fed back into
             #    the cache, which the next frame's condition reads, that runs beside the next frame's network.
             x, settle = model.snap_to_prior(x, prepared), map_view is None and boxes is None
             if not update_cache:
-                delivery.waiting = _Finishing(index, pose, frame_start, ahead.finish(x, kept_view, pose, settle))
+                delivery.finishing(_Finishing(index, pose, frame_start, ahead.finish(x, kept_view, pose, settle)))
                 continue
             kept = None if kept_view is None else kept_view.result()
             image, points, world_points = _finish(x, kept, pose, sensor, settle)
