@@ -189,6 +189,35 @@ class MeasuredView:
     def mask(self) -> np.ndarray:
         return self.image.mask
 
+    @functools.cached_property
+    def bordering(self) -> np.ndarray:
+        """(H, W) the nearest measured range of the world (not the car's body) within `GAP_REACH` of each ray,
+        inf where none: an addition farther than it lies behind that surface (`settle_additions`)."""
+        world = self.mask & ~self.body  # the car's own body borders everything near it, and hides nothing
+        nearest = np.full(self.mask.shape, np.inf, dtype=np.float32)
+        for other in _neighbours(np.where(world, self.image.range, np.inf), np.inf, GAP_REACH):
+            nearest = np.minimum(nearest, other)
+        return nearest
+
+    @functools.cached_property
+    def kept_cells(self) -> np.ndarray:
+        """The fine ray cells (`lidar.ray_grid`) the kept measured points lie in, those beside the grid too."""
+        kept = np.concatenate([take_rows(self.points, self.mask.reshape(-1)), self.beside])
+        return np.unique(ray_cells(kept))
+
+    @functools.cached_property
+    def ground_height(self) -> float | None:
+        """The measured ground's height in the sensor frame (the low tail of the kept world points' heights);
+        None where nothing of the world is kept."""
+        world = (self.mask & ~self.body).reshape(-1)
+        return float(np.percentile(self.points[:, 2][world], GROUND_PERCENTILE)) if world.any() else None
+
+    def ready_to_settle(self) -> MeasuredView:
+        """This view with what `settle_additions` asks of it worked out: a frame's measured view is drawn while
+        the network samples, its settling waits for the sample."""
+        _ = self.bordering, self.kept_cells, self.ground_height
+        return self
+
 
 def sensor_shadow(scans: list[np.ndarray], sensor: Sensor, masks: list[np.ndarray] | None = None,
                   spans: list[tuple[float, float]] | None = None) -> np.ndarray:
@@ -678,36 +707,36 @@ def settle_additions(image: RangeImage, points: np.ndarray, measured: MeasuredVi
        a 0.1 s forecast's additions were 2 % of its points and 0.0031 m² of its 0.0194 m² squared Chamfer
        (the newest sweep moved: 0.0159); seen-through ones gone, 0.7 % and 0.0002.
     """
-    # 1. lone additions
+    # Each rule asks only about the additions, and the frame loses its dropped rays once, at the end: a rule
+    # about a point does not depend on which other additions go.
     mask = image.mask
+    added = np.flatnonzero(mask & ~measured.mask)
+    # 1. lone additions
     xyz = np.full((*mask.shape, 3), np.nan, dtype=np.float32)
     put_rows(xyz.reshape(-1, 3), mask.reshape(-1), points[:, :3])
     reach = LONE_RADIUS_M + LONE_SLOPE * image.range
-    lone = np.zeros_like(mask)
-    added = np.flatnonzero(mask & ~measured.mask)
-    lone.reshape(-1)[added] = _lone(xyz, reach, added)
-    image, points = _without(image, points, lone)
+    drop = np.zeros(mask.size, dtype=bool)
+    drop[added] = _lone(xyz, reach, added)
+    added = added[~drop[added]]
     # 2. additions behind a bordering measured surface continue it, along their own rays
-    mask = image.mask
-    nearest = np.full(mask.shape, np.inf, dtype=np.float32)
-    world = measured.mask & ~measured.body  # the car's own body borders everything near it, and hides nothing
-    for other in _neighbours(np.where(world, measured.image.range, np.inf), np.inf, GAP_REACH):
-        nearest = np.minimum(nearest, other)
-    behind = mask & ~measured.mask & (nearest < BEHIND_RATIO * image.range)
-    if behind.any():
-        range_ = np.where(behind, nearest, image.range).astype(np.float32)
+    nearest = measured.bordering
+    ranges = image.range.reshape(-1)
+    behind = added[nearest.reshape(-1)[added] < BEHIND_RATIO * ranges[added]]
+    if len(behind):
+        order = np.cumsum(mask.reshape(-1)) - 1  # each returning pixel's row in `points`
+        ranges = ranges.copy()
+        ranges[behind] = nearest.reshape(-1)[behind]
         points = points.copy()
-        points[:, :3] *= (range_[mask] / image.range[mask])[:, None]
-        image = RangeImage(range_, image.intensity)
-    # 3. near the observation, only the ground around the car
+        points[order[behind], :3] *= (ranges[behind] / image.range.reshape(-1)[behind])[:, None]
+        image = RangeImage(ranges.reshape(mask.shape).astype(np.float32), image.intensity)
+    # 3-5, on the additions' points
+    rows = np.cumsum(mask.reshape(-1))[added] - 1
+    own = take_rows(points, rows)
+    gone = on_measured_rays(own, measured) | sight_through(own, measured)
     if measured.baseline <= MISS_BASELINE_M:
-        image, points = _without(image, points, image.mask & ~measured.mask & ~near_ground(image, points, measured))
-    # 4. a fine ray the measurement returns on is the measurement's
-    image, points = _without(image, points, image.mask & ~measured.mask & on_measured_rays(image, points, measured))
-    # 5. where an observing sensor looked and saw past it (or nothing, near), nothing stood
-    through = np.zeros(image.mask.shape, dtype=bool)
-    through[image.mask] = sight_through(points, measured)
-    return _without(image, points, image.mask & ~measured.mask & through)
+        gone |= ~near_ground(ranges[added], own, measured)
+    drop[added[gone]] = True
+    return _without(image, points, drop.reshape(mask.shape))
 
 
 def sight_through(points: np.ndarray, measured: MeasuredView) -> np.ndarray:
@@ -746,30 +775,21 @@ def _lone(xyz: np.ndarray, reach: np.ndarray, pixels: np.ndarray) -> np.ndarray:
     return ~neighboured
 
 
-def on_measured_rays(image: RangeImage, points: np.ndarray, measured: MeasuredView) -> np.ndarray:
-    """(H, W) returning rays the measurement does not keep whose point (`points`, one per returning pixel in
-    row-major order) lies in a cell of the fine ray grid (`lidar.ray_grid`) that a kept measured point lies in:
-    a neighbouring pixel's measurement."""
-    kept = np.concatenate([take_rows(measured.points, measured.mask.reshape(-1)), measured.beside])
-    added = image.mask & ~measured.mask
-    out = np.zeros(image.mask.shape, dtype=bool)
-    if len(kept) and added.any():
-        out[added] = np.isin(ray_cells(take_rows(points, added[image.mask])), ray_cells(kept))
-    return out
+def on_measured_rays(points: np.ndarray, measured: MeasuredView) -> np.ndarray:
+    """(N,) bool: the sensor-frame `points` (the frame's additions) that lie in a cell of the fine ray grid
+    (`lidar.ray_grid`) that a kept measured point lies in: a neighbouring pixel's measurement."""
+    if not len(measured.kept_cells) or not len(points):
+        return np.zeros(len(points), dtype=bool)
+    return np.isin(ray_cells(points), measured.kept_cells)
 
 
-def near_ground(image: RangeImage, points: np.ndarray, measured: MeasuredView) -> np.ndarray:
-    """(H, W) returning rays whose point (`points`, one per returning pixel in row-major order) lies within
-    `NEAR_GROUND_M` of the sensor and `NEAR_GROUND_TOLERANCE_M` of the measured ground's height (the low tail
-    of the kept points' heights)."""
-    out = np.zeros(image.mask.shape, dtype=bool)
-    world = (measured.mask & ~measured.body).reshape(-1)
-    if not world.any():
-        return out
-    ground = np.percentile(measured.points[:, 2][world], GROUND_PERCENTILE)
-    out[image.mask] = ((image.range[image.mask] <= NEAR_GROUND_M)
-                       & (np.abs(points[:, 2] - ground) <= NEAR_GROUND_TOLERANCE_M))
-    return out
+def near_ground(ranges: np.ndarray, points: np.ndarray, measured: MeasuredView) -> np.ndarray:
+    """(N,) bool: the sensor-frame `points` (at `ranges`) within `NEAR_GROUND_M` of the sensor and
+    `NEAR_GROUND_TOLERANCE_M` of the measured ground's height (the low tail of the kept points' heights)."""
+    ground = measured.ground_height
+    if ground is None:
+        return np.zeros(len(points), dtype=bool)
+    return (ranges <= NEAR_GROUND_M) & (np.abs(points[:, 2] - ground) <= NEAR_GROUND_TOLERANCE_M)
 
 
 def keep_measured(x: torch.Tensor, measured: MeasuredView, sensor: Sensor) -> torch.Tensor:

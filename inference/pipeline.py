@@ -15,6 +15,7 @@ import os
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -382,13 +383,15 @@ class LidarVersePipeline:
 
     @staticmethod
     def _observed(points: list[np.ndarray], poses: np.ndarray, sensor: Sensor,
-                  seen: list[np.ndarray], times: np.ndarray | None = None) -> tuple[SpatialCache, Observation]:
+                  seen: list[np.ndarray], times: np.ndarray | None = None,
+                  ) -> tuple[SpatialCache, Callable[[], Observation]]:
         """The cache and the measurement of observed sweeps at their poses (`seen`: each one's nearest range
         per ray of `sensor`; `times`, for a forecast: what moves goes on moving); the car's own returns
-        (`ego_body`, found once for both) are in neither's world."""
+        (`ego_body`, found once for both) are in neither's world. The measurement comes as the call that
+        builds it: only the frames' ends need it, and the rollout builds it beside the first frame's network."""
         bodies = ego_body(points, poses)
         return (cache_from_scans(without_ego_body(points, bodies), poses),
-                observation(points, poses, sensor, bodies, seen, times))
+                partial(observation, points, poses, sensor, bodies, seen, times))
 
     def _observed_points(self, scans: Sequence[ScanLike], name: str,
                          sensor: Sensor) -> tuple[list[np.ndarray], list[np.ndarray]]:

@@ -159,8 +159,9 @@ class _ViewsAhead:
     caller's cancellation.
     """
 
-    def __init__(self, map_source: MapSource | None, layout: LayoutSource | None, measured: Observation | None,
-                 poses: np.ndarray, times: np.ndarray, sensor: Sensor) -> None:
+    def __init__(self, map_source: MapSource | None, layout: LayoutSource | None,
+                 measured: Observation | Callable[[], Observation] | None, poses: np.ndarray, times: np.ndarray,
+                 sensor: Sensor) -> None:
         self._map, self._layout, self._measured = map_source, layout, measured
         self._poses, self._times, self._sensor = poses, times, sensor
         self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="rollout-views")
@@ -178,12 +179,19 @@ class _ViewsAhead:
         view to come (None without an observation), which only the frame's end needs; queues frame
         `index + 1`'s views behind it, to be drawn while this frame samples."""
         map_view, boxes = self._next.result()
-        kept = None if self._measured is None else self._submit(
-            measured_view, self._measured, self._poses[index], self._sensor, map_view, boxes,
-            float(self._times[index]))
+        kept = None if self._measured is None else self._submit(self._measured_view, index, map_view, boxes)
         if index + 1 < len(self._poses):
             self._next = self._submit_pose_views(index + 1)
         return map_view, boxes, kept
+
+    def _measured_view(self, index: int, map_view: MapView | None, boxes: LayoutView | None) -> MeasuredView:
+        """Frame `index`'s measured view; an observation given as a callable is built here, on first use, so
+        that it too is drawn beside the first frame's network rather than before it."""
+        if callable(self._measured):
+            self._measured = self._measured()
+        view = measured_view(self._measured, self._poses[index], self._sensor, map_view, boxes,
+                             float(self._times[index]))
+        return view.ready_to_settle() if map_view is None and boxes is None else view
 
     def finish(self, x: torch.Tensor, kept: Future[MeasuredView] | None, pose: np.ndarray,
                settle: bool) -> Future[tuple[RangeImage, np.ndarray, np.ndarray]]:
@@ -338,7 +346,7 @@ def rollout(
     seed: int | torch.Generator = 0,
     guidance: float | None = None,
     update_cache: bool = True,
-    measured: Observation | None = None,
+    measured: Observation | Callable[[], Observation] | None = None,
     sampler: FlowMatchSampler | None = None,
     callback: Callable[[Progress], None] | None = None,
     sensor: Sensor | None = None,
@@ -347,7 +355,8 @@ def rollout(
 
     `layout(t, pose)` gives the actor boxes at `times[i]` (default 10 Hz from 0) for the sensor at `pose`, as
     `World.boxes` does. `measured`, what observed sweeps measured: every frame keeps their ranges on
-    the rays they see and leaves the rays they measured empty (`inference.measured`). `sensor` is the grid the
+    the rays they see and leaves the rays they measured empty (`inference.measured`); a callable that builds it
+    is called in the views thread, while the first frame samples. `sensor` is the grid the
     frames are drawn on (default: the model's own); the network is fully convolutional and reads each pixel's
     elevation and azimuth from the condition, so any beam table and width serve.
     """

@@ -13,6 +13,7 @@ from lidar.range_image import (
     decode_range,
     encode_range,
     grid_winners,
+    nearest_per_pixel,
     point_elevations,
     project,
     rows_from_ring,
@@ -241,3 +242,17 @@ def test_beam_offsets_count_in_each_beams_own_spacing():
     on = np.deg2rad(HDL64.elevations_deg)
     rays = np.c_[np.cos(on), np.zeros(len(on)), np.sin(on)]
     assert beam_offsets(rays, HDL64).max() < 1e-9
+
+
+@pytest.mark.parametrize("low", [0, 1_000_000])
+def test_z_buffer_keeps_the_first_of_the_nearest_candidates_wherever_the_pixels_lie(low):
+    rng = np.random.default_rng(3)
+    pix = low + rng.integers(0, 500, 4000)
+    distance = rng.integers(1, 6, 4000).astype(np.float64)  # many ties
+    winners, pixels = nearest_per_pixel(pix, distance, 1_620_000)
+    # the reference: sorted by pixel, then distance, then position
+    order = np.lexsort((np.arange(len(pix)), distance, pix))
+    first = order[np.r_[True, pix[order][1:] != pix[order][:-1]]]
+    np.testing.assert_array_equal(pixels, pix[first])
+    np.testing.assert_array_equal(winners, first)
+    assert all(len(a) == 0 for a in nearest_per_pixel(np.zeros(0, np.int64), np.zeros(0), 10))

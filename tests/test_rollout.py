@@ -252,6 +252,22 @@ def test_views_drawn_ahead_give_the_same_frames_as_drawn_in_order(model, monkeyp
             np.testing.assert_array_equal(a.range_image.range, b.range_image.range, err_msg=name)
 
 
+def test_an_observation_given_as_a_call_is_built_once_in_the_views_thread(model):
+    poses = straight_poses(3)
+    seen = _first_frame_observed(model, poses)
+    threads = []
+
+    def build():
+        threads.append(threading.current_thread().name)
+        return seen
+
+    deferred = rollout(model, poses, measured=build, update_cache=False, seed=5)
+    given = rollout(model, poses, measured=seen, update_cache=False, seed=5)
+    assert len(threads) == 1 and threads[0].startswith("rollout-views")
+    for a, b in zip(deferred.frames, given.frames, strict=True):
+        np.testing.assert_array_equal(a.points, b.points)
+
+
 def test_a_forecast_frame_is_finished_beside_the_next_frames_network_and_reported_in_order(model, monkeypatch):
     import inference.rollout as rollout_module
 
