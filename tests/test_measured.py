@@ -558,6 +558,38 @@ def test_an_addition_on_a_fine_ray_a_measured_point_returns_on_goes(pipe) -> Non
     np.testing.assert_array_equal(out.range[view.mask], measured[view.mask])
 
 
+def test_a_far_addition_behind_a_kept_surface_near_its_ray_goes() -> None:
+    from inference.measured import FAR_ADDITION_M, MeasuredView, settle_additions
+    from lidar.range_image import RangeImage, unproject
+    from lidar.sensors import HDL64
+
+    sensor = HDL64.with_width(1024)  # 0.35 deg columns: 2 deg is about 6 of them
+    rows, col = slice(30, 33), 200
+    measured = np.zeros(sensor.shape, np.float32)
+    measured[rows, col : col + 6] = 10.0  # a wall the observation kept
+    measured_image = RangeImage(measured, np.full(sensor.shape, 0.5, np.float32))
+    measured_points = np.zeros((measured.size, 4), np.float32)
+    measured_points[measured_image.mask.reshape(-1)] = unproject(measured_image, sensor)
+    added = np.zeros(sensor.shape, np.float32)
+    added[rows, col + 8 : col + 10] = 40.0  # drawn through a gap beside the wall, 1-1.4 deg from it
+    added[rows, col + 30 : col + 32] = 40.0  # far, but nothing measured within 2 deg
+    added[rows, col - 4 : col - 2] = 15.0  # behind the wall's edge, but near
+    image = RangeImage(np.maximum(measured, added), np.full(sensor.shape, 0.5, np.float32))
+    view = MeasuredView(measured_image, measured_points, np.zeros(sensor.shape, bool), np.zeros(sensor.shape, bool),
+                        np.zeros((0, 4), np.float32), np.inf)
+    out = settle_additions(image, unproject(image, sensor), view)[0]
+    assert 15.0 < FAR_ADDITION_M < 40.0
+    assert (out.range[rows, col + 8 : col + 10] == 0.0).all()
+    assert (out.range[rows, col + 30 : col + 32] == 40.0).all()
+    assert (out.range[rows, col - 4 : col - 2] == 15.0).all()
+    np.testing.assert_array_equal(out.range[view.mask], measured[view.mask])
+    # the car's own body is no surface: the same view with the wall as its body keeps the far additions
+    body_view = MeasuredView(measured_image, measured_points, np.zeros(sensor.shape, bool), measured_image.mask,
+                             np.zeros((0, 4), np.float32), np.inf)
+    assert (settle_additions(image, unproject(image, sensor), body_view)[0].range[rows, col + 8 : col + 10]
+            == 40.0).all()
+
+
 def test_an_older_point_on_a_ray_the_own_sweep_measured_empty_is_stale(pipe) -> None:
     sensor = pipe.sensor
     row = sensor.height // 2
