@@ -499,7 +499,7 @@ def test_an_addition_where_an_observing_sensor_saw_through_goes(pipe) -> None:
 
 
 def test_near_the_observation_only_the_ground_around_the_car_is_added(pipe) -> None:
-    from inference.measured import MISS_BASELINE_M, NEAR_GROUND_M, MeasuredView, settle_additions
+    from inference.measured import NEAR_GROUND_M, NEAR_ONLY_M, MeasuredView, settle_additions
     from lidar.range_image import RangeImage, unproject
 
     sensor = pipe.sensor
@@ -523,10 +523,13 @@ def test_near_the_observation_only_the_ground_around_the_car_is_added(pipe) -> N
                             np.zeros(sensor.shape, bool), np.zeros((0, 4), np.float32), baseline)
         return settle_additions(image, points, view)[0]
 
-    near = settled(MISS_BASELINE_M / 2)
+    near = settled(NEAR_ONLY_M / 2)
     assert (near.range[ground_row] > 0).all()  # the ground stays, measured and added
     assert (near.range[wall] == 0).all()  # the wall goes
-    far = settled(MISS_BASELINE_M * 2)  # far from every observing sensor the network fills what is silent
+    # a metre or more from every observing sensor the network fills what is silent, within the reach of the
+    # measured misses too
+    assert 2 * NEAR_ONLY_M < MISS_BASELINE_M
+    far = settled(NEAR_ONLY_M * 2)
     assert (far.range[wall, 40:50] == added[wall, 40:50]).all()
 
 
