@@ -751,19 +751,18 @@ def settle_additions(image: RangeImage, points: np.ndarray, measured: MeasuredVi
     drop[added] = _lone(xyz, reach, added)
     added = added[~drop[added]]
     # 2. additions behind a bordering measured surface continue it, along their own rays
-    nearest = measured.bordering
+    order = np.cumsum(mask.reshape(-1)) - 1  # each returning pixel's row in `points`
+    nearest = measured.bordering.reshape(-1)
     ranges = image.range.reshape(-1)
-    behind = added[nearest.reshape(-1)[added] < BEHIND_RATIO * ranges[added]]
+    behind = added[nearest[added] < BEHIND_RATIO * ranges[added]]
     if len(behind):
-        order = np.cumsum(mask.reshape(-1)) - 1  # each returning pixel's row in `points`
         ranges = ranges.copy()
-        ranges[behind] = nearest.reshape(-1)[behind]
+        ranges[behind] = nearest[behind]
         points = points.copy()
         points[order[behind], :3] *= (ranges[behind] / image.range.reshape(-1)[behind])[:, None]
         image = RangeImage(ranges.reshape(mask.shape).astype(np.float32), image.intensity)
-    # 3-5, on the additions' points
-    rows = np.cumsum(mask.reshape(-1))[added] - 1
-    own = take_rows(points, rows)
+    # 3-6, asked of the additions' points (rule 2's where it moved them)
+    own = take_rows(points, order[added])
     gone = on_measured_rays(own, measured) | sight_through(own, measured) | far_behind(own, measured)
     if measured.baseline <= NEAR_ONLY_M:
         gone |= ~near_ground(ranges[added], own, measured)
