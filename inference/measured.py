@@ -207,10 +207,19 @@ class MeasuredView:
         return nearest
 
     @functools.cached_property
-    def kept_cells(self) -> np.ndarray:
-        """The fine ray cells (`lidar.ray_grid`) the kept measured points lie in, those beside the grid too."""
+    def _kept_rays(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Each kept measured point's fine ray cell (`lidar.ray_grid`) and range, and whether it is of the world
+        (not the car's body): the pixels' points, then those beside the grid."""
         kept = np.concatenate([take_rows(self.points, self.mask.reshape(-1)), self.beside])
-        return np.unique(ray_cells(kept))
+        world = np.concatenate([~self.body[self.mask], np.ones(len(self.beside), dtype=bool)])
+        return ray_cells(kept), point_ranges(kept), world
+
+    @functools.cached_property
+    def kept_cells(self) -> np.ndarray:
+        """(ROWS * COLUMNS,) bool: the fine ray cells the kept measured points lie in, those beside the grid too."""
+        out = np.zeros(ROWS * RAY_COLUMNS, dtype=bool)
+        out[self._kept_rays[0]] = True
+        return out
 
     @functools.cached_property
     def ground_height(self) -> float | None:
@@ -224,21 +233,23 @@ class MeasuredView:
         """The kept world points' nearest range per fine ray cell (`lidar.ray_grid`), the least within
         `FAR_BEHIND_REACH` of each cell: (the first grid row held, (rows, columns) ranges, inf where none), over
         the rows those points span and the reach beyond."""
-        world = (self.mask & ~self.body).reshape(-1)
-        rays = nearest_per_ray(np.concatenate([take_rows(self.points, world), self.beside]))
-        rows, cols = np.divmod(rays.cells, RAY_COLUMNS)
+        cells, ranges, world = self._kept_rays
+        winners, won = nearest_per_pixel(cells[world], ranges[world], ROWS * RAY_COLUMNS)
+        rows, cols = np.divmod(won, RAY_COLUMNS)
         reach_rows, reach_cols = FAR_BEHIND_REACH
         low = max(int(rows.min(initial=0)) - reach_rows, 0)
         high = min(int(rows.max(initial=0)) + reach_rows, ROWS - 1)
         nearest = np.full((high - low + 1, RAY_COLUMNS), np.inf, dtype=np.float32)
-        nearest[rows - low, cols] = rays.ranges
+        nearest[rows - low, cols] = ranges[world][winners]
         return low, minimum_filter(nearest, size=(2 * reach_rows + 1, 2 * reach_cols + 1), mode=("constant", "wrap"),
                                    cval=np.inf)
 
     def ready_to_settle(self) -> MeasuredView:
         """This view with what `settle_additions` asks of it worked out: a frame's measured view is drawn while
         the network samples, its settling waits for the sample."""
-        _ = self.bordering, self.kept_cells, self.ground_height, self.surfaces
+        _ = self.bordering, self.kept_cells, self.ground_height
+        if self.baseline > NEAR_ONLY_M:  # nearer, only the near ground stands, and `far_behind` has nothing to ask
+            _ = self.surfaces
         return self
 
 
@@ -763,9 +774,11 @@ def settle_additions(image: RangeImage, points: np.ndarray, measured: MeasuredVi
         image = RangeImage(ranges.reshape(mask.shape).astype(np.float32), image.intensity)
     # 3-6, asked of the additions' points (rule 2's where it moved them)
     own = take_rows(points, order[added])
-    gone = on_measured_rays(own, measured) | sight_through(own, measured) | far_behind(own, measured)
-    if measured.baseline <= NEAR_ONLY_M:
+    gone = on_measured_rays(own, measured) | sight_through(own, measured)
+    if measured.baseline <= NEAR_ONLY_M:  # the near ground lies within NEAR_GROUND_M, short of FAR_ADDITION_M
         gone |= ~near_ground(ranges[added], own, measured)
+    else:
+        gone |= far_behind(own, measured)
     drop[added[gone]] = True
     return _without(image, points, drop.reshape(mask.shape))
 
@@ -809,9 +822,7 @@ def _lone(xyz: np.ndarray, reach: np.ndarray, pixels: np.ndarray) -> np.ndarray:
 def on_measured_rays(points: np.ndarray, measured: MeasuredView) -> np.ndarray:
     """(N,) bool: the sensor-frame `points` (the frame's additions) that lie in a cell of the fine ray grid
     (`lidar.ray_grid`) that a kept measured point lies in: a neighbouring pixel's measurement."""
-    if not len(measured.kept_cells) or not len(points):
-        return np.zeros(len(points), dtype=bool)
-    return np.isin(ray_cells(points), measured.kept_cells)
+    return measured.kept_cells[ray_cells(points)] if len(points) else np.zeros(0, dtype=bool)
 
 
 def far_behind(points: np.ndarray, measured: MeasuredView) -> np.ndarray:

@@ -562,7 +562,7 @@ def test_an_addition_on_a_fine_ray_a_measured_point_returns_on_goes(pipe) -> Non
 
 
 def test_a_far_addition_behind_a_kept_surface_near_its_ray_goes() -> None:
-    from inference.measured import FAR_ADDITION_M, MeasuredView, settle_additions
+    from inference.measured import FAR_ADDITION_M, NEAR_GROUND_M, MeasuredView, settle_additions
     from lidar.range_image import RangeImage, unproject
     from lidar.sensors import HDL64
 
@@ -582,6 +582,7 @@ def test_a_far_addition_behind_a_kept_surface_near_its_ray_goes() -> None:
                         np.zeros((0, 4), np.float32), np.inf)
     out = settle_additions(image, unproject(image, sensor), view)[0]
     assert 15.0 < FAR_ADDITION_M < 40.0
+    assert NEAR_GROUND_M < FAR_ADDITION_M  # near an observing sensor the near-ground rule decides alone
     assert (out.range[rows, col + 8 : col + 10] == 0.0).all()
     assert (out.range[rows, col + 30 : col + 32] == 40.0).all()
     assert (out.range[rows, col - 4 : col - 2] == 15.0).all()
