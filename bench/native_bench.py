@@ -98,6 +98,7 @@ STAGES: tuple[tuple[Any, str, str], ...] = (
     (measured_module, "row_misses", "measured view: row misses"),
     (measured_module, "beside_grid", "measured view: beside the grid"),
     (measured_module, "_fine_winners", "measured view: fine-grid winners"),
+    (measured_module.MeasuredView, "ready_to_settle", "measured view: what settling asks of it"),
     (rollout_module, "keep_measured", "keep measured"),
     (rollout_module, "decode_image", "decode"),
     (rollout_module, "unproject", "unproject"),
@@ -105,6 +106,7 @@ STAGES: tuple[tuple[Any, str, str], ...] = (
     (rollout_module, "settle_additions", "settle additions"),
     (measured_module, "near_ground", "settle additions: near ground"),
     (measured_module, "on_measured_rays", "settle additions: on measured rays"),
+    (measured_module, "far_behind", "settle additions: far behind a kept surface"),
     (rollout_module, "transform_points", "to world frame"),
 )
 NETWORK = "network forward (model(...))"
