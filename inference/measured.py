@@ -52,7 +52,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 import torch
-from scipy.ndimage import minimum_filter
+from scipy.ndimage import binary_erosion, minimum_filter
 from scipy.spatial import cKDTree
 
 from inference.conditioning import GAP_REACH, SNAP_TOLERANCE, LayoutView
@@ -271,6 +271,17 @@ def sensor_shadow(scans: list[np.ndarray], sensor: Sensor, masks: list[np.ndarra
         lowest = min(lowest, (elevation_span(points) if spans is None else spans[i])[0])
     rows = (sensor.elevations < np.radians(SHADOW_ELEVATION_DEG)) & (sensor.elevations >= lowest - ELEVATION_ROUNDING)
     return rows[:, None] & ~seen & ~row_misses(np.flatnonzero(seen), sensor)
+
+
+def shadow_interior(shadow: np.ndarray) -> np.ndarray:
+    """(H, W) the rays of a shadow (`sensor_shadow`) whose rays above and below are in it too (beyond the top
+    and bottom rows is no shadow): the rays it hides a measured point on. Its upper and lower edge are
+    uncertain by a ray: a real sweep's points scatter about their rings, and a point measured just above the
+    shadow lands on its edge from a pose a little way on. Hiding the points on those edges too cost the shared
+    KITTI raw drive, creeping at 0.18 m a frame, 1 % at 0.1 s (1.012x the better baseline with one sweep,
+    1.002x without) and KITTI 00 0.6 % (0.953x against 0.947x); sparing the shadow's left and right edges
+    as well gained nothing more."""
+    return binary_erosion(shadow, structure=np.ones((3, 1), dtype=bool), border_value=0)
 
 
 @dataclass
@@ -549,7 +560,8 @@ def measured_view(observed: Observation, pose: np.ndarray, sensor: Sensor, map_v
     index, pixels = _winners(local, observed, pose, sensor)
     misses = row_misses(pixels, sensor) if baseline <= MISS_BASELINE_M else np.zeros(sensor.shape, dtype=bool)
     misses.reshape(-1)[pixels] = False
-    visible = ~observed.shadow.reshape(-1)[pixels]  # the sensor's own body hides whatever lies behind it
+    # the sensor's own body hides whatever lies behind it, but a measured point on the shadow's edge stays
+    visible = ~shadow_interior(observed.shadow).reshape(-1)[pixels]
     index, pixels = index[visible], pixels[visible]
     ranges = point_ranges(take_rows(local, index))
     if map_view is not None:
@@ -567,6 +579,7 @@ def measured_view(observed: Observation, pose: np.ndarray, sensor: Sensor, map_v
         hidden = (box > -1.0) & (box < encode_range(ranges, sensor.max_range) - SNAP_TOLERANCE)
         index, pixels, ranges = index[~hidden], pixels[~hidden], ranges[~hidden]
     misses |= observed.shadow
+    misses.reshape(-1)[pixels] = False
     size = sensor.height * sensor.width
     points = np.zeros((size, 4), dtype=np.float32)
     put_rows(points, pixels, take_rows(local, index))

@@ -12,7 +12,14 @@ import pytest
 from scipy.spatial import cKDTree
 
 from inference import load_pipeline
-from inference.measured import MISS_BASELINE_M, keep_measured, measured_points, measured_view, observation
+from inference.measured import (
+    MISS_BASELINE_M,
+    keep_measured,
+    measured_points,
+    measured_view,
+    observation,
+    shadow_interior,
+)
 from inference.pipeline import EgoMotion, action_poses, measured_motion
 from lidar.range_image import grid_winners, project
 from lidar.sim import make_world, plan_drive
@@ -221,8 +228,9 @@ def test_measured_misses_return_nothing_unless_the_map_puts_a_surface_there(pipe
 
 def test_the_sensors_own_shadow_stays_empty_at_every_pose(pipe, monkeypatch) -> None:
     from inference.measured import SHADOW_ELEVATION_DEG, miss_reach, sensor_shadow
+    from lidar.sensors import HDL64
 
-    sensor = pipe.sensor
+    sensor = pipe.grid(HDL64.with_width(512))  # a shadow some rays tall, with an inside and an edge
     # a flat ground seen from the mount height, every ray below the horizon down to -20 deg, but the 80 deg
     # behind the car (its body) hidden
     rows = np.flatnonzero((sensor.elevations < -0.02) & (sensor.elevations > np.radians(-20.0)))
@@ -236,26 +244,29 @@ def test_the_sensors_own_shadow_stays_empty_at_every_pose(pipe, monkeypatch) -> 
     shadow = sensor_shadow([scan], sensor)
     steep = np.isin(np.arange(sensor.height), rows) & (sensor.elevations > np.radians(-20.0) + 1e-3)
     steep &= sensor.elevations < np.radians(SHADOW_ELEVATION_DEG)
-    cols = np.flatnonzero(shadow[rows[len(rows) // 2]])
+    cols = np.flatnonzero(shadow[np.flatnonzero(steep)[steep.sum() // 2]])
     assert len(cols) > 0 and behind[cols].all()  # only behind the car
     assert not shadow[sensor.elevations >= np.radians(SHADOW_ELEVATION_DEG)].any()  # only where ground is near
     assert not shadow[sensor.elevations < np.radians(-20.5)].any()  # nor below the sensor's field of view
     # all of it but the `miss_reach` columns at each edge, which are row misses (as a dropped return would be)
     assert (shadow[steep][:, behind].sum(axis=1) == behind.sum() - 2 * miss_reach(sensor)).all()
-    lone = scan[np.abs(np.arctan2(scan[:, 1], scan[:, 0])) > 0.05]  # one silent column ahead: a dropped return
+    lone = scan[np.abs(np.arctan2(scan[:, 1], scan[:, 0])) > np.pi / sensor.width]  # a silent column ahead: a dropped return
     assert not sensor_shadow([lone], sensor)[:, sensor.width // 2 - 2 : sensor.width // 2 + 2].any()
     pose = np.eye(4)
     pose[2, 3] = sensor.mount_height
     ahead = pose.copy()
     ahead[0, 3] += 5.0
     kept = measured_view(observation([scan], pose[None], sensor), ahead, sensor)
-    # the body hides its shadow from every pose: points measured there from elsewhere are not kept either
-    assert shadow.sum() >= 16 and kept.misses[shadow].all() and not kept.mask[shadow].any()
+    # the body hides its shadow from every pose: points measured there from elsewhere are not kept either, but
+    # for the shadow's edge, uncertain by a ray, which returns its measured point or nothing
+    interior = shadow_interior(shadow)
+    assert interior.sum() >= 8 and kept.misses[interior].all() and not kept.mask[interior].any()
+    assert (kept.misses | kept.mask)[shadow].all()
     assert not kept.misses[kept.mask].any()
     import torch
 
     out = keep_measured(torch.ones((1, 3, *sensor.shape)), kept, sensor)[0, 2].numpy()
-    assert (out[shadow] == -1.0).all()
+    assert (out[shadow & ~kept.mask] == -1.0).all()
     # the pipeline hands every forecast and re-simulation the shadow of its observed sweeps
     import inference.pipeline as pipeline_module
 
@@ -267,6 +278,31 @@ def test_the_sensors_own_shadow_stays_empty_at_every_pose(pipe, monkeypatch) -> 
     seen.clear()
     pipe.resimulate([scan], pose[None], ahead[None], steps=1, sensor=sensor)
     np.testing.assert_array_equal(seen["measured"]().shadow, shadow)  # built beside the first frame
+
+
+def test_a_point_measured_just_above_the_shadow_stays_on_its_edge_a_little_way_on(pipe) -> None:
+    from inference.measured import sensor_shadow
+    from lidar.sensors import HDL64
+
+    sensor = pipe.grid(HDL64.with_width(512))
+    # flat ground all round, but behind the car its body hides the rays steeper than -12 deg
+    rows = np.flatnonzero((sensor.elevations < -0.02) & (sensor.elevations > np.radians(-20.0)))
+    az = (np.arange(sensor.width) + 0.5) / sensor.width * 2 * np.pi - np.pi
+    el, a = np.meshgrid(sensor.elevations[rows], az, indexing="ij")
+    hidden = (np.abs(np.abs(a) - np.pi) < np.radians(40.0)) & (el < np.radians(-12.0))
+    rng = sensor.mount_height / np.tan(-el[~hidden])
+    scan = np.stack([rng * np.cos(el[~hidden]) * np.cos(a[~hidden]), rng * np.cos(el[~hidden]) * np.sin(a[~hidden]),
+                     rng * np.sin(el[~hidden]), np.full_like(rng, 0.5)], -1).astype(np.float32)
+    shadow = sensor_shadow([scan], sensor)
+    interior = shadow_interior(shadow)
+    assert interior.sum() > 100 and (shadow & ~interior).sum() > 100
+    pose = np.eye(4)
+    pose[2, 3] = sensor.mount_height
+    back = pose.copy()
+    back[0, 3] -= 0.3  # the ground behind comes nearer, and steeper: the row above the shadow lands on its edge
+    kept = measured_view(observation([scan], pose[None], sensor), back, sensor)
+    assert kept.mask[shadow & ~interior].sum() > 20
+    assert not kept.mask[interior].any() and kept.misses[interior].all()
 
 
 def test_silent_rays_count_as_misses_only_near_an_observing_sensor(pipe, observed) -> None:
