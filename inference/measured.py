@@ -523,7 +523,11 @@ def _winners(local: np.ndarray, observed: Observation, pose: np.ndarray, sensor:
     `own_sweep`'s point on every ray it returns on, and no older point on a ray it measured empty between its
     returns (`row_misses`): what moved since the older sweep (a lead vehicle pulling away in slow traffic
     leaves its older, nearer copy above and beside the newer one) is stale there. On KITTI 00 with 3 sweeps
-    that took 0.1 s from 0.997x to 0.983x the better baseline."""
+    that took 0.1 s from 0.997x to 0.983x the better baseline. Within `SAME_EYES_M` of the own sweep no older
+    point is kept on any ray the own sweep left silent: the pose sees with that sweep's eyes (`beside_grid`
+    keeps none of the others' points there either). On the shared KITTI raw drive creeping at 0.18 m a frame,
+    three sweeps observed, the older points there had 2.7x the newest's squared distance to the truth, and
+    without them the 0.1 s forecast went from 1.017x to 0.975x the better baseline."""
     index, pixels = grid_winners(local, sensor)
     own = own_sweep(observed, pose)
     if own is None:
@@ -535,9 +539,11 @@ def _winners(local: np.ndarray, observed: Observation, pose: np.ndarray, sensor:
     onto = winner[own_pixels] < len(observed.points)  # the car's own body (after the world points) keeps its rays
     winner[own_pixels[onto]] = mine[own_index[onto]]
     # what the own sweep measured empty between its returns is empty: an older sweep's point there is stale
-    empty = row_misses(own_pixels, sensor).reshape(-1)
-    stale = empty[pixels] & (winner[pixels] < len(observed.points))
-    return winner[pixels][~stale], pixels[~stale]
+    won, world = winner[pixels], winner[pixels] < len(observed.points)
+    stale = row_misses(own_pixels, sensor).reshape(-1)[pixels] & world
+    if _nearest_sweep(observed, pose)[0][own] <= SAME_EYES_M:  # that near, silent where the own sweep was
+        stale |= world & (observed.sweep[np.where(world, won, 0)] != own)
+    return won[~stale], pixels[~stale]
 
 
 def measured_view(observed: Observation, pose: np.ndarray, sensor: Sensor, map_view: MapView | None = None,

@@ -78,11 +78,11 @@ def test_a_forecast_keeps_the_nearest_observed_return_of_every_sweep_on_each_ray
 
 
 def test_a_pose_next_to_one_sweep_keeps_that_sweeps_returns_and_fills_from_the_others(pipe, observed) -> None:
-    from inference.measured import OWN_SWEEP_RATIO, own_sweep
+    from inference.measured import OWN_SWEEP_RATIO, SAME_EYES_M, own_sweep
 
     scans, poses = observed
     target = poses[1].copy()
-    target[:3, 3] += target[:3, 0] * 0.5
+    target[:3, 3] += target[:3, 0] * 3 * SAME_EYES_M  # past the near sweep's eyes
     seen = observation(scans, poses, pipe.sensor)
     gaps = np.linalg.norm(poses[:, :3, 3] - target[:3, 3], axis=1)
     assert gaps[1] < OWN_SWEEP_RATIO * gaps[0] and own_sweep(seen, target) == 1
@@ -93,11 +93,24 @@ def test_a_pose_next_to_one_sweep_keeps_that_sweeps_returns_and_fills_from_the_o
     from inference.measured import row_misses
 
     stale = row_misses(np.flatnonzero(own.mask.reshape(-1)), pipe.sensor)  # the near sweep saw them empty
-    fill = other.mask & ~own.mask & ~stale
-    np.testing.assert_allclose(out[fill], other.range[fill], rtol=1e-5)
+    fill = other.mask & ~own.mask & ~stale & ~shadow_interior(seen.shadow)  # the car's body hides its shadow
+    # the other sweep fills them (in the measurement the frame keeps), but where the newest saw past its point
+    kept_far = measured_view(seen, target, pipe.sensor)
+    filled = kept_far.mask[fill]
+    np.testing.assert_allclose(kept_far.image.range[fill][filled], other.range[fill][filled], rtol=1e-5)
+    assert filled.sum() >= max(2, fill.sum() // 2)
     assert (other.mask & stale).any() and (out[other.mask & stale] == 0).all()
     # where the other sweep's point lies nearer on a ray the near sweep returns on, the near sweep still wins
     assert (own.mask & other.mask & (other.range < own.range - 0.1)).any()
+    # nearer still, the pose sees with the near sweep's eyes: the other fills none of its silent rays
+    eyes = poses[1].copy()
+    eyes[:3, 3] += eyes[:3, 0] * SAME_EYES_M / 2
+    own_eyes = _moved(measured_points(scans[1:], poses[1:]), eyes, pipe.sensor)
+    other_eyes = _moved(measured_points(scans[:1], poses[:1]), eyes, pipe.sensor)
+    kept = measured_view(seen, eyes, pipe.sensor)
+    assert (other_eyes.mask & ~own_eyes.mask).sum() >= 5
+    assert not (kept.mask & ~kept.body & ~own_eyes.mask).any()
+    assert (kept.mask & own_eyes.mask).sum() > 0.9 * own_eyes.mask.sum()
     # halfway between the sweeps neither sees for the pose
     middle = target.copy()
     middle[:3, 3] = poses[:, :3, 3].mean(axis=0)
