@@ -565,7 +565,6 @@ def measured_view(observed: Observation, pose: np.ndarray, sensor: Sensor, map_v
     local = np.concatenate([observed.seen_from(pose, time), observed.body])  # the vehicle's own body travels with the sensor
     index, pixels = _winners(local, observed, pose, sensor)
     misses = row_misses(pixels, sensor) if baseline <= MISS_BASELINE_M else np.zeros(sensor.shape, dtype=bool)
-    misses.reshape(-1)[pixels] = False
     # the sensor's own body hides whatever lies behind it, but a measured point on the shadow's edge stays
     visible = ~shadow_interior(observed.shadow).reshape(-1)[pixels]
     index, pixels = index[visible], pixels[visible]
