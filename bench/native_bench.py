@@ -75,10 +75,11 @@ TARGET_SHARE = 0.9
 STAGES: tuple[tuple[Any, str, str], ...] = (
     (pipeline_module, "native_sensor", "sensor geometry (detect_sensor)"),
     (detect_module, "_matched_preset", "sensor geometry: preset match"),
-    (pipeline_module.LidarVersePipeline, "_observed_points", "scan check (project)"),
+    (pipeline_module, "_check_returns", "scan check (returns on the beams)"),
     (pipeline_module, "ego_body", "car's own returns (ego_body)"),
     (pipeline_module, "cache_from_scans", "cache from scans"),
     (pipeline_module, "observation", "observation"),
+    (measured_module, "project", "observation: the sweeps' rays (project)"),
     (measured_module, "measured_points", "observation: points to world"),
     (measured_module, "sensor_shadow", "observation: sensor shadow"),
     (rollout_module, "_layout", "layout view"),
@@ -119,8 +120,9 @@ class Split:
     """Exclusive seconds per stage over the timed calls, kept by wrappers that share one call stack per thread.
 
     The rollout draws a frame's pose-only views in a second thread while the network samples, and finishes a
-    forecast's frame there while the next frame samples; their stages are kept apart (`beside`): they overlap
-    the frame instead of adding to it, but for the last frame's finish, which the call waits for (its share of
+    forecast's frame there while the next frame samples; the pipeline builds an observation's cache in one
+    while it measures the sweep's geometry. Their stages are kept apart (`beside`): they overlap the frame
+    instead of adding to it, but for the last frame's finish, which the call waits for (its share of
     "other")."""
 
     seconds: dict[str, float] = field(default_factory=lambda: defaultdict(float))
@@ -297,15 +299,15 @@ def split_table(pipe: LidarVersePipeline, all_cases: list[Case], world: World, s
         print(f"stages not found in this version (not timed): {', '.join(missing)}\n")
     names = [case.name for case in all_cases]
     print(f"ms per frame at {steps} steps, each stage's own time (the stages it calls are their own rows; the rows "
-          "'beside the network' overlap the frame and are not in its sum):\n")
+          "'in a second thread' overlap the frame and are not in its sum):\n")
     print("| stage | " + " | ".join(names) + " |")
     print("|---|" + "---:|" * len(names))
     stages = [NETWORK, PREPARE, MAP_VIEW, *dict.fromkeys(stage for *_, stage in STAGES)]
     to_ms = {case.name: 1000 / (repeats * case.frames) for case in all_cases}
     for stage in stages:
         _stage_row(stage, [(to_ms[n] * splits[n].seconds.get(stage, 0.0), totals[n]) for n in names])
-    for stage in stages:  # drawn in the views thread while the network samples: not in the frame's sum
-        _stage_row(f"{stage}, beside the network (views thread)",
+    for stage in stages:  # drawn beside the main thread's work: not in the frame's sum
+        _stage_row(f"{stage}, in a second thread",
                    [(to_ms[n] * splits[n].beside.get(stage, 0.0), None) for n in names])
     others = []
     for case in all_cases:

@@ -147,6 +147,28 @@ def test_forecast_input_errors_are_named(pipe):
         pipe.forecast([pts], prefix_poses=np.tile(np.eye(4), (2, 1, 1)), frames=1, steps=1)
 
 
+def _rays(sensor, count: int) -> np.ndarray:
+    """(count, 4) points 10 m out along `count` distinct rays of `sensor`, beam after beam."""
+    azimuth = 2 * np.pi * (np.arange(count) % sensor.width + 0.5) / sensor.width
+    elevation = np.radians(np.asarray(sensor.elevations_deg)[np.arange(count) // sensor.width])
+    return np.stack([10 * np.cos(elevation) * np.cos(azimuth), 10 * np.cos(elevation) * np.sin(azimuth),
+                     np.full(count, 10 * np.sin(elevation)), np.zeros(count)], axis=1).astype(np.float32)
+
+
+def test_a_scan_is_checked_for_returns_across_all_its_points(pipe):
+    """The check counts rays a chunk of points at a time: a scan whose first chunks all hit one ray still
+    passes on the rays its later points return on, and one a ray short fails with its whole count."""
+    from inference.pipeline import MIN_PREFIX_RETURNS, RETURNS_CHUNK
+
+    sensor = pipe.sensor
+    one_ray = np.repeat(_rays(sensor, 1), 2 * RETURNS_CHUNK, axis=0)
+    spread = np.concatenate([one_ray, _rays(sensor, MIN_PREFIX_RETURNS)])
+    assert len(pipe.forecast([spread], frames=1, steps=1, sensor=sensor).frames) == 1
+    short = np.concatenate([one_ray, _rays(sensor, MIN_PREFIX_RETURNS - 1)])
+    with pytest.raises(ValueError, match=rf"prefix_scans\[0\] has only {MIN_PREFIX_RETURNS - 1} returns"):
+        pipe.forecast([short], frames=1, steps=1, sensor=sensor)
+
+
 def test_resimulate_renders_target_poses_without_feeding_frames_back(pipe):
     scan = real_scan("kitti_patchworkpp_000002.bin")
     targets = action_poses(np.eye(4), "turn_right", 2)
