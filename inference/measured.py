@@ -67,6 +67,7 @@ from lidar.range_image import (
     encode_range,
     grid_winners,
     nearest_per_pixel,
+    off_origin,
     point_ranges,
     project,
 )
@@ -365,20 +366,22 @@ def ego_body(scans: list[np.ndarray], poses: np.ndarray) -> list[np.ndarray]:
     """
     poses = np.asarray(poses, dtype=np.float64)
     scans = [np.asarray(points) for points in scans]
+    # the sweeps nearest in time that were taken elsewhere: two witnesses, so 50 sweeps cost 100 checks
+    witnesses = [[j for j in sorted(range(len(scans)), key=lambda j: abs(j - i))
+                  if j != i and np.linalg.norm(poses[i, :3, 3] - poses[j, :3, 3]) >= EGO_TRAVEL_M][:EGO_WITNESSES]
+                 for i in range(len(scans))]
+    masks = [np.zeros(len(points), dtype=bool) for points in scans]
+    if not any(witnesses):
+        return masks
     near = [_above_ground_nearby(points) for points in scans]
     sensor_trees = [cKDTree(points[mask, :3]) for points, mask in zip(scans, near, strict=True)]
-    masks = []
     for i, points in enumerate(scans):
-        body = np.zeros(len(points), dtype=bool)
-        masks.append(body)
+        body = masks[i]
         candidates = np.flatnonzero(near[i])
         if not len(candidates):
             continue
         local = points[candidates, :3]
-        # the sweeps nearest in time that were taken elsewhere: two witnesses, so 50 sweeps cost 100 checks
-        elsewhere = [j for j in sorted(range(len(scans)), key=lambda j: abs(j - i))
-                     if j != i and np.linalg.norm(poses[i, :3, 3] - poses[j, :3, 3]) >= EGO_TRAVEL_M]
-        for j in elsewhere[:EGO_WITNESSES]:
+        for j in witnesses[i]:
             if not near[j].any():
                 continue
             stayed, _ = sensor_trees[j].query(local, distance_upper_bound=2 * EGO_TOLERANCE_M)
@@ -477,7 +480,7 @@ def on_beams(scans: list[np.ndarray], sensor: Sensor) -> bool:
     `ON_BEAM_SHARE` of a beam): then a point seen off every beam from another pose is on no ray the sensor has
     there."""
     sample = [np.asarray(scan)[::ON_BEAM_STRIDE, :3] for scan in scans]
-    sample = [points[np.abs(points).sum(axis=1) > 0] for points in sample]
+    sample = [points[off_origin(points)] for points in sample]
     if not sum(len(points) for points in sample):
         return False
     offsets = beam_offsets(np.concatenate(sample), sensor)

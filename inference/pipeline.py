@@ -414,7 +414,8 @@ class LidarVersePipeline:
     def _scan_points(scan: ScanLike, name: str, sensor: Sensor | None) -> np.ndarray:
         """A scan's finite points (N, 3 or 4) float32 in its sensor frame, every one of them: seen from the next
         pose a sweep thinned to the model's beams leaves holes between its rings (coverage 0.54 vs 0.92 on
-        KITTI). A range image is unprojected on `sensor`, the frames' sensor, whose shape it must have."""
+        KITTI). Read-only, and not copied when the scan holds just that. A range image is unprojected on
+        `sensor`, the frames' sensor, whose shape it must have."""
         if isinstance(scan, RangeImage):
             assert sensor is not None, "a range image's frames' sensor is known before its points"
             if scan.shape != sensor.shape:
@@ -434,8 +435,11 @@ class LidarVersePipeline:
             points = np.asarray(scan)
         if points.ndim != 2 or points.shape[1] < 3 or not np.issubdtype(points.dtype, np.number):
             raise InputError(f"{name} must be (N, 3+) points x, y, z[, intensity], got shape {points.shape}")
-        points = take_rows(points, np.isfinite(points[:, :3]).all(axis=1))
-        return np.asarray(points[:, :4] if points.shape[1] >= 4 else points[:, :3], dtype=np.float32)
+        finite = np.isfinite(points[:, :3]).all(axis=1)
+        points = np.ascontiguousarray(points[:, :4] if points.shape[1] >= 4 else points[:, :3], dtype=np.float32)
+        points = points if finite.all() else take_rows(points, finite)
+        points.flags.writeable = False  # it may be the caller's own array: nothing downstream writes to it
+        return points
 
     @staticmethod
     def _scan_poses(poses: np.ndarray | None, count: int, name: str) -> np.ndarray:

@@ -54,6 +54,13 @@ def point_ranges(points: np.ndarray) -> np.ndarray:
     return np.sqrt(np.einsum("ij,ij->i", xyz, xyz))
 
 
+def off_origin(points: np.ndarray) -> np.ndarray:
+    """(N,) bool: the points (N, 3+) not at the sensor's origin, where readers leave a placeholder for a ray
+    without a return (it has no azimuth). Summed column by column: a sum along a 3-wide row is five times
+    slower on a column slice."""
+    return (np.abs(points[:, 0]) + np.abs(points[:, 1]) + np.abs(points[:, 2])) > 0
+
+
 def point_elevations(points: np.ndarray) -> np.ndarray:
     """Elevation of each point (N, 3+) above its origin's horizon, radians: the angle a beam table lists."""
     return np.arctan2(points[:, 2], np.hypot(points[:, 0], points[:, 1]))

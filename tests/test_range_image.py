@@ -14,6 +14,7 @@ from lidar.range_image import (
     encode_range,
     grid_winners,
     nearest_per_pixel,
+    off_origin,
     point_elevations,
     project,
     rows_from_ring,
@@ -256,3 +257,8 @@ def test_z_buffer_keeps_the_first_of_the_nearest_candidates_wherever_the_pixels_
     np.testing.assert_array_equal(pixels, pix[first])
     np.testing.assert_array_equal(winners, first)
     assert all(len(a) == 0 for a in nearest_per_pixel(np.zeros(0, np.int64), np.zeros(0), 10))
+
+
+def test_off_origin_marks_the_placeholders_readers_leave_for_silent_rays():
+    points = np.array([[0, 0, 0, 0.5], [0, 0, -1e-3, 0], [2, -1, 0, 0], [0, 0, 0, 0], [np.nan, 0, 0, 0]], np.float32)
+    np.testing.assert_array_equal(off_origin(points), [False, True, True, False, False])

@@ -22,7 +22,7 @@ from lidar.formats import (
     write_points,
 )
 from lidar.formats.detect import closest_preset, measured_width
-from lidar.formats.rings import cluster_elevations, recover_rings, unfold_scan_order
+from lidar.formats.rings import _median, cluster_elevations, recover_rings, unfold_scan_order
 from lidar.range_image import grid_winners, project
 from lidar.sensors import HDL32, HDL64, OS1_64, OS1_128, VLP16, Sensor
 
@@ -311,3 +311,11 @@ def test_recovery_and_geometry_of_a_120k_point_sweep_take_well_under_100_ms():
     assert _fastest(lambda: recover_rings(xyz)) + _fastest(lambda: sweep_geometry(scan)) < 0.1
     shuffled = xyz[np.random.default_rng(0).permutation(len(xyz))]
     assert _fastest(lambda: cluster_elevations(shuffled)) < 0.1
+
+
+@pytest.mark.parametrize("count", [1, 2, 3, 10, 11, 2001])
+def test_the_ring_median_is_numpys(count: int):
+    """The beam table's medians skip `np.median`'s checks, not its value: odd and even counts, ties included."""
+    rng = np.random.default_rng(count)
+    for values in (rng.normal(size=count), np.round(rng.normal(size=count), 1)):
+        assert _median(values) == np.median(values)

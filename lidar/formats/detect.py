@@ -25,7 +25,7 @@ from lidar.formats.rings import (
     ring_elevations,
 )
 from lidar.formats.scan import STANDARD_WIDTHS, PointCloudError, Scan
-from lidar.range_image import azimuth_columns, beam_rows, point_elevations
+from lidar.range_image import azimuth_columns, beam_rows, off_origin, point_elevations
 from lidar.sensors import PRESETS, Sensor
 
 logger = logging.getLogger(__name__)
@@ -85,7 +85,7 @@ def measured_width(points: np.ndarray, rows: np.ndarray) -> int:
     Missing returns only lengthen some steps, so the median of the steps short of a gap is one firing's
     step wherever most of a ring returns; a width within 0.5 % of a standard one is taken as that one.
     """
-    valid = (rows >= 0) & (np.abs(points[:, :3]).sum(axis=1) > 0)
+    valid = (rows >= 0) & off_origin(points)
     # in float64: float32 arctan2 differs by an ulp between numpy's SIMD paths, enough to round a width near half a column either way
     az = np.arctan2(points[:, 1][valid].astype(np.float64), points[:, 0][valid].astype(np.float64))
     ring = rows[valid]
@@ -179,7 +179,7 @@ def _matched_preset(scan: Scan) -> Sensor | None:
         return None
     best_gap = min(f[0] for f in fits)
     _, _, sensor = min((f for f in fits if f[0] <= best_gap + _TIE_DEG), key=lambda f: f[1])
-    returns = pts[np.abs(pts[:, :3]).sum(axis=1) > 0]
+    returns = pts[off_origin(pts)]
     per_beam = len(returns) / sensor.height * 360.0 / max(azimuth_coverage_deg(returns), 1)
     return sensor.with_width(_width(per_beam))
 

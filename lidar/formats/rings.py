@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from lidar.range_image import point_ranges
+from lidar.range_image import off_origin, point_ranges
 from lidar.rows import take_rows
 
 #: How a scan's ring was obtained (`Scan.ring_source`): the file's own ring field, the pixel order of an
@@ -109,8 +109,17 @@ def ring_elevations(xyz: np.ndarray, ring: np.ndarray, count: int) -> np.ndarray
         far = r > MIN_RANGE_M
         if far.any():
             r, e = r[far], e[far]
-        out[k] = np.median(e[r >= np.median(r)])
+        out[k] = _median(e[r >= _median(r)])
     return out
+
+
+def _median(values: np.ndarray) -> float:
+    """`np.median` of a non-empty finite 1-D array, the same value without its per-call checks: a sweep asks
+    for two per ring, and those checks were half of the sensor's detection."""
+    half = len(values) // 2
+    if len(values) % 2:
+        return float(np.partition(values, half)[half])
+    return float(np.partition(values, (half - 1, half))[half - 1:half + 1].mean())
 
 
 def _by_elevation(ring: np.ndarray, xyz: np.ndarray) -> np.ndarray:
@@ -125,7 +134,7 @@ def _by_elevation(ring: np.ndarray, xyz: np.ndarray) -> np.ndarray:
 def unfold_scan_order(xyz: np.ndarray) -> Rings | None:
     """Rings of a sweep stored ring by ring, or None when its order is not that (see the module docstring)."""
     xyz = np.asarray(xyz, dtype=np.float64)
-    index = np.flatnonzero(np.abs(xyz).sum(axis=1) > 0)  # a point at the origin has no azimuth
+    index = np.flatnonzero(off_origin(xyz))  # a point at the origin has no azimuth
     if len(index) < 4 * COLUMN_RANGE[0]:
         return None
     pts = xyz[index]
