@@ -870,10 +870,11 @@ STATS_KEYS = {"world": ('"frames"', '"world points"'), "forecast": ('"frames"', 
               "upsample": ('"filled points"', '"beams x columns"')}
 
 
-def run_in_browser(url: str, screenshot: Path, tab: str = "world", sensor: str | None = None) -> dict[str, Any]:
+def run_in_browser(server: Server, screenshot: Path, tab: str = "world", sensor: str | None = None) -> dict[str, Any]:
     """Open the page in chromium, start a request in `tab` ("world": Generate, on `sensor` when given;
     "forecast": an example scan; "upsample": an example scan at factor 2), wait for its 3D canvas and both
-    previews, screenshot.
+    previews, screenshot. Without a 3D view it fails with what the page and the server said: the queue
+    joins the page sent and their answers, and the server log's tail.
 
     Returns the canvas size, how many of its pixels the point cloud lit (from a screenshot of the element,
     since a WebGL canvas cannot be read back), the seconds from the click to the previews being shown, the
@@ -890,7 +891,10 @@ def run_in_browser(url: str, screenshot: Path, tab: str = "world", sensor: str |
             page.on("pageerror", lambda err: errors.append(str(err)))
             console: list[str] = []
             page.on("console", lambda message: console.append(f"{message.type}: {message.text[:300]}"))
-            page.goto(url)
+            joins: list[str] = []
+            page.on("response", lambda response: joins.append(f"{response.status} {response.request.post_data}"[:300])
+                    if "/queue/join" in response.url else None)
+            page.goto(server.url)
             start = time.perf_counter()
             if tab == "world":
                 _open_generate(page, sensor)
@@ -900,8 +904,9 @@ def run_in_browser(url: str, screenshot: Path, tab: str = "world", sensor: str |
                 page.wait_for_selector(f"#{tab}-viewer canvas", state="visible", timeout=300_000)
             except PlaywrightTimeout:  # say what the page showed instead (an error toast, a 429)
                 viewer = page.inner_html(f"#{tab}-viewer")[:1500]
-                raise AssertionError(f"no 3D view; JavaScript errors {errors}, console {console[-10:]}, the viewer "
-                                     f"holds {viewer}") from None
+                raise AssertionError(f"no 3D view; JavaScript errors {errors}, console {console[-10:]}, queue joins "
+                                     f"{joins}, the viewer holds {viewer}, the server log ends "
+                                     f"{server.log.read_text(errors='replace')[-3000:]}") from None
             previews = []
             for preview in (f"#{tab}-bev img", f"#{tab}-range img"):
                 img = page.wait_for_selector(preview, state="visible", timeout=60_000)
@@ -938,7 +943,7 @@ def run_in_browser(url: str, screenshot: Path, tab: str = "world", sensor: str |
 def test_a_rollout_in_the_browser_shows_the_3d_world_and_the_previews(server, tmp_path, tab):
     pytest.importorskip("playwright.sync_api", reason="the playwright Python package is not installed")
     shot = tmp_path / "app.png"
-    seen = run_in_browser(server.url, shot, tab)
+    seen = run_in_browser(server, shot, tab)
     assert seen["width"] > 200 and seen["height"] > 200
     assert seen["lit_pixels"] > 500, "the 3D viewer shows no point cloud"
     assert shot.stat().st_size > 10_000
@@ -948,7 +953,7 @@ def test_a_rollout_in_the_browser_shows_the_3d_world_and_the_previews(server, tm
 @pytest.mark.skipif(not CHROMIUM.is_file(), reason=f"Debian chromium is not installed ({CHROMIUM} not found)")
 def test_the_sensor_chosen_in_the_browser_draws_the_world_at_its_beams_and_columns(server, tmp_path):
     pytest.importorskip("playwright.sync_api", reason="the playwright Python package is not installed")
-    seen = run_in_browser(server.url, tmp_path / "hdl64.png", "world", sensor="hdl64 (64 x 2048)")
+    seen = run_in_browser(server, tmp_path / "hdl64.png", "world", sensor="hdl64 (64 x 2048)")
     assert '"64 x 2048"' in seen["stats"] and seen["lit_pixels"] > 500, seen["stats"]
 
 
@@ -956,7 +961,7 @@ def test_the_sensor_chosen_in_the_browser_draws_the_world_at_its_beams_and_colum
 @pytest.mark.skipif(not CHROMIUM.is_file(), reason=f"Debian chromium is not installed ({CHROMIUM} not found)")
 def test_an_example_upsampled_in_the_browser_shows_the_3d_view_and_the_before_after_pictures(server, tmp_path):
     pytest.importorskip("playwright.sync_api", reason="the playwright Python package is not installed")
-    seen = run_in_browser(server.url, tmp_path / "upsample.png", "upsample")
+    seen = run_in_browser(server, tmp_path / "upsample.png", "upsample")
     assert '"127 x 2012"' in seen["stats"] and seen["lit_pixels"] > 500, seen["stats"]
     assert seen["previews"] == [(1000, 520), (2012, 294)], "the BEV before | after, the range images before / after"
 
@@ -972,4 +977,4 @@ if __name__ == "__main__":  # the README screenshots, on the trained model
     with launch_app(args.model, Path(tempfile.mkdtemp())) as srv:
         for tab, shot in (("world", args.world_png), ("forecast", args.forecast_png)):
             if shot is not None:
-                print(tab, run_in_browser(srv.url, shot.resolve(), tab))
+                print(tab, run_in_browser(srv, shot.resolve(), tab))
