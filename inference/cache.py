@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from lidar.rows import take_rows
+from lidar.rows import finite_rows, take_rows
 
 logger = logging.getLogger(__name__)
 
@@ -77,7 +77,7 @@ class SpatialCache:
             raise ValueError(
                 f"SpatialCache.add expects world-frame points (N, 4) x,y,z,intensity, got {new.shape}"
             )
-        new = take_rows(new, np.isfinite(new).all(axis=1))
+        new = take_rows(new, finite_rows(new))
         if pose is not None:
             pose = np.asarray(pose, dtype=np.float64)
             if pose.shape != (4, 4):

@@ -36,7 +36,7 @@ from inference.upsample import UpsampleResult, upsample
 from lidar.errors import InputError, shown
 from lidar.formats import Scan, detect_sensor, write_points
 from lidar.range_image import RangeImage, grid_winners, unproject
-from lidar.rows import take_rows
+from lidar.rows import finite_rows, take_rows
 from lidar.sensors import Sensor, get_sensor
 from lidar.sim import World, make_world, plan_drive
 from lidar.vocabulary import ACTION_YAW_SIGN, ACTIONS, FRAME_RATE_HZ, MapSource, check_poses
@@ -435,7 +435,7 @@ class LidarVersePipeline:
             points = np.asarray(scan)
         if points.ndim != 2 or points.shape[1] < 3 or not np.issubdtype(points.dtype, np.number):
             raise InputError(f"{name} must be (N, 3+) points x, y, z[, intensity], got shape {points.shape}")
-        finite = np.isfinite(points[:, :3]).all(axis=1)
+        finite = finite_rows(points[:, :3])
         points = np.ascontiguousarray(points[:, :4] if points.shape[1] >= 4 else points[:, :3], dtype=np.float32)
         points = points if finite.all() else take_rows(points, finite)
         points.flags.writeable = False  # it may be the caller's own array: nothing downstream writes to it
@@ -461,7 +461,7 @@ def native_sensor(scan: ScanLike, fallback: Sensor) -> Sensor:
         points = np.asarray(scan)
         if points.ndim != 2 or points.shape[1] < 3 or not np.issubdtype(points.dtype, np.number):
             return fallback  # `_scan_points` names what is wrong with it
-        points = points[np.isfinite(points[:, :3]).all(axis=1)].astype(np.float32)
+        points = points[finite_rows(points[:, :3])].astype(np.float32)
         scan = Scan.from_points(points[:, :4] if points.shape[1] >= 4 else np.pad(points[:, :3], ((0, 0), (0, 1))))
     return detect_sensor(scan) or fallback
 

@@ -87,8 +87,9 @@ class RolloutResult:
     """The frames of a rollout, its timings, its cache and the union of its frames in the world frame.
 
     The union is for viewers and files: it is built when first read (`world`), outside the frames' time, so an
-    evaluation or a training loop that reads only the frames does not pay for it. Until then the result holds
-    each frame's world-frame points, a second copy of the frames' points.
+    evaluation or a training loop that reads only the frames does not pay for it (nor for moving the frames'
+    points to the world frame). Until then the result holds each frame's world points in its sensor frame: the
+    frame's own points array where the frame has no measurement, else a copy less the observing car's body.
     """
 
     def __init__(self, frames: list[Frame], world: np.ndarray | Callable[[], np.ndarray], timings: dict[str, Any],
@@ -107,11 +108,13 @@ class RolloutResult:
         return self._world
 
 
-def world_union(in_world: list[np.ndarray]) -> np.ndarray:
-    """The frames' world-frame points (oldest first), one per `WORLD_VOXEL` voxel: a place seen again shows its
-    newest frame, as the cache does, and a viewer draws one point where ten frames overlap."""
+def world_union(frames: list[tuple[np.ndarray, np.ndarray]]) -> np.ndarray:
+    """The frames' world points (oldest first; each in its sensor frame, with its world_from_sensor pose), one
+    per `WORLD_VOXEL` voxel: a place seen again shows its newest frame, as the cache does, and a viewer draws
+    one point where ten frames overlap. They are moved to the world frame here, when the union is first read,
+    not in the frames' time."""
     world = SpatialCache(radius=np.inf, voxel_size=WORLD_VOXEL, max_points=2**31 - 1)
-    world.add(np.concatenate(in_world[::-1]))
+    world.add(np.concatenate([transform_points(points, pose) for points, pose in frames[::-1]]))
     return world.points()
 
 
@@ -193,12 +196,12 @@ class _ViewsAhead:
                              float(self._times[index]))
         return view.ready_to_settle() if map_view is None and boxes is None else view
 
-    def finish(self, x: torch.Tensor, kept: Future[MeasuredView] | None, pose: np.ndarray,
+    def finish(self, x: torch.Tensor, kept: Future[MeasuredView] | None,
                settle: bool) -> Future[tuple[RangeImage, np.ndarray, np.ndarray]]:
         """`_finish` of a frame whose points no later frame's condition needs (nothing fed back to the cache),
         drawn behind the frame's measured view while the next frame samples: at 64 x 2048 a forecast's frame
         spends 40-50 ms there, most of it settling the additions."""
-        return self._submit(_finish_when_kept, x, kept, pose, self._sensor, settle)
+        return self._submit(_finish_when_kept, x, kept, self._sensor, settle)
 
     def close(self) -> None:
         """Stop: views not yet started are dropped (a cancelled rollout), the one being drawn ends first, so no
@@ -206,30 +209,30 @@ class _ViewsAhead:
         self._thread.shutdown(wait=True, cancel_futures=True)
 
 
-def _finish(x: torch.Tensor, kept: MeasuredView | None, pose: np.ndarray, sensor: Sensor,
+def _finish(x: torch.Tensor, kept: MeasuredView | None, sensor: Sensor,
             settle: bool) -> tuple[RangeImage, np.ndarray, np.ndarray]:
-    """A sampled flow image -> the frame's range image, its sensor-frame points and its world-frame points: with
-    `kept`, the measurement written back, its points beside the grid after the image's (and with `settle`, the
-    additions settled against it, for frames without a map or a layout, on which they rest on nothing else);
-    the car's own body is no world point."""
+    """A sampled flow image -> the frame's range image, its points and its world points, both in the sensor
+    frame: with `kept`, the measurement written back, its points beside the grid after the image's (and with
+    `settle`, the additions settled against it, for frames without a map or a layout, on which they rest on
+    nothing else); the car's own body is no world point."""
     if kept is not None:
         x = keep_measured(x, kept, sensor)
     image = decode_image(to_encoded_image(x[0]), sensor)
     points = unproject(image, sensor)
     if kept is None:
-        return image, points, transform_points(points, pose)
+        return image, points, points
     points = measured_points_of(image, points, kept)
     if settle:
         image, points = settle_additions(image, points, kept)
     world = take_rows(points, ~kept.body[image.mask])
     points = np.concatenate([points, kept.beside])  # the measurement's rays that share a pixel
-    return image, points, transform_points(np.concatenate([world, kept.beside]), pose)
+    return image, points, np.concatenate([world, kept.beside])
 
 
 @torch.inference_mode()  # the views thread does not inherit the caller's mode
-def _finish_when_kept(x: torch.Tensor, kept: Future[MeasuredView] | None, pose: np.ndarray, sensor: Sensor,
+def _finish_when_kept(x: torch.Tensor, kept: Future[MeasuredView] | None, sensor: Sensor,
                       settle: bool) -> tuple[RangeImage, np.ndarray, np.ndarray]:
-    return _finish(x, None if kept is None else kept.result(), pose, sensor, settle)
+    return _finish(x, None if kept is None else kept.result(), sensor, settle)
 
 
 @dataclass
@@ -251,13 +254,13 @@ class _Delivery:
     steps: int
     callback: Callable[[Progress], None] | None
     done: list[Frame] = field(default_factory=list)
-    #: Each delivered frame's world-frame points, for the rollout's world union.
-    in_world: list[np.ndarray] = field(default_factory=list)
+    #: Each delivered frame's world points in its sensor frame, and its pose, for the rollout's world union.
+    in_world: list[tuple[np.ndarray, np.ndarray]] = field(default_factory=list)
     waiting: _Finishing | None = None
 
     def frame(self, index: int, pose: np.ndarray, started: float, image: RangeImage, points: np.ndarray,
               world_points: np.ndarray) -> None:
-        self.in_world.append(world_points)
+        self.in_world.append((world_points, pose))
         frame = Frame(index, pose, points, image, time.perf_counter() - started)
         self.done.append(frame)
         if self.callback is not None:
@@ -397,13 +400,13 @@ def rollout(
             #    the cache, which the next frame's condition reads, that runs beside the next frame's network.
             x, settle = model.snap_to_prior(x, prepared), map_view is None and boxes is None
             if not update_cache:
-                delivery.finishing(_Finishing(index, pose, frame_start, ahead.finish(x, kept_view, pose, settle)))
+                delivery.finishing(_Finishing(index, pose, frame_start, ahead.finish(x, kept_view, settle)))
                 continue
             kept = None if kept_view is None else kept_view.result()
-            image, points, world_points = _finish(x, kept, pose, sensor, settle)
+            image, points, world_points = _finish(x, kept, sensor, settle)
             # what was measured is fed back whole; a generated frame less its invented occluders
-            cache.add(world_points if kept is not None
-                      else world_points[memorable(image, map_view, boxes, sensor)], pose)
+            cache.add(transform_points(world_points if kept is not None
+                                       else world_points[memorable(image, map_view, boxes, sensor)], pose), pose)
             delivery.frame(index, pose, frame_start, image, points, world_points)
         delivery.waited()
     finally:

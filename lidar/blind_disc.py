@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from lidar.rows import take_rows
+from lidar.rows import finite_rows, take_rows
 
 #: Every this many-th return is read: a plane and a disc's edge need thousands of ground returns, not a
 #: whole sweep's (a quarter of a KITTI sweep's 124 k gives the same disc to a few cm).
@@ -60,7 +60,7 @@ def unseen_ground(points: np.ndarray) -> np.ndarray:
     # 1. the ground around the sensor
     sample = pts[::SAMPLE_STRIDE]
     near = take_rows(sample, sample[:, 0] ** 2 + sample[:, 1] ** 2 < GROUND_REACH_M**2).astype(np.float64)
-    near = near[np.isfinite(near[:, :3]).all(axis=1)]
+    near = near[finite_rows(near[:, :3])]
     if len(near) < MIN_GROUND_POINTS:
         return empty
     height = np.percentile(near[:, 2], GROUND_PERCENTILE)

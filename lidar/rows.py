@@ -1,4 +1,5 @@
-"""Rows of (N, C) point arrays gathered and scattered by index or mask, the same rows as fancy indexing, faster.
+"""Rows of (N, C) point arrays gathered and scattered by index or mask, the same rows as fancy indexing, faster;
+and the rows that hold finite values.
 
 NumPy's fancy indexing copies a 2-D array's rows one at a time through its general indexing loop, about 20 ns
 a row: `points[mask]` on a (124 k, 4) float32 sweep takes 2.5-3 ms, `points[index] = values` 2.4 ms. `np.take`
@@ -38,3 +39,14 @@ def put_rows(array: np.ndarray, index: np.ndarray, values: np.ndarray) -> None:
 def _whole_rows(array: np.ndarray) -> np.ndarray:
     """A C-contiguous (N, C) array as (N,) items of one row each (a view)."""
     return array.view(np.dtype((np.void, array.shape[1] * array.itemsize))).reshape(-1)
+
+
+def finite_rows(array: np.ndarray) -> np.ndarray:
+    """(N,) bool: the rows of an (N, C) array whose every value is finite. Checked column by column: a
+    reduction along a row of a few values is six times slower, and every cached and observed point passes
+    here."""
+    array = np.asarray(array)
+    out = np.ones(len(array), dtype=bool)
+    for column in range(array.shape[1]):
+        out &= np.isfinite(array[:, column])
+    return out

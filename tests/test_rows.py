@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from lidar.rows import put_rows, take_rows
+from lidar.rows import finite_rows, put_rows, take_rows
 
 
 @pytest.fixture
@@ -49,3 +49,10 @@ def test_put_rows_refuses_a_strided_array_and_rows_of_another_width(points):
         put_rows(points[:, :3], np.array([0]), np.zeros((1, 3)))  # a view: the write would be lost in a copy
     with pytest.raises(ValueError, match=r"expected \(M, 4\)"):
         put_rows(points, np.array([0]), np.zeros((1, 3)))
+
+
+def test_finite_rows_flags_every_row_without_a_nan_or_an_infinity():
+    points = np.array([[0, 1, 2, 3], [np.nan, 0, 0, 0], [0, 0, 0, np.inf], [-1e30, 1e30, 0, 0], [0, 0, -np.inf, 0]],
+                      np.float32)
+    np.testing.assert_array_equal(finite_rows(points), [True, False, False, True, False])
+    np.testing.assert_array_equal(finite_rows(points[:, :2]), [True, False, True, True, True])
