@@ -115,7 +115,7 @@ def ring_elevations(xyz: np.ndarray, ring: np.ndarray, count: int) -> np.ndarray
 
 def _median(values: np.ndarray) -> float:
     """`np.median` of a non-empty finite 1-D array, the same value without its per-call checks: a sweep asks
-    for two per ring, and those checks were half of the sensor's detection."""
+    for two per ring, and on a KITTI sweep those checks took about 3 ms of its 20 ms detection."""
     half = len(values) // 2
     if len(values) % 2:
         return float(np.partition(values, half)[half])
