@@ -965,7 +965,8 @@ def forecast_from_scan(
     action = _choice(action, "Action", ACTIONS)
     frames, steps, seed = _rollout_numbers(frames, steps, seed)
     scan, sensor = _read_scan(path, sensor_name)
-    grid = _frames_sensor(pipe, scans=[scan])
+    # a detected sensor is the scan's own geometry, the grid the pipeline would measure from it again
+    grid = _frames_sensor(pipe, sensor if sensor_name == AUTO_SENSOR else None, scans=[scan])
 
     start = time.perf_counter()
     job = RolloutJob("forecast", {"prefix_scans": [scan], "action": action, "frames": frames, "steps": steps,

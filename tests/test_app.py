@@ -293,6 +293,22 @@ def test_forecast_continues_a_real_kitti_scan():
     gen.close()
 
 
+@needs_real_scans
+def test_an_uploaded_sweeps_sensor_is_measured_once(monkeypatch):
+    import inference.pipeline as pipeline_module
+
+    measured = []
+
+    def counted(detect):
+        return lambda scan: measured.append(1) or detect(scan)
+
+    monkeypatch.setattr(app, "detect_sensor", counted(app.detect_sensor))
+    monkeypatch.setattr(pipeline_module, "detect_sensor", counted(pipeline_module.detect_sensor))
+    stats = _forecast(KITTI_SCAN).stats
+    assert stats["input sensor"] == "hdl64-measured" and stats["beams x columns"].startswith("64 x ")
+    assert len(measured) == 1, f"the sweep's geometry was measured {len(measured)} times"
+
+
 def _forecast(path: Path | str | None, sensor: str = app.AUTO_SENSOR):
     return first_yield(app.forecast_from_scan(None if path is None else str(path), sensor, "Straight", 2, 2, 0))
 
