@@ -366,10 +366,7 @@ def ego_body(scans: list[np.ndarray], poses: np.ndarray) -> list[np.ndarray]:
     """
     poses = np.asarray(poses, dtype=np.float64)
     scans = [np.asarray(points) for points in scans]
-    # the sweeps nearest in time that were taken elsewhere: two witnesses, so 50 sweeps cost 100 checks
-    witnesses = [[j for j in sorted(range(len(scans)), key=lambda j: abs(j - i))
-                  if j != i and np.linalg.norm(poses[i, :3, 3] - poses[j, :3, 3]) >= EGO_TRAVEL_M][:EGO_WITNESSES]
-                 for i in range(len(scans))]
+    witnesses = [_witnesses(poses, i) for i in range(len(scans))]
     masks = [np.zeros(len(points), dtype=bool) for points in scans]
     if not any(witnesses):
         return masks
@@ -395,6 +392,14 @@ def ego_body(scans: list[np.ndarray], poses: np.ndarray) -> list[np.ndarray]:
     return masks
 
 
+def _witnesses(poses: np.ndarray, i: int) -> list[int]:
+    """The `EGO_WITNESSES` sweeps nearest in time to sweep i that were taken elsewhere (`EGO_TRAVEL_M` away):
+    two, so 50 sweeps cost 100 checks."""
+    elsewhere = [j for j in sorted(range(len(poses)), key=lambda j: abs(j - i))
+                 if j != i and np.linalg.norm(poses[i, :3, 3] - poses[j, :3, 3]) >= EGO_TRAVEL_M]
+    return elsewhere[:EGO_WITNESSES]
+
+
 def _above_ground_nearby(points: np.ndarray) -> np.ndarray:
     """(N,) bool: points within `EGO_RANGE_M` of the sensor and `EGO_CLEARANCE_M` above the sweep's ground (the
     low tail of its heights)."""
@@ -411,11 +416,9 @@ def without_ego_body(scans: list[np.ndarray], bodies: list[np.ndarray]) -> list[
 
 
 def observation(scans: list[np.ndarray], poses: np.ndarray, sensor: Sensor,
-                bodies: list[np.ndarray] | None = None, seen: list[np.ndarray] | None = None,
-                times: np.ndarray | None = None) -> Observation:
+                bodies: list[np.ndarray] | None = None, times: np.ndarray | None = None) -> Observation:
     """The `Observation` of sensor-frame scans (N, 3+) at their world_from_sensor poses; `bodies`, their
-    `ego_body` masks, and `seen`, their nearest range per ray of `sensor` (`project(points, sensor).range`),
-    when the caller has them already. With the sweeps' `times` (s, increasing; a forecast),
+    `ego_body` masks, when the caller has them already. With the sweeps' `times` (s, increasing; a forecast),
     what moved between them (`lidar.motion.moving_objects`) moves on in the frames, and the older sweeps'
     copies of it are left out: they show where it was. What the newest sweep saw past is marked (`seen_past`)."""
     poses = np.asarray(poses, dtype=np.float64)
@@ -425,8 +428,7 @@ def observation(scans: list[np.ndarray], poses: np.ndarray, sensor: Sensor,
     body = measured_points(scans[-1:], np.eye(4)[None])[bodies[-1]] if scans else np.zeros((0, 4), np.float32)
     origin = poses[-1] if len(poses) else np.eye(4)
     points = measured_points(world, np.linalg.inv(origin) @ poses)
-    if seen is None:
-        seen = [project(np.asarray(scan), sensor).range for scan in scans]
+    seen = [project(np.asarray(scan), sensor).range for scan in scans]  # each sweep's nearest range per ray
     velocity, time = None, 0.0
     if times is not None and len(scans) > 1:
         time = float(times[-1])

@@ -244,9 +244,9 @@ class LidarVersePipeline:
         """
         start = time.perf_counter()
         steps, guidance = self._check_sampling(steps, guidance, seed, callback)
+        grid, poses, cache, observed = self._observe(scans, "scans", sensor, poses, "poses")
         target_poses = _check_poses(target_poses, "target_poses")
         LIBRARY_LIMITS.check_frames(len(target_poses), "len(target_poses)")
-        grid, poses, cache, observed = self._observe(scans, "scans", sensor, poses, "poses")
         return self._rollout(
             target_poses,
             start,
@@ -388,17 +388,21 @@ class LidarVersePipeline:
         the rollout builds it beside the first frame's network. The car's own returns (`ego_body`, found once
         for both) are in neither's world.
 
-        1. Each scan's points, as the cache takes them (a range image needs the frames' sensor first).
+        1. Each scan's points, as the cache takes them. A sensor the caller names is resolved first, and so
+           is the frames' sensor when a scan is a range image, which needs it for its points.
         2. The cache, built in a worker thread beside steps 3-4, which it does not need: a single-frame
-           forecast of a 124 k-point KITTI sweep spends 20-30 ms on each side.
+           forecast of a 124 k-point KITTI sweep spends 20-30 ms on each side. A scan that fails step 4
+           is reported once that build ends.
         3. The frames' sensor: by default the newest sweep's measured geometry (`native_sensor`).
         4. Each scan checked to be a sweep the frames' beams see (`_check_returns`).
         """
-        if isinstance(scans, np.ndarray | Scan | RangeImage) or not isinstance(scans, Sequence) or not scans:
+        listed = isinstance(scans, Sequence) and not isinstance(scans, np.ndarray | Scan | RangeImage)
+        first = sensor is not None or (listed and any(isinstance(scan, RangeImage) for scan in scans))
+        grid = self.grid(sensor, scans, name) if first else None
+        if not listed or not scans:
             raise InputError(
                 f"{name} must be a non-empty list of lidar.formats.Scan, (N, 3+) arrays or RangeImages"
             )
-        grid = self.grid(sensor, scans, name) if any(isinstance(scan, RangeImage) for scan in scans) else None
         names = [f"{name}[{i}]" + (f" ({scan.path})" if isinstance(scan, Scan) else "") for i, scan in enumerate(scans)]
         points = [self._scan_points(scan, label, grid) for scan, label in zip(scans, names, strict=True)]
         poses = self._scan_poses(poses, len(points), poses_name)
@@ -423,8 +427,8 @@ class LidarVersePipeline:
                     f"{name} is a {scan.shape[0]}x{scan.shape[1]} range image but the frames' sensor {sensor.name} is "
                     f"{sensor.height}x{sensor.width}; pass points instead and they are resampled"
                 )
-            return unproject(scan, sensor)
-        if isinstance(scan, Scan):
+            points = unproject(scan, sensor)
+        elif isinstance(scan, Scan):
             if not scan.sensor_frame:
                 raise InputError(
                     f"{name} is not in the sensor frame (its origin is not at the LiDAR, as in "
@@ -438,7 +442,7 @@ class LidarVersePipeline:
         finite = finite_rows(points[:, :3])
         points = np.ascontiguousarray(points[:, :4] if points.shape[1] >= 4 else points[:, :3], dtype=np.float32)
         points = points if finite.all() else take_rows(points, finite)
-        points.flags.writeable = False  # it may be the caller's own array: nothing downstream writes to it
+        points.flags.writeable = False  # it may share the caller's memory: nothing downstream writes to it
         return points
 
     @staticmethod

@@ -88,8 +88,8 @@ class RolloutResult:
 
     The union is for viewers and files: it is built when first read (`world`), outside the frames' time, so an
     evaluation or a training loop that reads only the frames does not pay for it (nor for moving the frames'
-    points to the world frame). Until then the result holds each frame's world points in its sensor frame: the
-    frame's own points array where the frame has no measurement, else a copy less the observing car's body.
+    points to the world frame). Until then the result holds a copy of each frame's world points in its sensor
+    frame (less the observing car's body), and of its pose.
     """
 
     def __init__(self, frames: list[Frame], world: np.ndarray | Callable[[], np.ndarray], timings: dict[str, Any],
@@ -220,7 +220,7 @@ def _finish(x: torch.Tensor, kept: MeasuredView | None, sensor: Sensor,
     image = decode_image(to_encoded_image(x[0]), sensor)
     points = unproject(image, sensor)
     if kept is None:
-        return image, points, points
+        return image, points, points.copy()  # the union's own: a caller may change the frame's points
     points = measured_points_of(image, points, kept)
     if settle:
         image, points = settle_additions(image, points, kept)
@@ -260,7 +260,7 @@ class _Delivery:
 
     def frame(self, index: int, pose: np.ndarray, started: float, image: RangeImage, points: np.ndarray,
               world_points: np.ndarray) -> None:
-        self.in_world.append((world_points, pose))
+        self.in_world.append((world_points, pose.copy()))  # the caller's poses array may be reused
         frame = Frame(index, pose, points, image, time.perf_counter() - started)
         self.done.append(frame)
         if self.callback is not None:

@@ -147,6 +147,13 @@ def test_forecast_input_errors_are_named(pipe):
         pipe.forecast([pts], prefix_poses=np.tile(np.eye(4), (2, 1, 1)), frames=1, steps=1)
 
 
+def test_a_named_sensor_is_checked_before_the_scans(pipe):
+    with pytest.raises(ValueError, match="bogus"):
+        pipe.forecast([np.zeros((10, 2))], frames=1, steps=1, sensor="bogus")
+    with pytest.raises(ValueError, match="bogus"):
+        pipe.resimulate(np.zeros((10, 4)), np.eye(4)[None], np.eye(4)[None], sensor="bogus")
+
+
 def _rays(sensor, count: int) -> np.ndarray:
     """(count, 4) points 10 m out along `count` distinct rays of `sensor`, beam after beam."""
     azimuth = 2 * np.pi * (np.arange(count) % sensor.width + 0.5) / sensor.width

@@ -367,6 +367,18 @@ def test_the_world_union_is_built_once_when_first_read(model, monkeypatch):
     assert len(world) <= len(every) and {tuple(p) for p in world[:50]} <= {tuple(p) for p in every}
 
 
+def test_the_world_union_keeps_the_frames_as_drawn(model):
+    """Built when first read, the union still shows the frames and poses of the rollout, not what a caller did
+    with its poses array or the frames' points meanwhile."""
+    poses = straight_poses(3)
+    drawn = rollout(model, poses, map_source=FLAT, seed=0)
+    expected = rollout(model, poses.copy(), map_source=FLAT, seed=0).world
+    poses[:, :3, 3] += 50.0  # the caller reuses its buffer
+    for frame in drawn.frames:
+        frame.points[:] = 0.0
+    np.testing.assert_array_equal(drawn.world, expected)
+
+
 def test_bad_poses_and_scans_are_named(model):
     with pytest.raises(ValueError, match="poses"):
         rollout(model, np.eye(4))

@@ -19,7 +19,7 @@ import numpy as np
 
 from lidar.errors import InputError
 from lidar.formats.rings import COLUMN_RANGE, RING_FROM_FILE, RING_FROM_ORGANISED, recover_rings
-from lidar.range_image import point_elevations
+from lidar.range_image import off_origin, point_elevations
 from lidar.sensors import Sensor
 
 logger = logging.getLogger(__name__)
@@ -361,7 +361,7 @@ def build_scan(
     if note:
         notes.append(note)
     # 5. frame sanity
-    origin = int((np.abs(xyz).sum(axis=1) == 0).sum())
+    origin = int((~off_origin(xyz)).sum())
     if origin:
         notes.append(f"{origin:,} points lie exactly at the origin (no-return placeholders); projection drops them")
     frame_note = _sensor_frame_check(xyz)
