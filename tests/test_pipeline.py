@@ -13,7 +13,7 @@ import pytest
 
 from inference import MAX_FRAMES, MAX_STEPS, LidarVersePipeline, load_pipeline
 from inference.loader import DEFAULT_MODEL, MODEL_ENV, WEIGHTS_NAME
-from inference.pipeline import FORECAST_SPEED, action_poses, write_rollout
+from inference.pipeline import FORECAST_SPEED, MIN_PREFIX_RETURNS, RETURNS_CHUNK, action_poses, write_rollout
 from inference.rollout import Frame, RolloutResult
 from lidar.formats import Scan, read_points
 from lidar.range_image import RangeImage
@@ -154,6 +154,23 @@ def test_a_named_sensor_is_checked_before_the_scans(pipe):
         pipe.resimulate(np.zeros((10, 4)), np.eye(4)[None], np.eye(4)[None], sensor="bogus")
 
 
+def test_the_cache_built_beside_the_checks_reports_its_failure_and_leaves_no_thread(pipe, monkeypatch):
+    import threading
+
+    import inference.pipeline as pipeline_module
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("cache build failed")
+
+    scan = _rays(pipe.sensor, 2 * MIN_PREFIX_RETURNS)
+    monkeypatch.setattr(pipeline_module, "cache_from_scans", broken)
+    with pytest.raises(RuntimeError, match="cache build failed"):
+        pipe.forecast([scan], frames=1, steps=1, sensor=pipe.sensor)
+    with pytest.raises(ValueError, match="has only 3 returns"):  # the check's error, once the build has ended
+        pipe.forecast([_rays(pipe.sensor, 3)], frames=1, steps=1, sensor=pipe.sensor)
+    assert not [t for t in threading.enumerate() if t.name.startswith("observed-cache")]
+
+
 def _rays(sensor, count: int) -> np.ndarray:
     """(count, 4) points 10 m out along `count` distinct rays of `sensor`, beam after beam."""
     azimuth = 2 * np.pi * (np.arange(count) % sensor.width + 0.5) / sensor.width
@@ -165,8 +182,6 @@ def _rays(sensor, count: int) -> np.ndarray:
 def test_a_scan_is_checked_for_returns_across_all_its_points(pipe):
     """The check counts rays a chunk of points at a time: a scan whose first chunks all hit one ray still
     passes on the rays its later points return on, and one a ray short fails with its whole count."""
-    from inference.pipeline import MIN_PREFIX_RETURNS, RETURNS_CHUNK
-
     sensor = pipe.sensor
     one_ray = np.repeat(_rays(sensor, 1), 2 * RETURNS_CHUNK, axis=0)
     spread = np.concatenate([one_ray, _rays(sensor, MIN_PREFIX_RETURNS)])
