@@ -196,12 +196,12 @@ class _ViewsAhead:
                              float(self._times[index]))
         return view.ready_to_settle() if map_view is None and boxes is None else view
 
-    def finish(self, x: torch.Tensor, kept: Future[MeasuredView] | None,
-               settle: bool) -> Future[tuple[RangeImage, np.ndarray, np.ndarray]]:
+    def finish(self, x: torch.Tensor, kept: Future[MeasuredView] | None, map_view: MapView | None,
+               boxes: LayoutView | None) -> Future[tuple[RangeImage, np.ndarray, np.ndarray]]:
         """`_finish` of a frame whose points no later frame's condition needs (nothing fed back to the cache),
         drawn behind the frame's measured view while the next frame samples: at 64 x 2048 a forecast's frame
         spends 40-50 ms there, most of it settling the additions."""
-        return self._submit(_finish_when_kept, x, kept, self._sensor, settle)
+        return self._submit(_finish_when_kept, x, kept, self._sensor, map_view, boxes)
 
     def close(self) -> None:
         """Stop: views not yet started are dropped (a cancelled rollout), the one being drawn ends first, so no
@@ -209,20 +209,22 @@ class _ViewsAhead:
         self._thread.shutdown(wait=True, cancel_futures=True)
 
 
-def _finish(x: torch.Tensor, kept: MeasuredView | None, sensor: Sensor,
-            settle: bool) -> tuple[RangeImage, np.ndarray, np.ndarray]:
+def _finish(x: torch.Tensor, kept: MeasuredView | None, sensor: Sensor, map_view: MapView | None,
+            boxes: LayoutView | None) -> tuple[RangeImage, np.ndarray, np.ndarray]:
     """A sampled flow image -> the frame's range image, its points and its world points, both in the sensor
-    frame: with `kept`, the measurement written back, its points beside the grid after the image's (and with
-    `settle`, the additions settled against it, for frames without a map or a layout, on which they rest on
-    nothing else); the car's own body is no world point."""
+    frame. Without a measurement (`kept`), what the network invented in front of the map's and the layout's
+    surfaces is moved onto them (`on_mapped_surfaces`). With one, the measurement is written back, its points
+    beside the grid after the image's, and for a frame without a map or a layout, on which the additions rest
+    on nothing else, the additions are settled against it; the car's own body is no world point."""
     if kept is not None:
         x = keep_measured(x, kept, sensor)
     image = decode_image(to_encoded_image(x[0]), sensor)
-    points = unproject(image, sensor)
     if kept is None:
+        image = on_mapped_surfaces(image, map_view, boxes, sensor)
+        points = unproject(image, sensor)
         return image, points, points.copy()  # the union's own: a caller may change the frame's points
-    points = measured_points_of(image, points, kept)
-    if settle:
+    points = measured_points_of(image, unproject(image, sensor), kept)
+    if map_view is None and boxes is None:
         image, points = settle_additions(image, points, kept)
     world = take_rows(points, ~kept.body[image.mask])
     points = np.concatenate([points, kept.beside])  # the measurement's rays that share a pixel
@@ -231,8 +233,8 @@ def _finish(x: torch.Tensor, kept: MeasuredView | None, sensor: Sensor,
 
 @torch.inference_mode()  # the views thread does not inherit the caller's mode
 def _finish_when_kept(x: torch.Tensor, kept: Future[MeasuredView] | None, sensor: Sensor,
-                      settle: bool) -> tuple[RangeImage, np.ndarray, np.ndarray]:
-    return _finish(x, None if kept is None else kept.result(), sensor, settle)
+                      map_view: MapView | None, boxes: LayoutView | None) -> tuple[RangeImage, np.ndarray, np.ndarray]:
+    return _finish(x, None if kept is None else kept.result(), sensor, map_view, boxes)
 
 
 @dataclass
@@ -283,24 +285,27 @@ class _Delivery:
             self.callback(Progress(frame, self.frames, step, self.steps))
 
 
-def memorable(image: RangeImage, map_view: MapView | None, boxes: LayoutView | None,
-              sensor: Sensor) -> np.ndarray:
-    """(N,) bool per return of a generated frame (row-major, as `unproject` lists them): what the cache may
-    keep of it. A return in front of every surface the map and the layout put on its ray (nearer by more than
-    `SNAP_TOLERANCE` in encoded range) is an occluder the network invented; cached, the next frame's prior
-    takes it for a surface (a cached point beats the map there) and builds on it, frame after frame
-    (docs/design.md). Rays with no map surface and no box keep everything."""
-    mask = image.mask
+def on_mapped_surfaces(image: RangeImage, map_view: MapView | None, boxes: LayoutView | None,
+                       sensor: Sensor) -> RangeImage:
+    """A generated frame with each occluder the network invented moved onto the surface behind it: a return in
+    front of every surface the map and the layout put on its ray (nearer by more than `SNAP_TOLERANCE` in
+    encoded range) takes the range of the nearest of them, keeping its intensity. Rays with no map surface and
+    no box keep what the network drew, and so does a frame with neither.
+
+    Free generation draws the world the map and the layout describe, and neither stands there. Left in front,
+    such returns float over the road where the truth sees it (on the OS1-128's held-out drives, a speckled
+    cloud 0.3-2.5 m above the ground beside the car), and cached they become the next frame's prior (a cached
+    point beats the map), built on frame after frame (docs/evaluation.md has the figures of both)."""
     layers = [] if map_view is None else [map_view.ground, map_view.building, map_view.vegetation]
     layers += [] if boxes is None else [boxes.range]
     if not layers:
-        return np.ones(int(mask.sum()), dtype=bool)
-    nearest = np.min([np.where(layer > 0, layer, np.inf) for layer in layers], axis=0)[mask]
-    mapped = np.isfinite(nearest)
-    invented = np.zeros(len(nearest), dtype=bool)
-    own = encode_range(image.range[mask][mapped], sensor.max_range)
-    invented[mapped] = own < encode_range(nearest[mapped], sensor.max_range) - SNAP_TOLERANCE
-    return ~invented
+        return image
+    nearest = np.min([np.where(layer > 0, layer, np.inf) for layer in layers], axis=0)
+    mapped = image.mask & np.isfinite(nearest)
+    invented = np.zeros_like(mapped)
+    invented[mapped] = (encode_range(image.range[mapped], sensor.max_range)
+                        < encode_range(nearest[mapped], sensor.max_range) - SNAP_TOLERANCE)
+    return RangeImage(np.where(invented, nearest, image.range).astype(np.float32), image.intensity)
 
 
 def _prepared(model: WorldModel, cond: torch.Tensor, guidance: float) -> PreparedCondition:
@@ -395,18 +400,17 @@ def rollout(
                                                         config.num_map_classes), scale)
             # 2. sample the range image; the frame before, if still finishing, is delivered at the first step
             x = _sample(model, sampler, prepared, sensor.shape, generator, scale, partial(delivery.step_done, index))
-            # 3. keep the prior where the sample only jitters it, and what was measured where it was seen;
-            #    decode and unproject. Unless the sweep (less the observing car's own body) is fed back into
-            #    the cache, which the next frame's condition reads, that runs beside the next frame's network.
-            x, settle = model.snap_to_prior(x, prepared), map_view is None and boxes is None
+            # 3. keep the prior where the sample only jitters it, and what was measured where it was seen (or,
+            #    generating, the map's and the layout's surfaces where the sample invents an occluder); decode
+            #    and unproject. Unless the sweep (less the observing car's own body) is fed back into the
+            #    cache, which the next frame's condition reads, that runs beside the next frame's network.
+            x = model.snap_to_prior(x, prepared)
             if not update_cache:
-                delivery.finishing(_Finishing(index, pose, frame_start, ahead.finish(x, kept_view, settle)))
+                delivery.finishing(_Finishing(index, pose, frame_start, ahead.finish(x, kept_view, map_view, boxes)))
                 continue
             kept = None if kept_view is None else kept_view.result()
-            image, points, world_points = _finish(x, kept, sensor, settle)
-            # what was measured is fed back whole; a generated frame less its invented occluders
-            cache.add(transform_points(world_points if kept is not None
-                                       else world_points[memorable(image, map_view, boxes, sensor)], pose), pose)
+            image, points, world_points = _finish(x, kept, sensor, map_view, boxes)
+            cache.add(transform_points(world_points, pose), pose)
             delivery.frame(index, pose, frame_start, image, points, world_points)
         delivery.waited()
     finally:

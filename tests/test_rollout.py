@@ -10,7 +10,7 @@ import torch
 from inference.cache import SpatialCache
 from inference.conditioning import LAYOUT_CLASSES, ConditionLayout, LayoutView, build_condition, layout_view
 from inference.network import WorldModel, WorldModelConfig
-from inference.rollout import Progress, cache_from_scans, frame_times, memorable, rollout
+from inference.rollout import Progress, cache_from_scans, frame_times, on_mapped_surfaces, rollout
 from lidar.boxes import box_range_view
 from lidar.errors import InputError
 from lidar.formats import read_points
@@ -480,9 +480,9 @@ def test_times_must_give_one_finite_second_per_pose(model):
     assert OBJECT_CLASSES[car_world().boxes()["box_class"][0]] == "car"
 
 
-def test_a_generated_return_in_front_of_every_mapped_surface_is_not_remembered():
-    """The cache keeps what lies on the map's and the layout's surfaces, or behind them, or where they have
-    none; an occluder the network invented in front of them would become the next frame's prior."""
+def test_a_generated_return_in_front_of_every_mapped_surface_is_moved_onto_the_nearest():
+    """Generating, the network's occluders that neither the map nor the layout has are drawn on the surface
+    behind them; what lies on a surface (within the snap tolerance), behind it, or where none is, stays."""
     pose = straight_poses(1)[0]
     view = FLAT.range_view(pose, SENSOR)
     ground = view.ground.copy()
@@ -493,25 +493,32 @@ def test_a_generated_return_in_front_of_every_mapped_surface_is_not_remembered()
     invented[rows[-1], :8] = True  # half way to the ground: in front of it
     range_[invented] *= 0.5
     range_[rows[-2], :8] *= 1.05  # on the ground within the snap tolerance
+    range_[rows[-3], :8] *= 1.5  # behind the ground: a dip the map does not know
     sky = ~below
     range_[sky] = 30.0  # rays with no mapped surface keep whatever returns there
-    image = RangeImage(range_, np.zeros_like(range_))
-    keep = memorable(image, view, None, SENSOR)
-    np.testing.assert_array_equal(keep, ~invented[image.mask])
-    # a box on the invented returns' rays makes them a surface again
+    image = RangeImage(range_, np.full_like(range_, 0.25))
+    moved = on_mapped_surfaces(image, view, None, SENSOR)
+    np.testing.assert_array_equal(moved.range, np.where(invented, ground, range_))
+    np.testing.assert_array_equal(moved.intensity, image.intensity)
+    # a box on the invented returns' rays is a surface they stand on
     boxes = LayoutView(np.where(invented, 0.5 * ground, 0.0).astype(np.float32), np.where(invented, 0, -1))
-    assert memorable(image, view, boxes, SENSOR).all()
-    assert memorable(image, None, None, SENSOR).all()
+    np.testing.assert_array_equal(on_mapped_surfaces(image, view, boxes, SENSOR).range, range_)
+    assert on_mapped_surfaces(image, None, None, SENSOR) is image
 
 
-def test_generation_feeds_back_only_what_stands_on_the_map(model):
-    poses = straight_poses(1)
+def test_generation_draws_and_feeds_back_what_stands_on_the_map(model, monkeypatch):
+    import inference.rollout as rollout_module
+
+    poses = straight_poses(2)
     result = rollout(model, poses, map_source=FLAT, seed=0)
-    frame = result.frames[0]
-    keep = memorable(frame.range_image, FLAT.range_view(poses[0], SENSOR), None, SENSOR)
-    assert 0 < keep.sum() < len(keep), "the perturbed model invents returns in front of the ground, and not only"
-    expected, everything = SpatialCache(), SpatialCache()
-    expected.add(transform_points(frame.points[keep], poses[0]), poses[0])
-    everything.add(transform_points(frame.points, poses[0]), poses[0])
+    for frame in result.frames:  # nothing left in front of the map's surfaces
+        view = FLAT.range_view(frame.pose, SENSOR)
+        np.testing.assert_array_equal(on_mapped_surfaces(frame.range_image, view, None, SENSOR).range,
+                                      frame.range_image.range)
+    expected = SpatialCache()
+    for frame in result.frames:
+        expected.add(transform_points(frame.points, frame.pose), frame.pose)
     np.testing.assert_array_equal(result.cache.points(), expected.points())
-    assert len(everything) > len(result.cache)
+    monkeypatch.setattr(rollout_module, "on_mapped_surfaces", lambda image, *args: image)
+    drawn = rollout(model, poses, map_source=FLAT, seed=0).frames[0].range_image.range
+    assert (drawn < result.frames[0].range_image.range).sum() > 10, "the perturbed model invents occluders"
