@@ -23,6 +23,7 @@ import torch
 
 from inference.cache import SpatialCache
 from inference.conditioning import (
+    CACHE_IMAGE,
     SNAP_TOLERANCE,
     LayoutView,
     build_condition,
@@ -196,12 +197,12 @@ class _ViewsAhead:
                              float(self._times[index]))
         return view.ready_to_settle() if map_view is None and boxes is None else view
 
-    def finish(self, x: torch.Tensor, kept: Future[MeasuredView] | None, map_view: MapView | None,
-               boxes: LayoutView | None) -> Future[tuple[RangeImage, np.ndarray, np.ndarray]]:
+    def finish(self, x: torch.Tensor, kept: Future[MeasuredView] | None,
+               surfaces: _Surfaces) -> Future[tuple[RangeImage, np.ndarray, np.ndarray]]:
         """`_finish` of a frame whose points no later frame's condition needs (nothing fed back to the cache),
         drawn behind the frame's measured view while the next frame samples: at 64 x 2048 a forecast's frame
         spends 40-50 ms there, most of it settling the additions."""
-        return self._submit(_finish_when_kept, x, kept, self._sensor, map_view, boxes)
+        return self._submit(_finish_when_kept, x, kept, self._sensor, surfaces)
 
     def close(self) -> None:
         """Stop: views not yet started are dropped (a cancelled rollout), the one being drawn ends first, so no
@@ -209,22 +210,33 @@ class _ViewsAhead:
         self._thread.shutdown(wait=True, cancel_futures=True)
 
 
-def _finish(x: torch.Tensor, kept: MeasuredView | None, sensor: Sensor, map_view: MapView | None,
-            boxes: LayoutView | None) -> tuple[RangeImage, np.ndarray, np.ndarray]:
+@dataclass(frozen=True)
+class _Surfaces:
+    """What a frame's sample is held to at its end: the map's and the layout's views at its pose and, without a
+    measurement, the cache's z-buffer there (None with one: the measurement holds the frame instead)."""
+
+    map_view: MapView | None
+    boxes: LayoutView | None
+    cached: RangeImage | None
+
+
+def _finish(x: torch.Tensor, kept: MeasuredView | None, sensor: Sensor,
+            surfaces: _Surfaces) -> tuple[RangeImage, np.ndarray, np.ndarray]:
     """A sampled flow image -> the frame's range image, its points and its world points, both in the sensor
-    frame. Without a measurement (`kept`), what the network invented in front of the map's and the layout's
-    surfaces is moved onto them (`on_mapped_surfaces`). With one, the measurement is written back, its points
-    beside the grid after the image's, and for a frame without a map or a layout, on which the additions rest
-    on nothing else, the additions are settled against it; the car's own body is no world point."""
+    frame. Without a measurement (`kept`), what the network invented in front of the map's, the layout's and
+    the cache's surfaces is moved onto them (`on_mapped_surfaces`). With one, the measurement is written back,
+    its points beside the grid after the image's, and for a frame without a map or a layout, on which the
+    additions rest on nothing else, the additions are settled against it; the car's own body is no world
+    point."""
     if kept is not None:
         x = keep_measured(x, kept, sensor)
     image = decode_image(to_encoded_image(x[0]), sensor)
     if kept is None:
-        image = on_mapped_surfaces(image, map_view, boxes, sensor)
+        image = on_mapped_surfaces(image, surfaces.map_view, surfaces.boxes, sensor, surfaces.cached)
         points = unproject(image, sensor)
         return image, points, points.copy()  # the union's own: a caller may change the frame's points
     points = measured_points_of(image, unproject(image, sensor), kept)
-    if map_view is None and boxes is None:
+    if surfaces.map_view is None and surfaces.boxes is None:
         image, points = settle_additions(image, points, kept)
     world = take_rows(points, ~kept.body[image.mask])
     points = np.concatenate([points, kept.beside])  # the measurement's rays that share a pixel
@@ -233,8 +245,8 @@ def _finish(x: torch.Tensor, kept: MeasuredView | None, sensor: Sensor, map_view
 
 @torch.inference_mode()  # the views thread does not inherit the caller's mode
 def _finish_when_kept(x: torch.Tensor, kept: Future[MeasuredView] | None, sensor: Sensor,
-                      map_view: MapView | None, boxes: LayoutView | None) -> tuple[RangeImage, np.ndarray, np.ndarray]:
-    return _finish(x, None if kept is None else kept.result(), sensor, map_view, boxes)
+                      surfaces: _Surfaces) -> tuple[RangeImage, np.ndarray, np.ndarray]:
+    return _finish(x, None if kept is None else kept.result(), sensor, surfaces)
 
 
 @dataclass
@@ -286,20 +298,23 @@ class _Delivery:
 
 
 def on_mapped_surfaces(image: RangeImage, map_view: MapView | None, boxes: LayoutView | None,
-                       sensor: Sensor) -> RangeImage:
+                       sensor: Sensor, cached: RangeImage | None = None) -> RangeImage:
     """A generated frame with each occluder the network invented moved onto the surface behind it: a return in
-    front of every surface the map and the layout put on its ray (nearer by more than `SNAP_TOLERANCE` in
-    encoded range) takes the range of the nearest of them, keeping its intensity. Rays with no map surface and
-    no box keep what the network drew, and so does a frame with neither.
+    front of every surface the map, the layout and the cache (`cached`, its z-buffer at the frame's pose) put
+    on its ray (nearer by more than `SNAP_TOLERANCE` in encoded range) takes the range of the nearest of them,
+    keeping its intensity. Rays with none of these keep what the network drew, and so does a frame with no map
+    and no layout.
 
-    Free generation draws the world the map and the layout describe, and neither stands there. Left in front,
-    such returns float over the road where the truth sees it (on the OS1-128's held-out drives, a speckled
-    cloud 0.3-2.5 m above the ground beside the car), and cached they become the next frame's prior (a cached
-    point beats the map), built on frame after frame (docs/evaluation.md has the figures of both)."""
+    Free generation draws the world the map and the layout describe, with what was cached before: nothing else
+    stands there. Left in front, such returns float over the road where the truth sees it (on the OS1-128's
+    held-out drives, a speckled cloud 0.3-2.5 m above the ground beside the car), and cached they become the
+    next frame's prior (a cached point beats the map), built on frame after frame (docs/evaluation.md has the
+    figures of both)."""
     layers = [] if map_view is None else [map_view.ground, map_view.building, map_view.vegetation]
     layers += [] if boxes is None else [boxes.range]
     if not layers:
         return image
+    layers += [] if cached is None else [cached.range]
     nearest = np.min([np.where(layer > 0, layer, np.inf) for layer in layers], axis=0)
     mapped = image.mask & np.isfinite(nearest)
     invented = np.zeros_like(mapped)
@@ -396,8 +411,11 @@ def rollout(
             map_view, boxes, kept_view = ahead.views(index)
             # guidance pushes away from the map-dropped condition: without a map there is nothing to push from
             scale = guidance if map_view is not None else 1.0
-            prepared = _prepared(model, build_condition(cache.points(), pose, map_view, boxes, sensor,
-                                                        config.num_map_classes), scale)
+            cond = build_condition(cache.points(), pose, map_view, boxes, sensor, config.num_map_classes)
+            prepared = _prepared(model, cond, scale)
+            # without a measurement, what the cache holds is a surface the frame keeps, as the map's are
+            cached = None if kept_view is not None else decode_image(cond[CACHE_IMAGE], sensor)
+            surfaces = _Surfaces(map_view, boxes, cached)
             # 2. sample the range image; the frame before, if still finishing, is delivered at the first step
             x = _sample(model, sampler, prepared, sensor.shape, generator, scale, partial(delivery.step_done, index))
             # 3. keep the prior where the sample only jitters it, and what was measured where it was seen (or,
@@ -406,10 +424,10 @@ def rollout(
             #    cache, which the next frame's condition reads, that runs beside the next frame's network.
             x = model.snap_to_prior(x, prepared)
             if not update_cache:
-                delivery.finishing(_Finishing(index, pose, frame_start, ahead.finish(x, kept_view, map_view, boxes)))
+                delivery.finishing(_Finishing(index, pose, frame_start, ahead.finish(x, kept_view, surfaces)))
                 continue
             kept = None if kept_view is None else kept_view.result()
-            image, points, world_points = _finish(x, kept, sensor, map_view, boxes)
+            image, points, world_points = _finish(x, kept, sensor, surfaces)
             cache.add(transform_points(world_points, pose), pose)
             delivery.frame(index, pose, frame_start, image, points, world_points)
         delivery.waited()

@@ -504,6 +504,9 @@ def test_a_generated_return_in_front_of_every_mapped_surface_is_moved_onto_the_n
     boxes = LayoutView(np.where(invented, 0.5 * ground, 0.0).astype(np.float32), np.where(invented, 0, -1))
     np.testing.assert_array_equal(on_mapped_surfaces(image, view, boxes, SENSOR).range, range_)
     assert on_mapped_surfaces(image, None, None, SENSOR) is image
+    # so is what the cache holds there: a sample's cache of observed points keeps its objects
+    cached = RangeImage(np.where(invented, 0.5 * ground, 0.0).astype(np.float32), np.zeros_like(range_))
+    np.testing.assert_array_equal(on_mapped_surfaces(image, view, None, SENSOR, cached).range, range_)
 
 
 def test_generation_draws_and_feeds_back_what_stands_on_the_map(model, monkeypatch):
@@ -522,3 +525,26 @@ def test_generation_draws_and_feeds_back_what_stands_on_the_map(model, monkeypat
     monkeypatch.setattr(rollout_module, "on_mapped_surfaces", lambda image, *args: image)
     drawn = rollout(model, poses, map_source=FLAT, seed=0).frames[0].range_image.range
     assert (drawn < result.frames[0].range_image.range).sum() > 10, "the perturbed model invents occluders"
+
+
+def test_a_generated_frame_keeps_what_its_cache_holds_in_front_of_the_map(model, monkeypatch):
+    """Without a measurement the cache's z-buffer at the frame's pose is a surface too: a sweep given as a
+    cache (`sample_sweep(cache_points=...)`) keeps its objects in front of the map."""
+    import inference.rollout as rollout_module
+
+    poses = straight_poses(1)
+    wall = np.stack(np.meshgrid(np.full(1, 8.0), np.linspace(-3, 3, 40), np.linspace(-1.5, 1.0, 20)), -1).reshape(-1, 3)
+    cache = SpatialCache()
+    cache.add(np.concatenate([transform_points(wall, poses[0]), np.zeros((len(wall), 1))], axis=1)
+              .astype(np.float32), poses[0], observed=True)
+    seen = []
+    moved = rollout_module.on_mapped_surfaces
+    monkeypatch.setattr(rollout_module, "on_mapped_surfaces",
+                        lambda image, *args: seen.append(args) or moved(image, *args))
+    rollout(model, poses, map_source=FLAT, cache=cache, seed=0)
+    cached = seen[0][-1]
+    assert cached is not None and cached.mask.sum() > 0 and np.median(cached.range[cached.mask]) < 9.0
+    measured = _first_frame_observed(model, poses)
+    before = len(seen)
+    rollout(model, poses, map_source=FLAT, cache=cache, measured=measured, seed=0)
+    assert len(seen) == before, "a frame with a measurement is held by it, not by the map"
