@@ -504,7 +504,7 @@ def test_a_generated_return_in_front_of_every_mapped_surface_is_moved_onto_the_n
     boxes = LayoutView(np.where(invented, 0.5 * ground, 0.0).astype(np.float32), np.where(invented, 0, -1))
     np.testing.assert_array_equal(on_mapped_surfaces(image, view, boxes, SENSOR).range, range_)
     assert on_mapped_surfaces(image, None, None, SENSOR) is image
-    # so is what the cache holds there: a sample's cache of observed points keeps its objects
+    # so is what was measured there: a sample's cache of observed points keeps its objects
     cached = RangeImage(np.where(invented, 0.5 * ground, 0.0).astype(np.float32), np.zeros_like(range_))
     np.testing.assert_array_equal(on_mapped_surfaces(image, view, None, SENSOR, cached).range, range_)
 
@@ -527,9 +527,10 @@ def test_generation_draws_and_feeds_back_what_stands_on_the_map(model, monkeypat
     assert (drawn < result.frames[0].range_image.range).sum() > 10, "the perturbed model invents occluders"
 
 
-def test_a_generated_frame_keeps_what_its_cache_holds_in_front_of_the_map(model, monkeypatch):
-    """Without a measurement the cache's z-buffer at the frame's pose is a surface too: a sweep given as a
-    cache (`sample_sweep(cache_points=...)`) keeps its objects in front of the map."""
+def test_a_generated_frame_keeps_what_its_cache_measured_in_front_of_the_map(model, monkeypatch):
+    """Without a measurement, the cache's measured points are a surface too: a sweep given as a cache
+    (`sample_sweep(cache_points=...)`) keeps its objects in front of the map. What earlier generated frames
+    drew is not: free generation is held to the map alone."""
     import inference.rollout as rollout_module
 
     poses = straight_poses(1)
@@ -544,6 +545,8 @@ def test_a_generated_frame_keeps_what_its_cache_holds_in_front_of_the_map(model,
     rollout(model, poses, map_source=FLAT, cache=cache, seed=0)
     cached = seen[0][-1]
     assert cached is not None and cached.mask.sum() > 0 and np.median(cached.range[cached.mask]) < 9.0
+    rollout(model, straight_poses(2), map_source=FLAT, seed=0)
+    assert seen[-1][-1] is None and seen[-2][-1] is None, "a generated cache holds nothing measured"
     measured = _first_frame_observed(model, poses)
     before = len(seen)
     rollout(model, poses, map_source=FLAT, cache=cache, measured=measured, seed=0)
