@@ -137,7 +137,7 @@ class LidarVersePipeline:
         The ego either follows `action` along the map's lanes (`plan_drive`) or the given `poses`; every frame
         is conditioned on the world's HD map and on its actors' boxes at the frame's time (`times`, default
         10 Hz from `World.time`). The frames draw the world the map and the boxes describe: nothing stands in
-        front of their surfaces (`inference.rollout.on_mapped_surfaces`). `sensor` (a `Sensor`, e.g.
+        front of their surfaces by more than the snap tolerance (`inference.rollout.on_mapped_surfaces`). `sensor` (a `Sensor`, e.g.
         `HDL64.with_width(2048)`, or a preset name) is the LiDAR the frames come from; default the model's own.
         """
         start = time.perf_counter()
@@ -277,7 +277,8 @@ class LidarVersePipeline:
         """One sweep at `pose` (default: the sensor at its mount height over the origin).
 
         `map` is a `make_world` seed, a World or any map source, or None for free generation; `cache_points`
-        (N, 4) world-frame points condition it like a rollout's cache; `sensor` as in `generate_world`.
+        (N, 4) world-frame points condition it like a rollout's cache and, with a map, hold it as the map's
+        surfaces do (`inference.rollout.on_mapped_surfaces`); `sensor` as in `generate_world`.
         """
         start = time.perf_counter()
         steps, guidance = self._check_sampling(steps, guidance, seed, callback)

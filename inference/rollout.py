@@ -236,8 +236,8 @@ def _measured_surface(cache: SpatialCache, pose: np.ndarray, sensor: Sensor) -> 
 def _finish(x: torch.Tensor, kept: MeasuredView | None, sensor: Sensor,
             surfaces: _Surfaces) -> tuple[RangeImage, np.ndarray, np.ndarray]:
     """A sampled flow image -> the frame's range image, its points and its world points, both in the sensor
-    frame. Without a measurement (`kept`), what the network invented in front of the map's, the layout's and
-    the cache's surfaces is moved onto them (`on_mapped_surfaces`). With one, the measurement is written back,
+    frame. Without a measurement (`kept`), what the network invented in front of the surfaces of the map, the
+    layout and the cache's measured points is moved onto them (`on_mapped_surfaces`). With one, the measurement is written back,
     its points beside the grid after the image's, and for a frame without a map or a layout, on which the
     additions rest on nothing else, the additions are settled against it; the car's own body is no world
     point."""
@@ -314,9 +314,10 @@ def on_mapped_surfaces(image: RangeImage, map_view: MapView | None, boxes: Layou
                        sensor: Sensor, measured: RangeImage | None = None) -> RangeImage:
     """A generated frame with each occluder the network invented moved onto the surface behind it: a return in
     front of every surface the map, the layout and what was measured (`measured`, z-buffered at the frame's
-    pose) put on its ray (nearer by more than `SNAP_TOLERANCE` in encoded range) takes the range of the nearest
-    of them, keeping its intensity. Rays with none of these keep what the network drew, and so does a frame
-    with no map and no layout.
+    pose) put on its ray within the sensor's range (nearer by more than `SNAP_TOLERANCE` in encoded range,
+    about 12 % of the range) takes the range of the nearest of them, keeping its intensity. Rays with none of
+    these keep what the network drew, and so does a frame with no map and no layout: measured points alone
+    describe no world to hold it to.
 
     Free generation draws the world the map and the layout describe, and what was measured: nothing else
     stands there. Left in front, such returns float over the road where the truth sees it (on the OS1-128's
@@ -328,12 +329,13 @@ def on_mapped_surfaces(image: RangeImage, map_view: MapView | None, boxes: Layou
     if not layers:
         return image
     layers += [] if measured is None else [measured.range]
-    nearest = np.min([np.where(layer > 0, layer, np.inf) for layer in layers], axis=0)
+    nearest = np.min([np.where((layer > 0) & (layer <= sensor.max_range), layer, np.inf) for layer in layers],
+                     axis=0)
     mapped = image.mask & np.isfinite(nearest)
     invented = np.zeros_like(mapped)
     invented[mapped] = (encode_range(image.range[mapped], sensor.max_range)
                         < encode_range(nearest[mapped], sensor.max_range) - SNAP_TOLERANCE)
-    return RangeImage(np.where(invented, nearest, image.range).astype(np.float32), image.intensity)
+    return RangeImage(np.where(invented, nearest, image.range).astype(np.float32), image.intensity.copy())
 
 
 def _prepared(model: WorldModel, cond: torch.Tensor, guidance: float) -> PreparedCondition:
@@ -392,7 +394,9 @@ def rollout(
     `layout(t, pose)` gives the actor boxes at `times[i]` (default 10 Hz from 0) for the sensor at `pose`, as
     `World.boxes` does. `measured`, what observed sweeps measured: every frame keeps their ranges on
     the rays they see and leaves the rays they measured empty (`inference.measured`); a callable that builds it
-    is called in the views thread, while the first frame samples. `sensor` is the grid the
+    is called in the views thread, while the first frame samples. Without `measured`, a frame with a map or a
+    layout has what the network invents in front of their surfaces (and of the cache's measured points) drawn
+    on them (`on_mapped_surfaces`). `sensor` is the grid the
     frames are drawn on (default: the model's own); the network is fully convolutional and reads each pixel's
     elevation and azimuth from the condition, so any beam table and width serve.
     """
@@ -426,14 +430,15 @@ def rollout(
             scale = guidance if map_view is not None else 1.0
             cond = build_condition(cache.points(), pose, map_view, boxes, sensor, config.num_map_classes)
             prepared = _prepared(model, cond, scale)
-            # without a measurement, what the cache holds as measured is a surface the frame keeps, as the map's
-            measured_here = None if kept_view is not None else _measured_surface(cache, pose, sensor)
-            surfaces = _Surfaces(map_view, boxes, measured_here)
+            # without a measurement but with a map or a layout, the cache's measured points are a surface the
+            # frame keeps, as the map's are
+            mapped = kept_view is None and (map_view is not None or boxes is not None)
+            surfaces = _Surfaces(map_view, boxes, _measured_surface(cache, pose, sensor) if mapped else None)
             # 2. sample the range image; the frame before, if still finishing, is delivered at the first step
             x = _sample(model, sampler, prepared, sensor.shape, generator, scale, partial(delivery.step_done, index))
             # 3. keep the prior where the sample only jitters it, and what was measured where it was seen (or,
-            #    generating, the map's and the layout's surfaces where the sample invents an occluder); decode
-            #    and unproject. Unless the sweep (less the observing car's own body) is fed back into the
+            #    generating, the surfaces of the map, the layout and the cache's measured points where the
+            #    sample invents an occluder in front of them); decode and unproject. Unless the sweep (less the observing car's own body) is fed back into the
             #    cache, which the next frame's condition reads, that runs beside the next frame's network.
             x = model.snap_to_prior(x, prepared)
             if not update_cache:

@@ -492,7 +492,7 @@ def test_a_generated_return_in_front_of_every_mapped_surface_is_moved_onto_the_n
     invented = np.zeros_like(below)
     invented[rows[-1], :8] = True  # half way to the ground: in front of it
     range_[invented] *= 0.5
-    range_[rows[-2], :8] *= 1.05  # on the ground within the snap tolerance
+    range_[rows[-2], :8] *= 0.97  # in front of the ground but within the snap tolerance
     range_[rows[-3], :8] *= 1.5  # behind the ground: a dip the map does not know
     sky = ~below
     range_[sky] = 30.0  # rays with no mapped surface keep whatever returns there
@@ -500,9 +500,16 @@ def test_a_generated_return_in_front_of_every_mapped_surface_is_moved_onto_the_n
     moved = on_mapped_surfaces(image, view, None, SENSOR)
     np.testing.assert_array_equal(moved.range, np.where(invented, ground, range_))
     np.testing.assert_array_equal(moved.intensity, image.intensity)
-    # a box on the invented returns' rays is a surface they stand on
+    # a box on the invented returns' rays is a surface they stand on; one nearer than the ground, but behind
+    # them, is the surface they go to
     boxes = LayoutView(np.where(invented, 0.5 * ground, 0.0).astype(np.float32), np.where(invented, 0, -1))
     np.testing.assert_array_equal(on_mapped_surfaces(image, view, boxes, SENSOR).range, range_)
+    nearer = LayoutView(np.where(invented, 0.75 * ground, 0.0).astype(np.float32), np.where(invented, 0, -1))
+    np.testing.assert_allclose(on_mapped_surfaces(image, view, nearer, SENSOR).range,
+                               np.where(invented, 0.75 * ground, range_), rtol=1e-6)
+    # a surface beyond the sensor's range is none
+    far = LayoutView(np.where(invented, 2 * SENSOR.max_range, 0.0).astype(np.float32), np.where(invented, 0, -1))
+    np.testing.assert_array_equal(on_mapped_surfaces(image, None, far, SENSOR).range, range_)
     assert on_mapped_surfaces(image, None, None, SENSOR) is image
     # so is what was measured there: a sample's cache of observed points keeps its objects
     cached = RangeImage(np.where(invented, 0.5 * ground, 0.0).astype(np.float32), np.zeros_like(range_))
@@ -522,6 +529,8 @@ def test_generation_draws_and_feeds_back_what_stands_on_the_map(model, monkeypat
     for frame in result.frames:
         expected.add(transform_points(frame.points, frame.pose), frame.pose)
     np.testing.assert_array_equal(result.cache.points(), expected.points())
+    unfed = rollout(model, poses, map_source=FLAT, seed=0, update_cache=False)  # finished in the views thread
+    np.testing.assert_array_equal(unfed.frames[0].range_image.range, result.frames[0].range_image.range)
     monkeypatch.setattr(rollout_module, "on_mapped_surfaces", lambda image, *args: image)
     drawn = rollout(model, poses, map_source=FLAT, seed=0).frames[0].range_image.range
     assert (drawn < result.frames[0].range_image.range).sum() > 10, "the perturbed model invents occluders"
@@ -542,11 +551,17 @@ def test_a_generated_frame_keeps_what_its_cache_measured_in_front_of_the_map(mod
     moved = rollout_module.on_mapped_surfaces
     monkeypatch.setattr(rollout_module, "on_mapped_surfaces",
                         lambda image, *args: seen.append(args) or moved(image, *args))
-    rollout(model, poses, map_source=FLAT, cache=cache, seed=0)
+    kept = rollout(model, poses, map_source=FLAT, cache=cache, seed=0).frames[0].range_image
     cached = seen[0][-1]
     assert cached is not None and cached.mask.sum() > 0 and np.median(cached.range[cached.mask]) < 9.0
     rollout(model, straight_poses(2), map_source=FLAT, seed=0)
     assert seen[-1][-1] is None and seen[-2][-1] is None, "a generated cache holds nothing measured"
+    # the frame keeps more of the wall than held to the map alone
+    monkeypatch.setattr(rollout_module, "_measured_surface", lambda *args: None)
+    bare = rollout(model, poses, map_source=FLAT, cache=cache, seed=0).frames[0].range_image
+    on_wall = cached.mask & (np.abs(cached.range - 8.0) < 1.0)
+    at_wall = [int((np.abs(image.range[on_wall] - 8.0) < 1.0).sum()) for image in (kept, bare)]
+    assert at_wall[0] > at_wall[1], f"returns at the measured wall with / without it: {at_wall}"
     measured = _first_frame_observed(model, poses)
     before = len(seen)
     rollout(model, poses, map_source=FLAT, cache=cache, measured=measured, seed=0)
