@@ -109,6 +109,7 @@ STAGES: tuple[tuple[Any, str, str], ...] = (
     (measured_module, "on_measured_rays", "settle additions: on measured rays"),
     (measured_module, "far_behind", "settle additions: far behind a kept surface"),
     (rollout_module, "transform_points", "to world frame"),
+    (rollout_module, "on_mapped_surfaces", "invented occluders onto the map's surfaces"),
 )
 NETWORK = "network forward (model(...))"
 PREPARE = "prepare condition (model.prepare)"
