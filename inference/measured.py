@@ -280,8 +280,7 @@ def shadow_interior(shadow: np.ndarray) -> np.ndarray:
     uncertain by a ray: a real sweep's points scatter about their rings, and a point measured just above the
     shadow lands on its edge from a pose a little way on. Hiding the points on those edges too cost the shared
     KITTI raw drive, creeping at 0.18 m a frame, 1 % at 0.1 s (1.012x the better baseline with one sweep,
-    1.002x without) and KITTI 00 0.6 % (0.953x against 0.947x); sparing the shadow's left and right edges
-    as well gained nothing more."""
+    1.002x without) and KITTI 00 0.6 % (docs/evaluation.md)."""
     return binary_erosion(shadow, structure=np.ones((3, 1), dtype=bool), border_value=0)
 
 
@@ -753,9 +752,8 @@ def settle_additions(image: RangeImage, points: np.ndarray, measured: MeasuredVi
        error. On the shared KITTI raw drive creeping at 0.18 m a frame, a 0.1 s forecast (one sweep) was
        1.93x the better baseline without the rule and 1.01x with it, most of the difference from additions
        40-80 m away. A metre or more from every observing sensor the truth sees past what was measured, and
-       the network fills it: on that drive, with the rule reaching 5 m instead, the forecast was 0.985 /
-       0.886x the better baseline at 0.5 / 1.0 s (one sweep) and 0.933 / 0.920x (three); reaching 1 m, 0.822 /
-       0.326x and 0.639 / 0.378x. On KITTI 00 (0.8 m a frame) the reach moves no horizon by more than 0.014.
+       the network fills it: on that drive a reach of 1 m leaves the forecast at 0.822 / 0.326x the better
+       baseline at 0.5 / 1.0 s (one sweep) and 0.639 / 0.378x (three); docs/evaluation.md compares reaches.
     4. An addition on a ray of the fine grid (`lidar.ray_grid`) that a measured point returns on goes: a pixel
        is taller than a fine ray, and an addition drawn in front of its neighbour's measured point there was
        the worse range (on KITTI 00 at 1.0 s, 3 % of the rays all methods return on, with 0.3-0.4 m median

@@ -137,8 +137,9 @@ class LidarVersePipeline:
         The ego either follows `action` along the map's lanes (`plan_drive`) or the given `poses`; every frame
         is conditioned on the world's HD map and on its actors' boxes at the frame's time (`times`, default
         10 Hz from `World.time`). The frames draw the world the map and the boxes describe: nothing stands in
-        front of their surfaces by more than the snap tolerance (`inference.rollout.on_mapped_surfaces`). `sensor` (a `Sensor`, e.g.
-        `HDL64.with_width(2048)`, or a preset name) is the LiDAR the frames come from; default the model's own.
+        front of their surfaces by more than the snap tolerance (`inference.rollout.on_mapped_surfaces`).
+        `sensor` (a `Sensor`, e.g. `HDL64.with_width(2048)`, or a preset name) is the LiDAR the frames come
+        from; default the model's own.
         """
         start = time.perf_counter()
         # 1. check everything before any compute

@@ -225,7 +225,7 @@ def _measured_surface(cache: SpatialCache, pose: np.ndarray, sensor: Sensor) -> 
     """The cache's measured points (a sampled sweep's `cache_points`) z-buffered at `pose` as the condition
     z-buffers the cache, or None when it holds none, as in free generation. Only these hold a generated frame
     as the map does: what earlier frames drew is the network's own, and held to it a frame keeps the occluders
-    it invented (generation ÷ cache-only's Chamfer on the OS1-128 0.94 -> 1.02)."""
+    it invented (docs/evaluation.md)."""
     measured = cache.observed()
     if not measured.any():
         return None
@@ -237,10 +237,10 @@ def _finish(x: torch.Tensor, kept: MeasuredView | None, sensor: Sensor,
             surfaces: _Surfaces) -> tuple[RangeImage, np.ndarray, np.ndarray]:
     """A sampled flow image -> the frame's range image, its points and its world points, both in the sensor
     frame. Without a measurement (`kept`), what the network invented in front of the surfaces of the map, the
-    layout and the cache's measured points is moved onto them (`on_mapped_surfaces`). With one, the measurement is written back,
-    its points beside the grid after the image's, and for a frame without a map or a layout, on which the
-    additions rest on nothing else, the additions are settled against it; the car's own body is no world
-    point."""
+    layout and the cache's measured points is moved onto them (`on_mapped_surfaces`). With one, the
+    measurement is written back, its points beside the grid after the image's, and for a frame without a map
+    or a layout, on which the additions rest on nothing else, the additions are settled against it; the car's
+    own body is no world point."""
     if kept is not None:
         x = keep_measured(x, kept, sensor)
     image = decode_image(to_encoded_image(x[0]), sensor)
@@ -428,8 +428,8 @@ def rollout(
             map_view, boxes, kept_view = ahead.views(index)
             # guidance pushes away from the map-dropped condition: without a map there is nothing to push from
             scale = guidance if map_view is not None else 1.0
-            cond = build_condition(cache.points(), pose, map_view, boxes, sensor, config.num_map_classes)
-            prepared = _prepared(model, cond, scale)
+            prepared = _prepared(model, build_condition(cache.points(), pose, map_view, boxes, sensor,
+                                                        config.num_map_classes), scale)
             # without a measurement but with a map or a layout, the cache's measured points are a surface the
             # frame keeps, as the map's are
             mapped = kept_view is None and (map_view is not None or boxes is not None)
@@ -438,8 +438,9 @@ def rollout(
             x = _sample(model, sampler, prepared, sensor.shape, generator, scale, partial(delivery.step_done, index))
             # 3. keep the prior where the sample only jitters it, and what was measured where it was seen (or,
             #    generating, the surfaces of the map, the layout and the cache's measured points where the
-            #    sample invents an occluder in front of them); decode and unproject. Unless the sweep (less the observing car's own body) is fed back into the
-            #    cache, which the next frame's condition reads, that runs beside the next frame's network.
+            #    sample invents an occluder in front of them); decode and unproject. Unless the sweep (less the
+            #    observing car's own body) is fed back into the cache, which the next frame's condition reads,
+            #    that runs beside the next frame's network.
             x = model.snap_to_prior(x, prepared)
             if not update_cache:
                 delivery.finishing(_Finishing(index, pose, frame_start, ahead.finish(x, kept_view, surfaces)))
