@@ -1,8 +1,9 @@
 """What the world model sees besides the noisy image: one (C, H, W) condition in the new sensor's range view.
 
-Training and rollout build it with the same `build_condition`, so the two can never drift apart. Ranges are
-in the network's log-range encoding (`lidar.range_image.encode_range`), -1 where a layer has nothing. The
-channels, in order (K map classes, J boxed actor classes):
+Training and rollout build it with the same `build_condition` (a rollout in its two halves, `views_condition`
+and `with_cache`), so the two can never drift apart. Ranges are in the network's log-range encoding
+(`lidar.range_image.encode_range`), -1 where a layer has nothing. The channels, in order (K map classes, J boxed
+actor classes):
 
     cache     range, intensity*2-1, mask         the z-buffered cache of everything generated or observed,
                                                   each point a voxel-wide patch along its row
@@ -183,14 +184,38 @@ def build_condition(
     `cache_points_world` (N, 4) or None (empty cache); `map_view` from `HDMap.range_view(pose, sensor)` or
     None (map dropped); `layout` from `layout_view` or None (layout dropped).
     """
-    pose = np.asarray(pose, dtype=np.float64)
-    if pose.shape != (4, 4):
-        raise ValueError(
-            f"build_condition: pose must be a 4x4 world_from_sensor matrix, got shape {pose.shape}"
-        )
+    pose = _checked_pose(pose)
+    return with_cache(views_condition(map_view, layout, sensor, num_map_classes), cache_points_world, pose, sensor)
+
+
+def views_condition(
+    map_view: MapView | None, layout: LayoutView | None, sensor: Sensor, num_map_classes: int = len(MAP_CLASSES)
+) -> np.ndarray:
+    """The (C, H, W) float32 condition with its cache block empty: what a pose's map and layout views give.
+
+    It depends on the views alone, so a rollout draws it beside the network sampling the frame before and only
+    the cache, which that frame feeds, waits for the frame's end (`with_cache`).
+    """
     lay = ConditionLayout(num_map_classes)
     cond = empty_condition(sensor, num_map_classes)
-    # 1. the cache, moved into the new sensor frame and z-buffered
+    # 1. the HD map's geometry and classes under each ray
+    if map_view is not None:
+        _fill_map(cond, map_view, sensor, lay)
+    # 2. the actor layout
+    if layout is not None:
+        _check_shape(layout.range, sensor, "layout.range")
+        cond[lay.box_range] = _encode_or_empty(layout.range, sensor)
+        rows, cols = np.nonzero(layout.classes >= 0)
+        cond[lay.box_range + 1 + layout.classes[rows, cols], rows, cols] = 1.0
+        cond[lay.coords_start - 1] = 1.0
+    return cond
+
+
+def with_cache(cond: np.ndarray, cache_points_world: np.ndarray | None, pose: np.ndarray,
+               sensor: Sensor) -> torch.Tensor:
+    """`cond` (a `views_condition`, filled in place) with the cache moved into the sensor frame at `pose`
+    (world_from_sensor) and z-buffered into its block; None leaves the cache empty."""
+    pose = _checked_pose(pose)
     if cache_points_world is not None:
         cache_pts = np.asarray(cache_points_world)
         if cache_pts.ndim != 2 or cache_pts.shape[1] != 4:
@@ -200,17 +225,16 @@ def build_condition(
         image = project(transform_points(cache_pts, np.linalg.inv(pose)), sensor, footprint=CACHE_FOOTPRINT)
         cond[CACHE_IMAGE] = encode_image(image, sensor)
         cond[CACHE_MASK] = image.mask
-    # 2. the HD map's geometry and classes under each ray
-    if map_view is not None:
-        _fill_map(cond, map_view, sensor, lay)
-    # 3. the actor layout
-    if layout is not None:
-        _check_shape(layout.range, sensor, "layout.range")
-        cond[lay.box_range] = _encode_or_empty(layout.range, sensor)
-        rows, cols = np.nonzero(layout.classes >= 0)
-        cond[lay.box_range + 1 + layout.classes[rows, cols], rows, cols] = 1.0
-        cond[lay.coords_start - 1] = 1.0
     return torch.from_numpy(cond)
+
+
+def _checked_pose(pose: np.ndarray) -> np.ndarray:
+    pose = np.asarray(pose, dtype=np.float64)
+    if pose.shape != (4, 4):
+        raise ValueError(
+            f"build_condition: pose must be a 4x4 world_from_sensor matrix, got shape {pose.shape}"
+        )
+    return pose
 
 
 def _fill_map(cond: np.ndarray, view: MapView, sensor: Sensor, lay: ConditionLayout) -> None:

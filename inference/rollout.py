@@ -26,10 +26,11 @@ from inference.conditioning import (
     CACHE_FOOTPRINT,
     SNAP_TOLERANCE,
     LayoutView,
-    build_condition,
     decode_image,
     drop_map,
     layout_view,
+    views_condition,
+    with_cache,
 )
 from inference.flow import FlowMatchSampler, guided_velocity
 from inference.measured import (
@@ -145,16 +146,28 @@ def _layout(source: LayoutSource | None, time_s: float, pose: np.ndarray, sensor
     return layout_view(boxes["boxes"], boxes["box_class"], pose, sensor)
 
 
+@dataclass(frozen=True)
+class _PoseViews:
+    """What a frame's pose and time alone give: the map's and the layout's views and the condition they fill
+    (`views_condition`, its cache block still empty)."""
+
+    map_view: MapView | None
+    boxes: LayoutView | None
+    condition: np.ndarray
+
+
 def _pose_views(map_source: MapSource | None, layout: LayoutSource | None, time_s: float, pose: np.ndarray,
-                sensor: Sensor) -> tuple[MapView | None, LayoutView | None]:
+                sensor: Sensor, num_map_classes: int) -> _PoseViews:
     map_view = map_source.range_view(pose, sensor) if map_source is not None else None
-    return map_view, _layout(layout, time_s, pose, sensor)
+    boxes = _layout(layout, time_s, pose, sensor)
+    return _PoseViews(map_view, boxes, views_condition(map_view, boxes, sensor, num_map_classes))
 
 
 class _ViewsAhead:
-    """The views of a frame that depend on its pose and time alone (the map's, the layout's and what the
-    observation keeps), drawn in a second thread while the network samples: at 64 x 2048 they cost 30-60 ms a
-    frame beside a network of 350-800 ms, which releases the GIL in its kernels, as numpy does in its.
+    """The views of a frame that depend on its pose and time alone (the map's, the layout's, the condition they
+    fill and what the observation keeps), drawn in a second thread while the network samples: at 64 x 2048 they
+    cost 30-60 ms a frame beside a network of 350-800 ms, which releases the GIL in its kernels, as numpy does in
+    its.
 
     While frame i samples, the thread draws frame i's measured view, then frame i + 1's map and layout views;
     frame i's cache-bound steps (condition, settling, cache update) stay in the caller's thread, in order. So
@@ -165,28 +178,30 @@ class _ViewsAhead:
 
     def __init__(self, map_source: MapSource | None, layout: LayoutSource | None,
                  measured: Observation | Callable[[], Observation] | None, poses: np.ndarray, times: np.ndarray,
-                 sensor: Sensor) -> None:
+                 sensor: Sensor, num_map_classes: int) -> None:
         self._map, self._layout, self._measured = map_source, layout, measured
         self._poses, self._times, self._sensor = poses, times, sensor
+        self._num_map_classes = num_map_classes
         self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="rollout-views")
         self._next = self._submit_pose_views(0)
 
     def _submit(self, function: Callable[..., T], *args: Any) -> Future[T]:
         return self._thread.submit(contextvars.copy_context().run, function, *args)
 
-    def _submit_pose_views(self, index: int) -> Future[tuple[MapView | None, LayoutView | None]]:
+    def _submit_pose_views(self, index: int) -> Future[_PoseViews]:
         return self._submit(_pose_views, self._map, self._layout, float(self._times[index]), self._poses[index],
-                            self._sensor)
+                            self._sensor, self._num_map_classes)
 
-    def views(self, index: int) -> tuple[MapView | None, LayoutView | None, Future[MeasuredView] | None]:
-        """Frame `index`'s map and layout views, waited for since its condition needs them, and its measured
-        view to come (None without an observation), which only the frame's end needs; queues frame
-        `index + 1`'s views behind it, to be drawn while this frame samples."""
-        map_view, boxes = self._next.result()
-        kept = None if self._measured is None else self._submit(self._measured_view, index, map_view, boxes)
+    def views(self, index: int) -> tuple[_PoseViews, Future[MeasuredView] | None]:
+        """Frame `index`'s pose views, waited for since its condition needs them, and its measured view to come
+        (None without an observation), which only the frame's end needs; queues frame `index + 1`'s views
+        behind it, to be drawn while this frame samples."""
+        views = self._next.result()
+        kept = None if self._measured is None else self._submit(self._measured_view, index, views.map_view,
+                                                                 views.boxes)
         if index + 1 < len(self._poses):
             self._next = self._submit_pose_views(index + 1)
-        return map_view, boxes, kept
+        return views, kept
 
     def _measured_view(self, index: int, map_view: MapView | None, boxes: LayoutView | None) -> MeasuredView:
         """Frame `index`'s measured view; an observation given as a callable is built here, on first use, so
@@ -419,17 +434,17 @@ def rollout(
     sampler.set_timesteps(steps, device=next(model.parameters()).device)
     delivery = _Delivery(len(poses), steps, callback)
     start = time.perf_counter()
-    ahead = _ViewsAhead(map_source, layout, measured, poses, times, sensor)
+    ahead = _ViewsAhead(map_source, layout, measured, poses, times, sensor, config.num_map_classes)
     try:
         for index, pose in enumerate(poses):
             frame_start = time.perf_counter()
-            # 1. condition: the cache, the map and the layout seen from the new pose (the views were drawn
-            #    while the network sampled the frame before)
-            map_view, boxes, kept_view = ahead.views(index)
+            # 1. condition: the cache, the map and the layout seen from the new pose (the views, and the
+            #    condition they fill, were drawn while the network sampled the frame before)
+            views, kept_view = ahead.views(index)
+            map_view, boxes = views.map_view, views.boxes
             # guidance pushes away from the map-dropped condition: without a map there is nothing to push from
             scale = guidance if map_view is not None else 1.0
-            prepared = _prepared(model, build_condition(cache.points(), pose, map_view, boxes, sensor,
-                                                        config.num_map_classes), scale)
+            prepared = _prepared(model, with_cache(views.condition, cache.points(), pose, sensor), scale)
             # without a measurement but with a map or a layout, the cache's measured points are a surface the
             # frame keeps, as the map's are
             mapped = kept_view is None and (map_view is not None or boxes is not None)

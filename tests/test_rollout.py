@@ -252,6 +252,38 @@ def test_views_drawn_ahead_give_the_same_frames_as_drawn_in_order(model, monkeyp
             np.testing.assert_array_equal(a.range_image.range, b.range_image.range, err_msg=name)
 
 
+def test_each_frame_samples_on_the_condition_training_builds_its_views_half_drawn_beside_the_network(
+        model, monkeypatch):
+    import inference.rollout as rollout_module
+
+    world = car_world()
+    threads: list[str] = []
+    conditions: list[tuple[np.ndarray, np.ndarray, torch.Tensor]] = []
+    views_condition, with_cache = rollout_module.views_condition, rollout_module.with_cache
+
+    def watched_views(*args):
+        threads.append(threading.current_thread().name)
+        return views_condition(*args)
+
+    def watched_cache(cond, cache_points, pose, sensor):
+        out = with_cache(cond, cache_points, pose, sensor)
+        conditions.append((cache_points.copy(), np.array(pose), out.clone()))
+        return out
+
+    monkeypatch.setattr(rollout_module, "views_condition", watched_views)
+    monkeypatch.setattr(rollout_module, "with_cache", watched_cache)
+    poses = straight_poses(3)
+    rollout(model, poses, map_source=world.hdmap, layout=world.boxes, seed=3)
+    assert len(threads) == 3 and all(name.startswith("rollout-views") for name in threads)
+    assert len(conditions) == 3 and len(conditions[1][0]), "frame 1's condition did not see frame 0 in the cache"
+    for (cache, pose, cond), time_s in zip(conditions, frame_times(3, None), strict=True):
+        actors = world.boxes(float(time_s), pose)
+        expected = build_condition(cache, pose, world.hdmap.range_view(pose, SENSOR),
+                                   layout_view(actors["boxes"], actors["box_class"], pose, SENSOR), SENSOR,
+                                   model.config.num_map_classes)
+        assert torch.equal(cond, expected)
+
+
 def test_an_observation_given_as_a_call_is_built_once_in_the_views_thread(model):
     poses = straight_poses(3)
     seen = _first_frame_observed(model, poses)
