@@ -184,7 +184,6 @@ def build_condition(
     `cache_points_world` (N, 4) or None (empty cache); `map_view` from `HDMap.range_view(pose, sensor)` or
     None (map dropped); `layout` from `layout_view` or None (layout dropped).
     """
-    pose = _checked_pose(pose)
     return with_cache(views_condition(map_view, layout, sensor, num_map_classes), cache_points_world, pose, sensor)
 
 

@@ -166,14 +166,13 @@ def _pose_views(map_source: MapSource | None, layout: LayoutSource | None, time_
 class _ViewsAhead:
     """The views of a frame that depend on its pose and time alone (the map's, the layout's, the condition they
     fill and what the observation keeps), drawn in a second thread while the network samples: at 64 x 2048 they
-    cost 30-60 ms a frame beside a network of 350-800 ms, which releases the GIL in its kernels, as numpy does in
-    its.
+    cost 30-70 ms a frame beside a network of 350-800 ms, which releases the GIL in its kernels, as numpy does.
 
-    While frame i samples, the thread draws frame i's measured view, then frame i + 1's map and layout views;
-    frame i's cache-bound steps (condition, settling, cache update) stay in the caller's thread, in order. So
-    a map or layout source is queried from that thread, one frame ahead, and only ever by it during a
-    rollout. Each view runs in a copy of the caller's context, where `lidar.cancel.checkpoint` sees the
-    caller's cancellation.
+    While frame i samples, the thread draws frame i's measured view, then frame i + 1's map and layout views and
+    their condition; frame i's cache-bound steps (the condition's cache, settling, cache update) stay in the
+    caller's thread, in order. So a map or layout source is queried from that thread, one frame ahead, and only
+    ever by it during a rollout. Each view runs in a copy of the caller's context, where
+    `lidar.cancel.checkpoint` sees the caller's cancellation.
     """
 
     def __init__(self, map_source: MapSource | None, layout: LayoutSource | None,
