@@ -6,16 +6,16 @@
         [--topic T] --action straight --frames 8 --out DIR
     python -m inference resimulate --model SRC --scan FILE [FILE ...] [--poses FILE | --register] \\
         --shift DX DY --yaw DEG [--frames N] --out DIR
-    python -m inference upsample --model SRC --scan FILE [--factor 4 | --sensor NAME] [--method edge-aware] \\
-        --out DIR --format pcd
+    python -m inference upsample --model SRC --scan FILE|RECORDING [--sweep K] [--factor 4 | --sensor NAME] \\
+        [--method edge-aware] --out DIR --format pcd
     python -m inference info --model SRC [--json]
 
 `--prefix` / `--scan` take sweep files, a folder of them, one zip, or one recording (a ROS bag, an MCAP, a
 Velodyne or Ouster pcap, a nuScenes root, an Argoverse 2 log; `--topic` picks a bag's PointCloud2 topic;
 `lidar.sequence`); several sweeps without `--poses` are registered with KISS-ICP (`lidar.registration`).
-`upsample` takes one sweep file and writes it on a denser beam table (`inference.upsample`): `upsampled.<ext>`,
-every input point first and unchanged, then the filled rays, `upsample.json`, and the input beside the
-result as `result.rrd` and `result.mcap`.
+`upsample` takes one sweep (a sweep file, or `--sweep K` of a recording or a folder) and writes it on a denser
+beam table (`inference.upsample`): `upsampled.<ext>`, every input point first and unchanged, then the filled
+rays, `upsample.json`, and the input beside the result as `result.rrd` and `result.mcap`.
 Output folders hold one point file per frame (sensor frame), `world.<ext>` (the accumulated world, world
 frame), `poses.json`, whose `prefix` list gives each observed sweep's file and pose, and the rollout with
 its observed sweeps as `result.rrd` (Rerun) and `result.mcap` (PointCloud2 and /tf; `inference.results4d`). Bad input (an `InputError`: a file, pose file,
@@ -62,6 +62,8 @@ from inference.upsample import (
 )
 from lidar import sandbox
 from lidar.errors import InputError, shown
+from lidar.formats import Scan
+from lidar.recordings import is_container
 from lidar.sensors import PRESETS, Sensor
 from lidar.sim import ACTIONS, STYLES, make_world
 from lidar.sim.world import World
@@ -178,12 +180,13 @@ def _upsample(args: argparse.Namespace, started: float) -> int:
     if (args.out / RECORD_NAME).exists() and not args.overwrite:
         raise InputError(f"{args.out} already holds an upsampled sweep ({RECORD_NAME}); choose another --out or "
                          "pass --overwrite")
-    scan = sandbox.read_points(args.scan)  # in a bounded worker; a bad file fails before the model loads
+    scan, name = _upsample_input(args)  # in a bounded worker; a bad file fails before the model loads
     pipe = _load(args)
     ready = time.perf_counter() - started
     out = pipe.upsample(scan, args.factor, sensor=args.sensor, method=args.method, steps=args.steps, seed=args.seed)
-    request = {"command": args.command, "scan": str(args.scan), "factor": args.factor, "sensor": args.sensor,
-               "method": out.method, "steps": args.steps, "seed": args.seed}
+    request = {"command": args.command, "scan": str(args.scan), **({"sweep": args.sweep, "name": name} if name else {}),
+               "factor": args.factor, "sensor": args.sensor, "method": out.method, "steps": args.steps,
+               "seed": args.seed}
     record = write_upsample(args.out, out, args.format, provenance=pipe.provenance, request=request,
                             overwrite=args.overwrite)
     views = write_upsample_views(args.out, scan, out)
@@ -192,6 +195,21 @@ def _upsample(args: argparse.Namespace, started: float) -> int:
           f"to {args.out}")
     print(f"ready {ready:.2f} s, upsample {out.timings['total']:.2f} s, write {record['timings']['write']:.2f} s")
     return 0
+
+
+def _upsample_input(args: argparse.Namespace) -> tuple[Scan, str | None]:
+    """The sweep to upsample, read in a bounded worker: `--scan` itself, or sweep `--sweep` of the recording or
+    folder it names (a lab's sparse sensor records pcaps and bags, not sweep files), with that sweep's name."""
+    if not (args.scan.is_dir() or is_container(args.scan)):
+        if args.sweep:
+            raise InputError(f"--sweep {args.sweep}: {args.scan} is one sweep file; --sweep picks a sweep of a "
+                             "recording or a folder")
+        return sandbox.read_points(args.scan), None
+    recording = sandbox.open_recording(args.scan, topic=args.topic)
+    if not 0 <= args.sweep < len(recording):
+        raise InputError(f"--sweep {args.sweep}: {args.scan} holds {len(recording)} sweeps; expected 0 to "
+                         f"{len(recording) - 1}")
+    return recording.sweep(args.sweep), recording.names[args.sweep]
 
 
 def _observe(args: argparse.Namespace, sources: list[Path]) -> ObservedScene:
@@ -433,7 +451,12 @@ def _parser() -> argparse.ArgumentParser:
 
     up = sub.add_parser("upsample", help="put new beams between a sweep's measured ones, or fill its missing rays")
     common(up)
-    up.add_argument("--scan", type=Path, required=True, help="one sweep file (sensor frame)")
+    up.add_argument("--scan", type=Path, required=True,
+                    help="one sweep file (sensor frame), or a recording (a pcap, a bag, an MCAP, a nuScenes root, an "
+                         "Argoverse 2 log) or a folder of sweeps, of which --sweep is taken")
+    up.add_argument("--sweep", type=_WHOLE, default=0, help="which sweep of a recording or folder (default: 0, the first)")
+    up.add_argument("--topic", default=None,
+                    help="the PointCloud2 topic of a bag (or the log of a nuScenes root); needed when it holds several")
     target = up.add_mutually_exclusive_group()
     target.add_argument("--factor", type=_WHOLE, default=None,
                         help=f"beams per measured gap (default {DEFAULT_FACTOR}; 1 fills the sweep's own silent rays)")

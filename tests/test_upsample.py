@@ -360,6 +360,30 @@ def test_the_command_upsamples_a_real_scan_end_to_end(release, tmp_path):
     np.testing.assert_array_equal(made[0].ring, written.ring)
 
 
+HDL32_PCAP = real_scans_dir().parent / "recordings" / "velodyne_hdl32_pcap" / "hdl32_example.pcap"
+
+
+@pytest.mark.skipif(not HDL32_PCAP.exists(), reason=f"shared HDL-32E capture not found at {HDL32_PCAP}")
+def test_the_command_upsamples_a_chosen_sweep_of_a_real_pcap(release, tmp_path, capsys):
+    out = tmp_path / "out"
+    assert main(["upsample", "--model", str(release), "--scan", str(HDL32_PCAP), "--sweep", "2", "--factor", "2",
+                 "--out", str(out), "--quiet"]) == 0
+    record = json.loads((out / RECORD_NAME).read_text())
+    recording = open_container(HDL32_PCAP)
+    original = recording[2].points
+    written = read_points(out / record["file"])
+    assert record["request"]["sweep"] == 2 and record["request"]["name"] == recording.names[2]
+    assert record["input_points"] == len(original) and not np.array_equal(original, recording[1].points)
+    assert np.array_equal(bits(written.points[: len(original)]), bits(original))
+    assert len(record["sensor"]["elevations_deg"]) == 2 * 32 - 1  # the HDL-32E's measured beams, one between each
+    for args, message in ((["--scan", str(HDL32_PCAP), "--sweep", str(len(recording))],
+                           f"holds {len(recording)} sweeps; expected 0 to {len(recording) - 1}"),
+                          (["--scan", str(REAL_SCAN), "--sweep", "1"], "is one sweep file")):
+        assert main(["upsample", "--model", str(release), *args, "--out", str(tmp_path / "refused")]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and message in err[0]
+
+
 def test_the_command_fills_a_synthetic_sweep_with_the_model_in_any_format(release, tmp_path, capsys,
                                                                           one_torch_thread):
     points, ring = ring_sweep(ELEVATIONS, WIDTH)
