@@ -214,6 +214,9 @@ BY_FACTOR = "by factor"
 UPSAMPLE_FACTOR = 2
 #: The upsample tab's download by default: PCD keeps every point's ring.
 UPSAMPLE_FORMAT = "pcd"
+#: What the upsample tab takes: a sweep file, or a one-file recording whose first sweep it upsamples (a lab with
+#: a sparse sensor records pcaps and bags, not sweep files).
+UPSAMPLE_SUFFIXES = (*READ_SUFFIXES, *CONTAINER_SUFFIXES)
 #: Real sweeps shipped with the app (licences in its README): the forecast examples of a fresh clone.
 EXAMPLE_SCANS_DIR = APP_DIR / "examples" / "scans"
 # The shared real scans (more forecast examples); absent in a bare clone.
@@ -925,10 +928,11 @@ def generate_world(
 
 
 def _read_sweep(path: Path, task: str, sensor: Sensor | None = None) -> Scan:
-    """One uploaded sweep, read in a bounded worker (as `sensor` recorded it, when given), refused unless it is
-    in its sensor's frame: `task` ("Forecasting") needs rays from the LiDAR's origin."""
+    """One uploaded sweep (a one-file recording's first), read in a bounded worker (as `sensor` recorded it,
+    when given), refused unless it is in its sensor's frame: `task` ("Forecasting") needs rays from the LiDAR's
+    origin."""
     with _user_errors("Cannot read the scan", path), point_limit(MAX_UPLOAD_POINTS):  # errors name the file, not its path
-        scan = sandbox.read_points(path, sensor)
+        scan = _first_sweep(path) if path.suffix.lower() in CONTAINER_SUFFIXES else sandbox.read_points(path, sensor)
         if sensor is not None:
             check_sensor(scan, sensor)
     if not scan.sensor_frame:  # no sensor choice helps
@@ -936,6 +940,14 @@ def _read_sweep(path: Path, task: str, sensor: Sensor | None = None) -> Scan:
         raise gr.Error(f"{shown(path.name)} is {why or 'not in the sensor frame'}. {task} needs a sweep whose "
                        "origin is the LiDAR (e.g. KITTI velodyne .bin, nuScenes LIDAR_TOP, an Ouster frame).")
     return scan
+
+
+def _first_sweep(path: Path) -> Scan:
+    """The first sweep of a one-file recording, its index and the sweep decoded in the bounded worker."""
+    recording = sandbox.open_recording(path)
+    if not len(recording):
+        raise InputError(f"{path.name} holds no sweeps; expected a recording of a spinning LiDAR")
+    return recording.sweep(0)
 
 
 def _read_scan(path: Path, sensor_name: str) -> tuple[Scan, Sensor]:
@@ -1167,7 +1179,7 @@ def upsample_scan(
     at the sweep's columns), or with its silent rays filled (factor 1), by `method`; every input point is kept
     as it was. The target is worked out and checked against the server's rays before anything runs."""
     pipe = _pipeline()
-    path = _upload_path(scan_file)
+    path = _upload_path(scan_file, UPSAMPLE_SUFFIXES)
     factor = _whole_number(factor, "Factor", 1, MAX_FACTOR)
     target = _choice(target, "Target beams", (BY_FACTOR, *PRESETS))
     method = _choice(method, "Method", METHODS)
@@ -1555,8 +1567,9 @@ def _upsample_tab() -> None:
     with gr.Tab("Upsample"):
         with gr.Row():
             with gr.Column(scale=1):
-                scan_file = gr.File(label="Sweep (.bin, .pcd, .ply, .npy, .las)", file_types=list(READ_SUFFIXES),
-                                    type="filepath", elem_id="upsample-file")
+                scan_file = gr.File(label="Sweep (.bin, .pcd, .ply, .npy, .las), or a recording (.pcap, .bag, .mcap): "
+                                          "its first sweep", file_types=list(UPSAMPLE_SUFFIXES), type="filepath",
+                                    elem_id="upsample-file")
                 factor = gr.Slider(1, MAX_FACTOR, value=UPSAMPLE_FACTOR, step=1, label="Factor",
                                    info="beams per measured gap: 2 puts one new beam between each two; 1 fills the "
                                         "sweep's silent rays")

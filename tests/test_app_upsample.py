@@ -20,9 +20,11 @@ from PIL import Image
 import app
 import lidar.formats
 import lidar.formats.io
+import lidar.recordings
 from lidar.cancel import Cancelled, stop_when
 from lidar.formats import read_points, sweep_geometry, write_points
 from lidar.range_image import azimuth_columns
+from lidar.recordings import open_container
 from lidar.sensors import PRESETS
 from tests.helpers import (
     KITTI_SCAN,
@@ -197,6 +199,29 @@ def test_the_sweep_is_read_in_the_bounded_worker_not_the_server(monkeypatch):
         monkeypatch.setattr(module, "read_points", refuse)
     out, _ = upsampled(EXAMPLES / SHIPPED_EXAMPLES[1])
     assert out.stats["beams x columns"] == "63 x 1094"
+
+
+VLP16_PCAP = REAL_SCANS.parent / "recordings" / "velodyne_vlp16_pcap" / "velodyne_vlp16.pcap"
+OUSTER_PCAP = REAL_SCANS.parent / "recordings" / "ouster_os1_128_pcap" / "OS-1-128_v2.3.0_1024x10_lb_n3.pcap"
+
+
+@pytest.mark.skipif(not VLP16_PCAP.is_file() or not OUSTER_PCAP.is_file(), reason="shared recordings not found")
+def test_a_recording_upload_is_upsampled_from_its_first_sweep_read_in_the_bounded_worker(tmp_path, monkeypatch):
+    upload = tmp_path / VLP16_PCAP.name
+    upload.write_bytes(VLP16_PCAP.read_bytes())
+    first = open_container(VLP16_PCAP)[0]
+    monkeypatch.setattr(lidar.recordings, "open_container", lambda *_, **__: pytest.fail("read in the server"))
+    out, files = upsampled(upload)
+    (tmp_path / "upsampled.pcd").write_bytes(files["upsampled.pcd"])
+    written = read_points(tmp_path / "upsampled.pcd")
+    assert out.stats["input points"] == len(first.points) and out.stats["beams x columns"].startswith("31 x ")
+    assert np.array_equal(bits(written.points[: len(first.points)]), bits(first.points))
+    # an Ouster capture needs its metadata json, which this one-file tab has no place for: one visitor error
+    lone = tmp_path / OUSTER_PCAP.name
+    lone.write_bytes(OUSTER_PCAP.read_bytes())
+    with pytest.raises(gr.Error, match="no Ouster metadata json") as refused:
+        upsampled(lone)
+    assert str(tmp_path) not in refused.value.message
 
 
 @pytest.mark.parametrize(("args", "message"), [
