@@ -299,6 +299,16 @@ HOSTILE: dict[str, Callable[[Path], Path]] = {
 }
 
 
+#: One-file recordings as a hostile visitor uploads them (name, bytes, what the refusal says): a bag whose
+#: header length is 1 MiB, an MCAP whose first record claims more than the file holds, a pcap of DNS datagrams.
+HOSTILE_RECORDINGS: tuple[tuple[str, bytes, str], ...] = (
+    ("bomb.bag", b"#ROSBAG V2.0\n" + struct.pack("<I", 1 << 20), r"bomb.bag"),
+    ("noise.mcap", b"\x89MCAP0\r\n" + b"\xff" * 64, r"noise.mcap: a record claims"),
+    ("dns.pcap", struct.pack("<IHHiIII", 0xA1B2C3D4, 2, 4, 0, 0, 65535, 1) + struct.pack("<IIII", 1, 0, 20, 20)
+     + bytes(20), r"dns.pcap: no Velodyne data packets"),
+)
+
+
 def broken_zip(path: Path, kind: str) -> Path:
     """A one-sweep sequence zip broken as visitors break them: `long-name` (a 300-character member name),
     `not-utf8` (a name flagged UTF-8 that is not), `lzma-properties` (an LZMA member with bad properties),

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import struct
 from pathlib import Path
 
 import gradio as gr
@@ -20,7 +19,7 @@ from lidar.export4d import Sweep, Track, write_bag
 from lidar.formats import read_points
 from lidar.recordings import open_container
 from lidar.sequence import open_recording
-from tests.helpers import app_serving, write_tiny_release
+from tests.helpers import HOSTILE_RECORDINGS, app_serving, write_tiny_release
 
 RECORDINGS = Path(__file__).resolve().parents[2] / "shared" / "data" / "recordings"
 HDL32_PCAP = RECORDINGS / "velodyne_hdl32_pcap" / "hdl32_example.pcap"
@@ -83,12 +82,7 @@ def test_a_recording_goes_alone_and_a_topic_is_a_name(tmp_path):
         final_outputs(app.forecast_from_scans([str(bag)], "Straight", 1, 1, 0, "/x" * 200))
 
 
-@pytest.mark.parametrize(("name", "data", "message"), [
-    ("bomb.bag", b"#ROSBAG V2.0\n" + struct.pack("<I", 1 << 20), r"bomb.bag"),
-    ("noise.mcap", b"\x89MCAP0\r\n" + b"\xff" * 64, r"noise.mcap: a record claims"),
-    ("dns.pcap", struct.pack("<IHHiIII", 0xA1B2C3D4, 2, 4, 0, 0, 65535, 1) + struct.pack("<IIII", 1, 0, 20, 20)
-     + bytes(20), r"dns.pcap: no Velodyne data packets"),
-])
+@pytest.mark.parametrize(("name", "data", "message"), HOSTILE_RECORDINGS)
 def test_hostile_recording_uploads_are_one_visitor_error(tmp_path, name, data, message):
     path = tmp_path / name
     path.write_bytes(data)

@@ -27,6 +27,7 @@ from lidar.range_image import azimuth_columns
 from lidar.recordings import open_container
 from lidar.sensors import PRESETS
 from tests.helpers import (
+    HOSTILE_RECORDINGS,
     KITTI_SCAN,
     REAL_SCANS,
     SHIPPED_EXAMPLES,
@@ -222,6 +223,15 @@ def test_a_recording_upload_is_upsampled_from_its_first_sweep_read_in_the_bounde
     with pytest.raises(gr.Error, match="no Ouster metadata json") as refused:
         upsampled(lone)
     assert str(tmp_path) not in refused.value.message
+
+
+@pytest.mark.parametrize(("name", "data", "message"), HOSTILE_RECORDINGS)
+def test_a_hostile_recording_upload_is_one_visitor_error(tmp_path, name, data, message):
+    path = tmp_path / name
+    path.write_bytes(data)
+    with pytest.raises(gr.Error, match=message) as refused:
+        upsampled(path)
+    assert str(tmp_path) not in refused.value.message and len(refused.value.message) < 600
 
 
 @pytest.mark.parametrize(("args", "message"), [
