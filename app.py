@@ -1455,6 +1455,13 @@ def example_scans() -> tuple[Path, ...]:
     return (*shipped, *(p for p in shared if p.name not in names and read_points(p).sensor_frame))
 
 
+def upsample_examples() -> tuple[Path, ...]:
+    """The Upsample tab's examples: the shipped recordings of sparse sensors first (what a lab would make denser:
+    a VLP-16 capture, read from its pcap), then the forecast's scans."""
+    recordings = sorted(p for p in EXAMPLE_SCANS_DIR.iterdir() if p.suffix.lower() in CONTAINER_SUFFIXES)
+    return (*recordings, *example_scans())
+
+
 def example_scene() -> list[str]:
     """KITTI seq-00 sweeps 0, 2, 4 (0.2 s apart) when the shared scans complete the shipped sweep 0, else
     nothing: one shipped sweep is the single-scan example already."""
@@ -1586,7 +1593,7 @@ def _upsample_tab() -> None:
                                   info="every point with its ring (.bin has no place for rings)")
                 button = gr.Button("Upsample", variant="primary", elem_id="upsample")
             with gr.Column(scale=1):
-                gr.Examples([[str(p)] for p in example_scans()], [scan_file], label="Real scans (click one)")
+                gr.Examples([[str(p)] for p in upsample_examples()], [scan_file], label="Real sweeps (click one)")
                 stats = gr.JSON(label="Stats", elem_id="upsample-stats")
                 downloads = gr.File(label="Downloads: the upsampled sweep, upsample.json, result.rrd / .mcap",
                                     file_count="multiple")

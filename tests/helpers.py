@@ -138,6 +138,8 @@ PUBLIC_ENDPOINTS = frozenset({"/generate_world", "/forecast_from_scan", "/foreca
 #: What the app ships in examples/scans; a fresh clone offers these as forecast examples.
 SHIPPED_EXAMPLES = ("kitti_patchworkpp_000000.bin", "nuscenes_ff9eff4389a740848f9a56ad749a4ae8_keyframe.pcd",
                     "ouster_oustersdk_OS-1-128_v2.3.0_1024x10_lb_n3.bin")
+#: The recordings the app ships there (a VLP-16 capture), which the Upsample tab offers before the scans.
+SHIPPED_RECORDINGS = ("velodyne_vlp16.pcap",)
 #: Sources a visitor might try in order to look around the server or make it download.
 PROBING_SOURCES = ("/root", "/etc", "../", "lidarverse/lidarverse-default")
 

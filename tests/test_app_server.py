@@ -43,12 +43,14 @@ from PIL import Image
 
 import app
 from lidar.formats import read_points
+from lidar.recordings import open_container
 from tests.helpers import (
     BOMBS,
     KITTI_SCAN,
     PROBING_SOURCES,
     PUBLIC_ENDPOINTS,
     SHIPPED_EXAMPLES,
+    SHIPPED_RECORDINGS,
     directory_only_zip,
     needs_real_scans,
     patched_zip,
@@ -201,7 +203,8 @@ def test_a_visitor_can_neither_reload_the_model_nor_learn_the_server_files(clien
 def test_a_fresh_clone_offers_the_shipped_example_scans_and_one_forecasts(client):
     datasets = [c["props"]["samples"] for c in client.config["components"] if c.get("type") == "dataset"]
     scans = [[row[0] for row in samples] for samples in datasets if isinstance(samples[0][0], str)]
-    assert scans == [list(SHIPPED_EXAMPLES)] * 2, "the forecast and upsample tabs' examples, and no real scans"
+    assert scans == [list(SHIPPED_EXAMPLES), [*SHIPPED_RECORDINGS, *SHIPPED_EXAMPLES]], \
+        "the forecast and upsample tabs' examples, and no real scans"
     *_, stats, downloads = client.predict(handle_file(str(REPO / "examples" / "scans" / SHIPPED_EXAMPLES[1])),
                                           "auto-detect", "Straight", 1, 1, 0, api_name="/forecast_from_scan")
     assert stats["input sensor"] == "hdl32-measured" and stats["frames"] == 1 and len(downloads) == 6
@@ -225,6 +228,17 @@ def test_upsample_over_http_keeps_every_input_point_and_names_the_largest_factor
     with pytest.raises(AppError, match=r"factor 4 puts 253 x 2012 = 509,036 rays on this 64 x 2012 sweep; expected at "
                                        r"most 262,144 rays: at most factor 2 fits it"):
         client.predict(handle_file(str(scan)), 4, app.BY_FACTOR, "edge-aware", 4, 0, "pcd", api_name="/upsample")
+    assert server.scratch_dirs() == [], "per-request scratch dirs must be removed after the request"
+
+
+def test_the_shipped_vlp16_capture_is_upsampled_over_http_from_its_pcap(client, server):
+    capture = REPO / "examples" / "scans" / SHIPPED_RECORDINGS[0]
+    *_, stats, downloads = client.predict(handle_file(str(capture)), 4, app.BY_FACTOR, "edge-aware", 4, 0, "pcd",
+                                          api_name="/upsample")
+    assert stats["beams x columns"] == "61 x 1800" and stats["input points"] == 18_013
+    files = {Path(p).name: Path(p) for p in downloads}
+    given, result = open_container(capture)[0].points, read_points(files["upsampled.pcd"])
+    assert np.array_equal(result.points[: len(given)].view(np.uint32), given.view(np.uint32))
     assert server.scratch_dirs() == [], "per-request scratch dirs must be removed after the request"
 
 

@@ -31,6 +31,7 @@ from tests.helpers import (
     KITTI_SCAN,
     REAL_SCANS,
     SHIPPED_EXAMPLES,
+    SHIPPED_RECORDINGS,
     app_serving,
     needs_real_scans,
     write_tiny_release,
@@ -202,23 +203,26 @@ def test_the_sweep_is_read_in_the_bounded_worker_not_the_server(monkeypatch):
     assert out.stats["beams x columns"] == "63 x 1094"
 
 
-VLP16_PCAP = REAL_SCANS.parent / "recordings" / "velodyne_vlp16_pcap" / "velodyne_vlp16.pcap"
 OUSTER_PCAP = REAL_SCANS.parent / "recordings" / "ouster_os1_128_pcap" / "OS-1-128_v2.3.0_1024x10_lb_n3.pcap"
 
 
-@pytest.mark.skipif(not VLP16_PCAP.is_file() or not OUSTER_PCAP.is_file(), reason="shared recordings not found")
-def test_a_recording_upload_is_upsampled_from_its_first_sweep_read_in_the_bounded_worker(tmp_path, monkeypatch):
-    upload = tmp_path / VLP16_PCAP.name
-    upload.write_bytes(VLP16_PCAP.read_bytes())
-    first = open_container(VLP16_PCAP)[0]
+def test_the_shipped_vlp16_capture_is_upsampled_from_its_first_sweep_read_in_the_bounded_worker(tmp_path, monkeypatch):
+    capture = EXAMPLES / SHIPPED_RECORDINGS[0]
+    assert app.upsample_examples()[0] == capture, "the sparse sensor is the tab's first example"
+    first = open_container(capture)[0]
     monkeypatch.setattr(lidar.recordings, "open_container", lambda *_, **__: pytest.fail("read in the server"))
-    out, files = upsampled(upload)
+    out, files = upsampled(capture, factor=4)
     (tmp_path / "upsampled.pcd").write_bytes(files["upsampled.pcd"])
     written = read_points(tmp_path / "upsampled.pcd")
-    assert out.stats["input points"] == len(first.points) and out.stats["beams x columns"].startswith("31 x ")
+    assert out.stats["input points"] == len(first.points) == 18_013
+    assert out.stats["beams x columns"] == "61 x 1800", "16 measured beams, three new ones in each gap"
     assert np.array_equal(bits(written.points[: len(first.points)]), bits(first.points))
-    # an Ouster capture needs its metadata json, which this one-file tab has no place for: one visitor error
-    lone = tmp_path / OUSTER_PCAP.name
+    assert json.loads(files["upsample.json"])["request"]["input"] == capture.name
+
+
+@pytest.mark.skipif(not OUSTER_PCAP.is_file(), reason="shared recordings not found")
+def test_an_ouster_capture_without_its_metadata_json_is_one_visitor_error(tmp_path):
+    lone = tmp_path / OUSTER_PCAP.name  # the json has no place in this one-file tab
     lone.write_bytes(OUSTER_PCAP.read_bytes())
     with pytest.raises(gr.Error, match="no Ouster metadata json") as refused:
         upsampled(lone)
