@@ -19,6 +19,7 @@ from lidar.formats import azimuth_coverage_deg, detect_sensor, read_points, swee
 from lidar.formats.rings import cluster_elevations
 from lidar.range_image import point_ranges, project
 from lidar.real_scans import real_scans_dir
+from lidar.recordings import CONTAINER_SUFFIXES, open_container
 from lidar.sensors import get_sensor
 
 REAL_SCANS = real_scans_dir()
@@ -160,11 +161,13 @@ GEOMETRY = {
     "nuscenes": ("hdl32", "organised", (32, 32), (1070, 1110), 0.95),
     "ouster_oustersdk": ("os1-128", "file", (128, 128), (1024, 1024), 0.99),
     "ouster_secondpytorch": ("os1-64", "organised", (64, 64), (1024, 1024), 0.99),
+    "velodyne_vlp16": ("vlp16", "file", (16, 16), (1800, 1800), 0.95),  # the laser ids of its pcap's packets
 }
 
 
 def _sweeps() -> list[tuple[str, Path]]:
-    """(test id, path) of every shared sweep and example; a folder that is absent adds nothing."""
+    """(test id, path) of every shared sweep and example (a shipped recording stands for its first sweep); a
+    folder that is absent adds nothing."""
     found = [(p.name, p) for p in sorted(REAL_SCANS.glob("*.bin"))]
     found += [(f"kitti00_{p.name}", p) for p in sorted((REAL_SEQ / "kitti00" / "velodyne").glob("*.bin"))]
     raw = REAL_SEQ / "kitti_raw_ttc" / "velodyne_points" / "data"
@@ -177,7 +180,7 @@ SWEEPS = _sweeps()
 
 @pytest.mark.parametrize(("name", "path"), SWEEPS, ids=[n for n, _ in SWEEPS])
 def test_each_real_sweep_has_its_beam_table_and_columns_measured(name, path):
-    scan = read_points(path)
+    scan = open_container(path)[0] if path.suffix in CONTAINER_SUFFIXES else read_points(path)  # a recording's first
     geometry = sweep_geometry(scan)
     key = name.removeprefix("example_")
     if key.startswith("pandaset"):  # the ego frame: elevations are no beam angles
