@@ -943,11 +943,15 @@ def _read_sweep(path: Path, task: str, sensor: Sensor | None = None) -> Scan:
 
 
 def _first_sweep(path: Path) -> Scan:
-    """The first sweep of a one-file recording, its index and the sweep decoded in the bounded worker."""
-    recording = sandbox.open_recording(path)
-    if not len(recording):
-        raise InputError(f"{path.name} holds no sweeps; expected a recording of a spinning LiDAR")
-    return recording.sweep(0)
+    """The first sweep of a one-file recording, its index and the sweep decoded in the bounded worker. A refusal
+    says what this one-file tab cannot take: the reader's advice (a topic to choose, a metadata json beside an
+    Ouster capture) is for the command line."""
+    try:
+        return sandbox.open_recording(path).sweep(0)
+    except InputError as err:
+        raise InputError(f"{str(err).rstrip('.')}. This tab reads the first sweep of a recording given as one file (a Velodyne .pcap, "
+                         "a bag with one point-cloud topic); for a topic or an Ouster capture use `python -m "
+                         "inference upsample --scan FILE --topic T`, with the metadata json beside the pcap") from None
 
 
 def _read_scan(path: Path, sensor_name: str) -> tuple[Scan, Sensor]:
@@ -1574,8 +1578,8 @@ def _upsample_tab() -> None:
     with gr.Tab("Upsample"):
         with gr.Row():
             with gr.Column(scale=1):
-                scan_file = gr.File(label="Sweep (.bin, .pcd, .ply, .npy, .las), or a recording (.pcap, .bag, .mcap): "
-                                          "its first sweep", file_types=list(UPSAMPLE_SUFFIXES), type="filepath",
+                scan_file = gr.File(label="Sweep (.bin, .pcd, .ply, .npy, .las), or a recording (.pcap, .bag, .mcap, "
+                                          ".db3): its first sweep", file_types=list(UPSAMPLE_SUFFIXES), type="filepath",
                                     elem_id="upsample-file")
                 factor = gr.Slider(1, MAX_FACTOR, value=UPSAMPLE_FACTOR, step=1, label="Factor",
                                    info="beams per measured gap: 2 puts one new beam between each two; 1 fills the "

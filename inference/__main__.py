@@ -13,9 +13,9 @@
 `--prefix` / `--scan` take sweep files, a folder of them, one zip, or one recording (a ROS bag, an MCAP, a
 Velodyne or Ouster pcap, a nuScenes root, an Argoverse 2 log; `--topic` picks a bag's PointCloud2 topic;
 `lidar.sequence`); several sweeps without `--poses` are registered with KISS-ICP (`lidar.registration`).
-`upsample` takes one sweep (a sweep file, or `--sweep K` of a recording or a folder) and writes it on a denser
-beam table (`inference.upsample`): `upsampled.<ext>`, every input point first and unchanged, then the filled
-rays, `upsample.json`, and the input beside the result as `result.rrd` and `result.mcap`.
+`upsample` takes one sweep (a sweep file, or `--sweep K` of a recording, a folder or a zip) and writes it on a
+denser beam table (`inference.upsample`): `upsampled.<ext>`, every input point first and unchanged, then the
+filled rays, `upsample.json`, and the input beside the result as `result.rrd` and `result.mcap`.
 Output folders hold one point file per frame (sensor frame), `world.<ext>` (the accumulated world, world
 frame), `poses.json`, whose `prefix` list gives each observed sweep's file and pose, and the rollout with
 its observed sweeps as `result.rrd` (Rerun) and `result.mcap` (PointCloud2 and /tf; `inference.results4d`). Bad input (an `InputError`: a file, pose file,
@@ -32,7 +32,7 @@ import math
 import os
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -198,18 +198,33 @@ def _upsample(args: argparse.Namespace, started: float) -> int:
 
 
 def _upsample_input(args: argparse.Namespace) -> tuple[Scan, str | None]:
-    """The sweep to upsample, read in a bounded worker: `--scan` itself, or sweep `--sweep` of the recording or
-    folder it names (a lab's sparse sensor records pcaps and bags, not sweep files), with that sweep's name."""
-    if not (args.scan.is_dir() or is_container(args.scan)):
-        if args.sweep:
-            raise InputError(f"--sweep {args.sweep}: {args.scan} is one sweep file; --sweep picks a sweep of a "
-                             "recording or a folder")
-        return sandbox.read_points(args.scan), None
-    recording = sandbox.open_recording(args.scan, topic=args.topic)
-    if not 0 <= args.sweep < len(recording):
-        raise InputError(f"--sweep {args.sweep}: {args.scan} holds {len(recording)} sweeps; expected 0 to "
-                         f"{len(recording) - 1}")
-    return recording.sweep(args.sweep), recording.names[args.sweep]
+    """The sweep to upsample, read in a bounded worker: `--scan` itself, or sweep `--sweep` of the recording,
+    folder or zip it names (a lab's sparse sensor records pcaps and bags, not sweep files), with that sweep's
+    name."""
+    if not args.scan.exists():
+        raise InputError(f"--scan {args.scan}: no such file or folder; expected a sweep file, a recording, a folder "
+                         "or a zip of sweeps")
+    container = args.scan.is_dir() or is_container(args.scan)
+    if args.topic is not None and not container:
+        raise InputError(f"--topic {shown(args.topic)}: {args.scan} is no recording; --topic picks a bag's stream")
+    if args.scan.suffix.lower() == ".zip" and not container:
+        sweeps = sandbox.read_sequence(args.scan)[0]
+        return _chosen(args, sweeps.scans, sweeps.names)
+    if container:
+        recording = sandbox.open_recording(args.scan, topic=args.topic)
+        return _chosen(args, recording, recording.names)
+    if args.sweep:
+        raise InputError(f"--sweep {args.sweep}: {args.scan} is one sweep file; --sweep picks a sweep of a "
+                         "recording, a folder or a zip")
+    return sandbox.read_points(args.scan), None
+
+
+def _chosen(args: argparse.Namespace, sweeps: Sequence[Scan], names: list[str]) -> tuple[Scan, str]:
+    """Sweep `--sweep` of `sweeps` (read when indexed) and its name, or the refusal naming how many there are."""
+    if not 0 <= args.sweep < len(sweeps):
+        held = f"{len(sweeps)} sweep{'s' if len(sweeps) != 1 else ''}"
+        raise InputError(f"--sweep {args.sweep}: {args.scan} holds {held}; expected 0 to {len(sweeps) - 1}")
+    return sweeps[args.sweep], names[args.sweep]
 
 
 def _observe(args: argparse.Namespace, sources: list[Path]) -> ObservedScene:
@@ -453,8 +468,9 @@ def _parser() -> argparse.ArgumentParser:
     common(up)
     up.add_argument("--scan", type=Path, required=True,
                     help="one sweep file (sensor frame), or a recording (a pcap, a bag, an MCAP, a nuScenes root, an "
-                         "Argoverse 2 log) or a folder of sweeps, of which --sweep is taken")
-    up.add_argument("--sweep", type=_WHOLE, default=0, help="which sweep of a recording or folder (default: 0, the first)")
+                         "Argoverse 2 log), a folder or a zip of sweeps, of which --sweep is taken")
+    up.add_argument("--sweep", type=_WHOLE, default=0,
+                    help="which sweep of a recording, folder or zip (default: 0, the first)")
     up.add_argument("--topic", default=None,
                     help="the PointCloud2 topic of a bag (or the log of a nuScenes root); needed when it holds several")
     target = up.add_mutually_exclusive_group()

@@ -219,7 +219,7 @@ def with_cache(cond: np.ndarray, cache_points_world: np.ndarray | None, pose: np
         cache_pts = np.asarray(cache_points_world)
         if cache_pts.ndim != 2 or cache_pts.shape[1] != 4:
             raise ValueError(
-                f"build_condition: cache points must be (N, 4) x,y,z,intensity, got {cache_pts.shape}"
+                f"condition: cache points must be (N, 4) x,y,z,intensity, got {cache_pts.shape}"
             )
         image = project(transform_points(cache_pts, np.linalg.inv(pose)), sensor, footprint=CACHE_FOOTPRINT)
         cond[CACHE_IMAGE] = encode_image(image, sensor)
@@ -231,7 +231,7 @@ def _checked_pose(pose: np.ndarray) -> np.ndarray:
     pose = np.asarray(pose, dtype=np.float64)
     if pose.shape != (4, 4):
         raise ValueError(
-            f"build_condition: pose must be a 4x4 world_from_sensor matrix, got shape {pose.shape}"
+            f"condition: pose must be a 4x4 world_from_sensor matrix, got shape {pose.shape}"
         )
     return pose
 
@@ -241,7 +241,7 @@ def _fill_map(cond: np.ndarray, view: MapView, sensor: Sensor, lay: ConditionLay
     _check_shape(classes, sensor, "map_view.classes")
     if classes.size and (classes.min() < 0 or classes.max() >= lay.num_map_classes):
         raise ValueError(
-            f"build_condition: map classes must be in [0, {lay.num_map_classes}), got "
+            f"condition: map classes must be in [0, {lay.num_map_classes}), got "
             f"[{classes.min()}, {classes.max()}]"
         )
     for channel, (name, ranges) in zip(
@@ -258,7 +258,7 @@ def _fill_map(cond: np.ndarray, view: MapView, sensor: Sensor, lay: ConditionLay
 
 def _check_shape(array: np.ndarray, sensor: Sensor, name: str) -> None:
     if np.shape(array) != sensor.shape:
-        raise ValueError(f"build_condition: {name} must be {sensor.shape}, got {np.shape(array)}")
+        raise ValueError(f"condition: {name} must be {sensor.shape}, got {np.shape(array)}")
 
 
 def _encode_or_empty(range_m: np.ndarray, sensor: Sensor) -> np.ndarray:

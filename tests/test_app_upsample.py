@@ -227,6 +227,7 @@ def test_an_ouster_capture_without_its_metadata_json_is_one_visitor_error(tmp_pa
     with pytest.raises(gr.Error, match="no Ouster metadata json") as refused:
         upsampled(lone)
     assert str(tmp_path) not in refused.value.message
+    assert "python -m inference upsample --scan FILE --topic T" in refused.value.message, "where the json can go"
 
 
 @pytest.mark.parametrize(("name", "data", "message"), HOSTILE_RECORDINGS)

@@ -8,6 +8,7 @@ import json
 import re
 import subprocess
 import sys
+import zipfile
 from dataclasses import replace
 from pathlib import Path
 
@@ -36,6 +37,7 @@ from inference.upsample import (
     upsample_target,
 )
 from lidar.errors import InputError
+from lidar.export4d import Sweep, Track, write_bag
 from lidar.formats import Scan, read_points, sweep_geometry, write_points
 from lidar.range_image import RangeImage, azimuth_columns, project
 from lidar.real_scans import real_scans_dir
@@ -382,6 +384,35 @@ def test_the_command_upsamples_a_chosen_sweep_of_a_real_pcap(release, tmp_path, 
         assert main(["upsample", "--model", str(release), *args, "--out", str(tmp_path / "refused")]) == 2
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and message in err[0]
+
+
+def test_the_command_takes_a_sweep_of_a_bags_chosen_topic_or_of_a_zip_and_refuses_what_it_cannot_pick(
+        release, tmp_path, capsys):
+    sweeps = [ring_sweep(ELEVATIONS, WIDTH, seed) for seed in range(3)]
+    bag = write_bag(tmp_path / "drive.mcap", [
+        Track("a", [Sweep(sweeps[0][0], 1_700_000_000_000_000_000, None, sweeps[0][1])], topic="/points"),
+        Track("b", [Sweep(points, 1_700_000_000_000_000_000 + 100_000_000 * k, None, ring)
+                    for k, (points, ring) in enumerate(sweeps[1:])], topic="/points_raw")])
+    archive = tmp_path / "sweeps.zip"
+    with zipfile.ZipFile(archive, "w") as zf:
+        for k, (points, ring) in enumerate(sweeps):
+            zf.write(write_points(tmp_path / f"{k:06d}.pcd", points, ring=ring), f"{k:06d}.pcd")
+    for source, extra, chosen in ((bag, ["--topic", "/points_raw", "--sweep", "1"], 2), (archive, ["--sweep", "1"], 1)):
+        out = tmp_path / source.suffix[1:]
+        assert main(["upsample", "--model", str(release), "--scan", str(source), *extra, "--out", str(out),
+                     "--quiet"]) == 0
+        record = json.loads((out / RECORD_NAME).read_text())
+        written = read_points(out / record["file"]).points
+        assert record["input_points"] == len(sweeps[chosen][0]) and record["request"]["sweep"] == 1
+        assert np.allclose(written[: record["input_points"], :3], sweeps[chosen][0][:, :3], atol=1e-6)
+    refusals = (([str(bag)], "2 sensor_msgs/msg/PointCloud2 topics"),
+                ([str(archive), "--sweep", "3"], "holds 3 sweeps; expected 0 to 2"),
+                ([str(tmp_path / "missing.pcd")], "no such file or folder"),
+                ([str(tmp_path / "000000.pcd"), "--topic", "/points"], "is no recording"))
+    for args, message in refusals:
+        assert main(["upsample", "--model", str(release), "--scan", *args, "--out", str(tmp_path / "refused")]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and message in err[0], err
 
 
 def test_the_command_fills_a_synthetic_sweep_with_the_model_in_any_format(release, tmp_path, capsys,

@@ -1,8 +1,8 @@
 """Training samples: (target image, condition) pairs cut from simulated drives, exactly as rollout sees them.
 
-The target is one frame's range image in the network's encoding. The condition is built with the same
-`inference.conditioning.build_condition` that rollout calls, from a cache of the previous ground-truth
-frames: each is unprojected like a generated frame, corrupted like a model's own errors
+The target is one frame's range image in the network's encoding. The condition is built with
+`inference.conditioning.build_condition`, whose two halves rollout calls in turn, from a cache of the previous
+ground-truth frames: each is unprojected like a generated frame, corrupted like a model's own errors
 (`augment_cache_points`) and merged through a `SpatialCache`; from the drive's HD map ray-cast at the
 frame's pose; and from the actor boxes of the frame, with some missing, shifted or stale
 (`augment_layout`), so the model does not trust the layout blindly. With the model config's probabilities

@@ -551,7 +551,7 @@ def card_training_data(cfg: TrainConfig, dataset: dict[str, Any], native: list[d
     lines += [
         "",
         "Each sample is one frame's range image as the target; the condition is built with the same",
-        "`inference.conditioning.build_condition` rollout uses, from 1 to "
+        "`inference.conditioning.build_condition` rollout uses (in its two halves), from 1 to "
         f"{cfg.cache_frames} previous ground-truth frames",
         "unprojected, corrupted with `augment_cache_points` "
         f"(dropout {cfg.augment.dropout}, range noise {cfg.augment.range_noise} m, pose jitter "
