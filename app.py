@@ -949,9 +949,10 @@ def _first_sweep(path: Path) -> Scan:
     try:
         return sandbox.open_recording(path).sweep(0)
     except InputError as err:
-        raise InputError(f"{str(err).rstrip('.')}. This tab reads the first sweep of a recording given as one file (a Velodyne .pcap, "
-                         "a bag with one point-cloud topic); for a topic or an Ouster capture use `python -m "
-                         "inference upsample --scan FILE --topic T`, with the metadata json beside the pcap") from None
+        raise InputError(f"{str(err).rstrip('.')}. This tab reads the first sweep of a recording given as one "
+                         "file (a Velodyne .pcap, a bag with one point-cloud topic); for a topic or an Ouster capture "
+                         "use `python -m inference upsample --scan FILE --topic T`, with the metadata json beside the "
+                         "pcap") from None
 
 
 def _read_scan(path: Path, sensor_name: str) -> tuple[Scan, Sensor]:

@@ -221,10 +221,16 @@ def with_cache(cond: np.ndarray, cache_points_world: np.ndarray | None, pose: np
             raise ValueError(
                 f"condition: cache points must be (N, 4) x,y,z,intensity, got {cache_pts.shape}"
             )
-        image = project(transform_points(cache_pts, np.linalg.inv(pose)), sensor, footprint=CACHE_FOOTPRINT)
+        image = cache_view(cache_pts, pose, sensor)
         cond[CACHE_IMAGE] = encode_image(image, sensor)
         cond[CACHE_MASK] = image.mask
     return torch.from_numpy(cond)
+
+
+def cache_view(points_world: np.ndarray, pose: np.ndarray, sensor: Sensor) -> RangeImage:
+    """World-frame cache points (N, 4) z-buffered from the sensor at `pose`, each a voxel-wide patch along its
+    row (`CACHE_FOOTPRINT`): how the condition, and a generated frame held to what was measured, see a cache."""
+    return project(transform_points(points_world, np.linalg.inv(pose)), sensor, footprint=CACHE_FOOTPRINT)
 
 
 def _checked_pose(pose: np.ndarray) -> np.ndarray:

@@ -23,9 +23,9 @@ import torch
 
 from inference.cache import SpatialCache
 from inference.conditioning import (
-    CACHE_FOOTPRINT,
     SNAP_TOLERANCE,
     LayoutView,
+    cache_view,
     decode_image,
     drop_map,
     layout_view,
@@ -44,7 +44,7 @@ from inference.measured import (
 )
 from inference.network import IMAGE_CHANNELS, PreparedCondition, WorldModel, to_encoded_image
 from lidar.blind_disc import unseen_ground
-from lidar.range_image import RangeImage, encode_range, project, unproject
+from lidar.range_image import RangeImage, encode_range, unproject
 from lidar.rows import take_rows
 from lidar.sensors import Sensor
 from lidar.vocabulary import FRAME_RATE_HZ, LayoutSource, MapSource, MapView, transform_points
@@ -243,8 +243,7 @@ def _measured_surface(cache: SpatialCache, pose: np.ndarray, sensor: Sensor) -> 
     measured = cache.observed()
     if not measured.any():
         return None
-    local = transform_points(take_rows(cache.points(), measured), np.linalg.inv(pose))
-    return project(local, sensor, footprint=CACHE_FOOTPRINT)
+    return cache_view(take_rows(cache.points(), measured), pose, sensor)
 
 
 def _finish(x: torch.Tensor, kept: MeasuredView | None, sensor: Sensor,
