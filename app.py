@@ -71,7 +71,6 @@ from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from app_policy import (
-    APP_DIR,
     DEFAULT_SOURCE,
     SWITCH_ENV,
     ModelSwitch,
@@ -113,7 +112,7 @@ from lidar.formats import (
     write_points,
 )
 from lidar.range_image import RangeImage
-from lidar.real_scans import real_scans_dir
+from lidar.real_scans import example_scans_dir, real_scans_dir
 from lidar.recordings import CONTAINER_SUFFIXES
 from lidar.recordings.argoverse import CALIBRATION_FILE as AV2_CALIBRATION_FILE
 from lidar.recordings.argoverse import POSES_FILE as AV2_POSES_FILE
@@ -218,7 +217,7 @@ UPSAMPLE_FORMAT = "pcd"
 #: a sparse sensor records pcaps and bags, not sweep files).
 UPSAMPLE_SUFFIXES = (*READ_SUFFIXES, *CONTAINER_SUFFIXES)
 #: Real sweeps shipped with the app (licences in its README): the forecast examples of a fresh clone.
-EXAMPLE_SCANS_DIR = APP_DIR / "examples" / "scans"
+EXAMPLE_SCANS_DIR = example_scans_dir()
 # The shared real scans (more forecast examples); absent in a bare clone.
 REAL_SCANS_DIR = real_scans_dir()
 

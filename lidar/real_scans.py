@@ -1,4 +1,5 @@
-"""Where the shared real LiDAR scans live: the tests, the app's examples and the realism report read them."""
+"""Where the real LiDAR scans live, the shared ones and those the repository ships: the tests, the app's
+examples, the realism report and the upsampling pictures read them."""
 
 from __future__ import annotations
 
@@ -14,3 +15,9 @@ def real_scans_dir() -> Path:
     """
     env = os.environ.get("LIDARVERSE_REAL_SCANS")
     return Path(env) if env else Path(__file__).resolve().parents[2] / "shared" / "data" / "real_scans"
+
+
+def example_scans_dir() -> Path:
+    """`examples/scans` of the repository: a few real sweeps whose licences allow shipping them, so a bare
+    clone has real data to show (their provenance is in its README)."""
+    return Path(__file__).resolve().parents[1] / "examples" / "scans"

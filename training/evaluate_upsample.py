@@ -44,7 +44,7 @@ from lidar.formats import READ_SUFFIXES, Scan, read_points, sweep_geometry
 from lidar.formats.detect import ROWS_FROM_PRESET, SweepGeometry
 from lidar.metrics import forecast_chamfer
 from lidar.range_image import RangeImage, azimuth_columns, project
-from lidar.real_scans import real_scans_dir
+from lidar.real_scans import example_scans_dir, real_scans_dir
 from lidar.render import labelled, range_image_png
 from lidar.sequence import open_recording
 from training.evaluate import bev_panels, publish_report, report_arguments, start_run
@@ -55,8 +55,9 @@ logger = logging.getLogger(__name__)
 SHARED = real_scans_dir().parent
 #: The shared real KITTI sweeps: a drive's consecutive sweeps and the single scans.
 DEFAULT_DATA = (str(SHARED / "real_seq" / "kitti00" / "velodyne"), *(str(p) for p in sorted(SHARED.glob("real_scans/kitti_*.bin"))))
-#: A real sparse sweep for the pictures: the shared VLP-16 capture (its one revolution).
-SPARSE_EXAMPLE = SHARED / "recordings" / "velodyne_vlp16_pcap" / "velodyne_vlp16.pcap"
+#: A real sparse sweep for the pictures: the shipped copy of a VLP-16 capture (its one revolution), so a clone
+#: without the shared data still draws them.
+SPARSE_EXAMPLE = example_scans_dir() / "velodyne_vlp16.pcap"
 SPARSE_BEAMS = 16
 SPARSE_CAPTION = (f"a real VLP-16 sweep made {DEFAULT_FACTOR}x denser "
                   f"({SPARSE_BEAMS} beams to {(SPARSE_BEAMS - 1) * DEFAULT_FACTOR + 1})")
