@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import shutil
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -130,3 +131,26 @@ def test_the_learned_fill_is_scored_where_the_release_ships_it(data, tmp_path, o
     table = evaluate(load_pipeline(shipped, device="cpu"), cfg)["tables"][BAR_SETTING]
     assert list(table) == [LINEAR, EDGE_AWARE, LEARNED]
     assert table[LEARNED]["mae"] == pytest.approx(table[EDGE_AWARE]["mae"], rel=1e-5), "untrained: edge-aware exactly"
+
+
+def test_the_report_names_the_scored_sweeps_the_fill_network_learnt_from(data: tuple[Path, Path], tmp_path: Path) -> None:
+    """A figure on a sweep the network trained on is a fit: the card says which sweeps those are, by content."""
+    folder, release = data
+    cfg = UpsampleEvalConfig(data=(str(folder / "000000.pcd"), str(folder / "000001.pcd")), methods=(LINEAR, LEARNED))
+    elsewhere = tmp_path / "other_drive"
+    elsewhere.mkdir()
+    (elsewhere / "a.pcd").write_bytes(b"another drive's sweep")  # matched by content, never parsed
+    copy = tmp_path / "copy_of_000000.pcd"  # the same bytes under another name count as the same sweep
+    copy.write_bytes((folder / "000000.pcd").read_bytes())
+    for real, expected, says in (([str(elsewhere)], [], "none of the sweeps scored here"),
+                                 ([str(elsewhere), str(copy)], ["000000.pcd"], "1 of the sweeps scored here were among them"),
+                                 ([str(tmp_path / "gone")], None, "not here to compare")):
+        shipped = tmp_path / f"release_{len(real)}_{expected is None}"
+        shutil.copytree(release, shipped)
+        extra = {"steps": "1", "config": json.dumps({"real": real, "every": [4]})}
+        (shipped / FILL_WEIGHTS_NAME).write_bytes(fill_network_bytes(FillNetwork(FillNetworkConfig(channels=8)), extra))
+        report = evaluate(load_pipeline(shipped, device="cpu"), cfg)
+        assert report["fill_network"]["scored_in_training"] == expected
+        assert says in format_report(report)
+        # the bar setting on the sweeps it did not learn from, alone, where some were learnt from
+        assert ("On the 1 scored sweeps it did not learn from (000001.pcd)" in format_report(report)) == bool(expected)

@@ -138,6 +138,10 @@ class Sweep:
         return Scan(points=self.scan.points[keep], ring=rows[keep], ring_source="file", path=self.scan.path)
 
 
+def _digest(path: Path) -> str:
+    return hashlib.sha1(path.read_bytes()).hexdigest()
+
+
 def sweep_files(data: tuple[str, ...]) -> tuple[list[Path], list[str]]:
     """The sweep files of `data` (files, or folders of them), each content once, and the duplicates skipped."""
     files: list[Path] = []
@@ -151,7 +155,7 @@ def sweep_files(data: tuple[str, ...]) -> tuple[list[Path], list[str]]:
     seen: dict[str, Path] = {}
     kept, duplicates = [], []
     for path in files:
-        digest = hashlib.sha1(path.read_bytes()).hexdigest()
+        digest = _digest(path)
         if digest in seen:
             duplicates.append(f"{path.name} (= {seen[digest].name})")
         else:
@@ -292,15 +296,29 @@ def write_sparse_pictures(out_dir: Path, pipe: LidarVersePipeline, cfg: Upsample
     return [bev, strip]
 
 
-def fill_summary(pipe: LidarVersePipeline) -> dict[str, Any] | None:
-    """What the release's fill network is and was trained on (its file's metadata), for the report."""
+def fill_summary(pipe: LidarVersePipeline, scored: list[Path]) -> dict[str, Any] | None:
+    """What the release's fill network is and was trained on (its file's metadata), and which of the `scored`
+    sweeps were among its training sweeps, for the report."""
     if pipe.fill_network is None or pipe.provenance.fill is None:
         return None
     meta = fill_metadata(pipe.provenance.fill)
     config = json.loads(meta.get("config", "{}"))
+    real = config.get("real", [])
     return {"parameters": sum(p.numel() for p in pipe.fill_network.parameters()), "steps": int(meta.get("steps", 0)),
-            "real": config.get("real", []), "sim": config.get("sim", []), "camera_view": config.get("camera_view"),
-            "every": config.get("every", [])}
+            "real": real, "sim": config.get("sim", []), "camera_view": config.get("camera_view"),
+            "every": config.get("every", []), "scored_in_training": scored_in_training(real, scored)}
+
+
+def scored_in_training(real: list[str], scored: list[Path]) -> list[str] | None:
+    """The names of the `scored` sweeps whose bytes are among the `real` training sweeps (as the metadata names
+    them, relative to the working directory), or None where that data is not here to compare: a figure on
+    a sweep the network learnt from is a fit, and the card says which those are."""
+    try:
+        trained, _ = sweep_files(tuple(real))
+    except InputError:
+        return None
+    digests = {_digest(path) for path in trained}
+    return [path.name for path in scored if _digest(path) in digests]
 
 
 def evaluate(pipe: LidarVersePipeline, cfg: UpsampleEvalConfig, seed: int = 0,
@@ -316,7 +334,7 @@ def evaluate(pipe: LidarVersePipeline, cfg: UpsampleEvalConfig, seed: int = 0,
     files, duplicates = sweep_files(cfg.data)
     if cfg.max_sweeps and len(files) > cfg.max_sweeps:
         files = [files[i] for i in np.linspace(0, len(files) - 1, cfg.max_sweeps).round().astype(int)]
-    rows, skipped = [], []
+    rows, skipped, scored = [], [], []
     for index, path in enumerate(files):
         sweep = load_sweep(path)
         if isinstance(sweep, str):
@@ -325,6 +343,7 @@ def evaluate(pipe: LidarVersePipeline, cfg: UpsampleEvalConfig, seed: int = 0,
         results = evaluate_sweep(pipe, sweep, index, cfg, seed)
         if pictures is not None and not rows:
             write_pictures(pictures, sweep, results)
+        scored.append(path)
         rows.append({"sweep": sweep.name, "shape": list(sweep.truth.shape),
                      "scores": {s: {m: scores(r, sweep) for m, r in by.items()} for s, by in results.items()}})
         logger.info("%s: %s", sweep.name, {m: round(r["mae"], 3) for m, r in rows[-1]["scores"][BAR_SETTING].items()})
@@ -339,10 +358,33 @@ def evaluate(pipe: LidarVersePipeline, cfg: UpsampleEvalConfig, seed: int = 0,
                      "sweeps": [r["sweep"] for r in rows], "duplicates": duplicates, "skipped": skipped},
         "tables": tables,
         "bars": bars(tables) if BASELINE in cfg.methods else [],
-        "fill_network": fill_summary(pipe),
+        "fill_network": fill_summary(pipe, scored),
         "per_sweep": rows,
         "timings": {"total_s": time.perf_counter() - start},
     }
+
+
+def _seen(names: list[str] | None) -> str:
+    if names is None:
+        return "its training sweeps are not here to compare with the sweeps scored here"
+    if not names:
+        return "none of the sweeps scored here"
+    return f"{len(names)} of the sweeps scored here were among them, so their figures are a fit ({', '.join(names)})"
+
+
+def _unseen_line(report: dict[str, Any], seen: list[str] | None) -> list[str]:
+    """Where some scored sweeps were training sweeps, the bar setting's MAE on the others alone: what a sweep
+    the network never saw gets."""
+    rows = [r for r in report["per_sweep"] if seen and r["sweep"] not in seen]
+    methods = [m for m in (BASELINE, EDGE_AWARE, LEARNED) if rows and m in rows[0]["scores"][BAR_SETTING]]
+    if not rows or LEARNED not in methods:
+        return []
+    mae = {m: _mean([r["scores"][BAR_SETTING][m]["mae"] for r in rows]) for m in methods}
+    others = ", ".join(f"{m} {_cell(mae[m])} m" for m in methods if m != LEARNED)
+    ratio = _ratio(mae[LEARNED], mae.get(BASELINE))
+    return [f"On the {len(rows)} scored sweeps it did not learn from ({', '.join(r['sweep'] for r in rows)}), "
+            f"{BAR_SETTING}: learned MAE {_cell(mae[LEARNED])} m against {others}"
+            + (f" ({_cell(ratio)}× {BASELINE}'s)." if ratio is not None else ".")]
 
 
 def _cell(value: float | None, digits: int = 3) -> str:
@@ -370,7 +412,8 @@ def format_report(report: dict[str, Any]) -> str:
         views = " (each also cut to a camera's view)" if fill["camera_view"] else ""
         lines.append(f"The learned fill: a {fill['parameters'] / 1e6:.2f} M-parameter network trained "
                      f"(`python -m training.train_fill`) for {fill['steps']:,} steps on {', '.join(data)}{views}, every "
-                     f"{' or '.join(map(str, fill['every']))} rings kept; none of the sweeps scored here.")
+                     f"{' or '.join(map(str, fill['every']))} rings kept; {_seen(fill.get('scored_in_training'))}.")
+        lines += _unseen_line(report, fill.get("scored_in_training"))
     if p.get("left_out"):
         lines.append(f"Left out (the model ships no fill network): {', '.join(p['left_out'])}.")
     for setting, table in report["tables"].items():
