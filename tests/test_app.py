@@ -446,7 +446,7 @@ def test_model_info_names_the_source_by_its_label_and_shows_no_server_path(tiny_
 
 
 def test_public_text_cuts_server_paths_but_keeps_hub_ids_and_urls():
-    text = f"folder /root holds ['.bashrc'] and {app.APP_DIR}/weights/default; see org/name and https://hf.co/a/b"
+    text = f"folder /root holds ['.bashrc'] and {app_policy.APP_DIR}/weights/default; see org/name and https://hf.co/a/b"
     assert app.public_text(text) == (
         "folder root holds ['.bashrc'] and weights/default; see org/name and https://hf.co/a/b"
     )
@@ -514,8 +514,8 @@ def test_a_source_that_fails_to_load_tells_the_visitor_nothing_of_the_server(swi
 
 
 def test_sources_are_offered_once_each_with_distinct_labels(tmp_path, monkeypatch):
-    monkeypatch.chdir(app.APP_DIR)
-    same = [str(app.APP_DIR / "weights" / "default"), "weights/default"]  # the default, and --model weights/default
+    monkeypatch.chdir(app_policy.APP_DIR)
+    same = [str(app_policy.APP_DIR / "weights" / "default"), "weights/default"]  # the default, and --model weights/default
     switch = app.ModelSwitch.of([*same, str(tmp_path / "a" / "release"), str(tmp_path / "b" / "release"), "org/name"])
     assert list(switch.sources) == ["weights/default", "release", "release (2)", "org/name"]
     assert switch.source_for("release (2)") == str(tmp_path / "b" / "release")
@@ -530,7 +530,7 @@ def test_the_switch_policy_is_none_an_allow_list_or_any_source(monkeypatch, tiny
         listed.source_for("org/other")
     anything = app_policy.switch_policy(None, [], False, True)  # --allow-any-source alone implies switching
     assert list(anything.sources) == ["weights/default"] and anything.source_for("org/other") == "org/other"
-    assert anything.source_for("weights/default") == str(app.APP_DIR / "weights" / "default")
+    assert anything.source_for("weights/default") == str(app_policy.APP_DIR / "weights" / "default")
 
 
 def test_allow_source_without_the_switch_is_refused_and_the_env_var_turns_it_on(monkeypatch, capsys, tmp_path):
@@ -871,7 +871,7 @@ def test_the_downloaded_poses_json_names_the_model_by_its_label_not_its_path(wor
         text = zf.read("frames_kitti/poses.json").decode()
     model = json.loads(text)["model"]
     assert model["source"] == "tiny" and model["resolved_path"] == "model.safetensors"
-    assert str(tiny_release) not in text and "/tmp" not in text and str(app.APP_DIR) not in text
+    assert str(tiny_release) not in text and "/tmp" not in text and str(app_policy.APP_DIR) not in text
 
 
 def test_private_callbacks_have_no_name_a_client_could_call():
