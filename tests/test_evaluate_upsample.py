@@ -151,6 +151,8 @@ def test_the_report_names_the_scored_sweeps_the_fill_network_learnt_from(data: t
         (shipped / FILL_WEIGHTS_NAME).write_bytes(fill_network_bytes(FillNetwork(FillNetworkConfig(channels=8)), extra))
         report = evaluate(load_pipeline(shipped, device="cpu"), cfg)
         assert report["fill_network"]["scored_in_training"] == expected
+        assert [r["in_training"] for r in report["per_sweep"]] == ([None] * 2 if expected is None else
+                                                                   [bool(expected), False])
         assert says in format_report(report)
         # the bar setting on the sweeps it did not learn from, alone, where some were learnt from
         assert ("On the 1 scored sweeps it did not learn from (000001.pcd)" in format_report(report)) == bool(expected)

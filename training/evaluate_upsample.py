@@ -296,29 +296,35 @@ def write_sparse_pictures(out_dir: Path, pipe: LidarVersePipeline, cfg: Upsample
     return [bev, strip]
 
 
-def fill_summary(pipe: LidarVersePipeline, scored: list[Path]) -> dict[str, Any] | None:
+def fill_summary(pipe: LidarVersePipeline, rows: list[dict[str, Any]], scored: list[Path]) -> dict[str, Any] | None:
     """What the release's fill network is and was trained on (its file's metadata), and which of the `scored`
-    sweeps were among its training sweeps, for the report."""
+    sweeps were among its training sweeps (each of `rows` marked by `mark_training_sweeps`)."""
     if pipe.fill_network is None or pipe.provenance.fill is None:
         return None
     meta = fill_metadata(pipe.provenance.fill)
     config = json.loads(meta.get("config", "{}"))
     real = config.get("real", [])
+    known = mark_training_sweeps(rows, scored, real)
     return {"parameters": sum(p.numel() for p in pipe.fill_network.parameters()), "steps": int(meta.get("steps", 0)),
             "real": real, "sim": config.get("sim", []), "camera_view": config.get("camera_view"),
-            "every": config.get("every", []), "scored_in_training": scored_in_training(real, scored)}
+            "every": config.get("every", []),
+            "scored_in_training": [r["sweep"] for r in rows if r["in_training"]] if known else None}
 
 
-def scored_in_training(real: list[str], scored: list[Path]) -> list[str] | None:
-    """The names of the `scored` sweeps whose bytes are among the `real` training sweeps (as the metadata names
-    them, relative to the working directory), or None where that data is not here to compare: a figure on
-    a sweep the network learnt from is a fit, and the card says which those are."""
+def mark_training_sweeps(rows: list[dict[str, Any]], scored: list[Path], real: list[str]) -> bool:
+    """Each row's `in_training`: whether its sweep's bytes (`scored`, in the rows' order) are among the `real`
+    training sweeps (as a fill network's metadata names them, relative to the working directory); False where
+    that data is not here to compare, each row then None. A figure on a sweep the network learnt from is a
+    fit, and the card says which those are."""
     try:
-        trained, _ = sweep_files(tuple(real))
+        digests = {_digest(path) for path in sweep_files(tuple(real))[0]}
     except InputError:
-        return None
-    digests = {_digest(path) for path in trained}
-    return [path.name for path in scored if _digest(path) in digests]
+        for row in rows:
+            row["in_training"] = None
+        return False
+    for row, path in zip(rows, scored, strict=True):
+        row["in_training"] = _digest(path) in digests
+    return True
 
 
 def evaluate(pipe: LidarVersePipeline, cfg: UpsampleEvalConfig, seed: int = 0,
@@ -350,6 +356,7 @@ def evaluate(pipe: LidarVersePipeline, cfg: UpsampleEvalConfig, seed: int = 0,
     if not rows:
         raise InputError(f"no sweep of {', '.join(cfg.data)} could be scored: {'; '.join(skipped) or 'none found'}")
     tables = summarise(rows, cfg.methods)
+    fill = fill_summary(pipe, rows, scored)
     if pictures is not None:
         write_sparse_pictures(pictures, pipe, cfg, seed)
     return {
@@ -358,7 +365,7 @@ def evaluate(pipe: LidarVersePipeline, cfg: UpsampleEvalConfig, seed: int = 0,
                      "sweeps": [r["sweep"] for r in rows], "duplicates": duplicates, "skipped": skipped},
         "tables": tables,
         "bars": bars(tables) if BASELINE in cfg.methods else [],
-        "fill_network": fill_summary(pipe, scored),
+        "fill_network": fill,
         "per_sweep": rows,
         "timings": {"total_s": time.perf_counter() - start},
     }
@@ -372,10 +379,11 @@ def _seen(names: list[str] | None) -> str:
     return f"{len(names)} of the sweeps scored here were among them, so their figures are a fit ({', '.join(names)})"
 
 
-def _unseen_line(report: dict[str, Any], seen: list[str] | None) -> list[str]:
+def _unseen_line(report: dict[str, Any]) -> list[str]:
     """Where some scored sweeps were training sweeps, the bar setting's MAE on the others alone: what a sweep
     the network never saw gets."""
-    rows = [r for r in report["per_sweep"] if seen and r["sweep"] not in seen]
+    marks = [r.get("in_training") for r in report["per_sweep"]]
+    rows = [r for r, seen in zip(report["per_sweep"], marks, strict=True) if seen is False] if any(marks) else []
     methods = [m for m in (BASELINE, EDGE_AWARE, LEARNED) if rows and m in rows[0]["scores"][BAR_SETTING]]
     if not rows or LEARNED not in methods:
         return []
@@ -413,7 +421,7 @@ def format_report(report: dict[str, Any]) -> str:
         lines.append(f"The learned fill: a {fill['parameters'] / 1e6:.2f} M-parameter network trained "
                      f"(`python -m training.train_fill`) for {fill['steps']:,} steps on {', '.join(data)}{views}, every "
                      f"{' or '.join(map(str, fill['every']))} rings kept; {_seen(fill.get('scored_in_training'))}.")
-        lines += _unseen_line(report, fill.get("scored_in_training"))
+        lines += _unseen_line(report)
     if p.get("left_out"):
         lines.append(f"Left out (the model ships no fill network): {', '.join(p['left_out'])}.")
     for setting, table in report["tables"].items():
