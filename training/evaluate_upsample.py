@@ -296,35 +296,29 @@ def write_sparse_pictures(out_dir: Path, pipe: LidarVersePipeline, cfg: Upsample
     return [bev, strip]
 
 
-def fill_summary(pipe: LidarVersePipeline, rows: list[dict[str, Any]], scored: list[Path]) -> dict[str, Any] | None:
-    """What the release's fill network is and was trained on (its file's metadata), and which of the `scored`
-    sweeps were among its training sweeps (each of `rows` marked by `mark_training_sweeps`)."""
+def fill_summary(pipe: LidarVersePipeline) -> dict[str, Any] | None:
+    """What the release's fill network is and was trained on (its file's metadata), for the report."""
     if pipe.fill_network is None or pipe.provenance.fill is None:
         return None
     meta = fill_metadata(pipe.provenance.fill)
     config = json.loads(meta.get("config", "{}"))
-    real = config.get("real", [])
-    known = mark_training_sweeps(rows, scored, real)
     return {"parameters": sum(p.numel() for p in pipe.fill_network.parameters()), "steps": int(meta.get("steps", 0)),
-            "real": real, "sim": config.get("sim", []), "camera_view": config.get("camera_view"),
-            "every": config.get("every", []),
-            "scored_in_training": [r["sweep"] for r in rows if r["in_training"]] if known else None}
+            "real": config.get("real", []), "sim": config.get("sim", []), "camera_view": config.get("camera_view"),
+            "every": config.get("every", [])}
 
 
-def mark_training_sweeps(rows: list[dict[str, Any]], scored: list[Path], real: list[str]) -> bool:
-    """Each row's `in_training`: whether its sweep's bytes (`scored`, in the rows' order) are among the `real`
-    training sweeps (as a fill network's metadata names them, relative to the working directory); False where
-    that data is not here to compare, each row then None. A figure on a sweep the network learnt from is a
-    fit, and the card says which those are."""
+def mark_training_sweeps(rows: list[dict[str, Any]], scored: list[Path], real: list[str]) -> list[str] | None:
+    """Marks each row's `in_training`: whether its sweep's bytes (`scored`, in the rows' order) are among the
+    `real` training sweeps (as a fill network's metadata names them, relative to the working directory), None
+    where that data is not here to compare. Returns the names of those learnt from, or None. A figure on a
+    sweep the network learnt from is a fit, and the card says which those are."""
     try:
         digests = {_digest(path) for path in sweep_files(tuple(real))[0]}
     except InputError:
-        for row in rows:
-            row["in_training"] = None
-        return False
+        digests = None
     for row, path in zip(rows, scored, strict=True):
-        row["in_training"] = _digest(path) in digests
-    return True
+        row["in_training"] = None if digests is None else _digest(path) in digests
+    return None if digests is None else [r["sweep"] for r in rows if r["in_training"]]
 
 
 def evaluate(pipe: LidarVersePipeline, cfg: UpsampleEvalConfig, seed: int = 0,
@@ -356,7 +350,9 @@ def evaluate(pipe: LidarVersePipeline, cfg: UpsampleEvalConfig, seed: int = 0,
     if not rows:
         raise InputError(f"no sweep of {', '.join(cfg.data)} could be scored: {'; '.join(skipped) or 'none found'}")
     tables = summarise(rows, cfg.methods)
-    fill = fill_summary(pipe, rows, scored)
+    fill = fill_summary(pipe)
+    if fill is not None:
+        fill["scored_in_training"] = mark_training_sweeps(rows, scored, fill["real"])
     if pictures is not None:
         write_sparse_pictures(pictures, pipe, cfg, seed)
     return {
