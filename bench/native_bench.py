@@ -87,6 +87,7 @@ STAGES: tuple[tuple[Any, str, str], ...] = (
     (hdmap_module.HDMap, "_ground_cast", "map view: ground cast"),
     (hdmap_module, "box_range_view", "map view: footprint box ray-cast"),
     (rollout_module, "views_condition", "condition: map and layout (views_condition)"),
+    (rollout_module, "cache_view", "condition: the cache's view (cache_view)"),
     (rollout_module, "with_cache", "condition: the cache (with_cache)"),
     (conditioning_module, "project", "condition: cache z-buffer (project)"),
     (cache_module.SpatialCache, "points", "cache: points"),
@@ -114,6 +115,7 @@ STAGES: tuple[tuple[Any, str, str], ...] = (
 )
 NETWORK = "network forward (model(...))"
 PREPARE = "prepare condition (model.prepare)"
+VIEWS_STEM = "prepare condition: the views' stem (model.views_stem)"
 MAP_VIEW = "map view (HDMap.range_view)"
 
 
@@ -153,7 +155,7 @@ def staged(split: Split, pipe: LidarVersePipeline, world: World) -> Iterator[lis
     """Every stage of `STAGES`, the network's forward and prepare and the map view wrapped into `split` for
     the duration; yields the stage names not found."""
     model = pipe.model
-    targets = [*STAGES, (model, "forward", NETWORK), (model, "prepare", PREPARE),
+    targets = [*STAGES, (model, "forward", NETWORK), (model, "prepare", PREPARE), (model, "views_stem", VIEWS_STEM),
                (world.hdmap, "range_view", MAP_VIEW)]
     saved, missing = [], []
     for owner, name, stage in targets:
@@ -214,9 +216,9 @@ def warm_up(pipe: LidarVersePipeline, case: Case) -> None:
     """One call at 1 step (the allocator, the kernels, the sweep's file cache), keeping its last condition."""
     prepare = pipe.model.prepare
 
-    def keep(cond: torch.Tensor) -> PreparedCondition:
+    def keep(cond: torch.Tensor, views_stem: torch.Tensor | None = None) -> PreparedCondition:
         case.cond = cond
-        return prepare(cond)
+        return prepare(cond, views_stem=views_stem)
 
     pipe.model.prepare = keep  # type: ignore[method-assign]  # an instance attribute over the method
     try:
@@ -304,7 +306,7 @@ def split_table(pipe: LidarVersePipeline, all_cases: list[Case], world: World, s
           "'in a second thread' overlap the frame and are not in its sum):\n")
     print("| stage | " + " | ".join(names) + " |")
     print("|---|" + "---:|" * len(names))
-    stages = [NETWORK, PREPARE, MAP_VIEW, *dict.fromkeys(stage for *_, stage in STAGES)]
+    stages = [NETWORK, PREPARE, VIEWS_STEM, MAP_VIEW, *dict.fromkeys(stage for *_, stage in STAGES)]
     to_ms = {case.name: 1000 / (repeats * case.frames) for case in all_cases}
     for stage in stages:
         _stage_row(stage, [(to_ms[n] * splits[n].seconds.get(stage, 0.0), totals[n]) for n in names])

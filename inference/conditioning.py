@@ -184,7 +184,9 @@ def build_condition(
     `cache_points_world` (N, 4) or None (empty cache); `map_view` from `HDMap.range_view(pose, sensor)` or
     None (map dropped); `layout` from `layout_view` or None (layout dropped).
     """
-    return with_cache(views_condition(map_view, layout, sensor, num_map_classes), cache_points_world, pose, sensor)
+    pose = _checked_pose(pose)
+    cached = None if cache_points_world is None else cache_view(cache_points_world, pose, sensor)
+    return with_cache(views_condition(map_view, layout, sensor, num_map_classes), cached, sensor)
 
 
 def views_condition(
@@ -210,27 +212,25 @@ def views_condition(
     return cond
 
 
-def with_cache(cond: np.ndarray, cache_points_world: np.ndarray | None, pose: np.ndarray,
-               sensor: Sensor) -> torch.Tensor:
-    """`cond` (a `views_condition`, filled in place) with the cache moved into the sensor frame at `pose`
-    (world_from_sensor) and z-buffered into its block; None leaves the cache empty."""
-    pose = _checked_pose(pose)
-    if cache_points_world is not None:
-        cache_pts = np.asarray(cache_points_world)
-        if cache_pts.ndim != 2 or cache_pts.shape[1] != 4:
-            raise ValueError(
-                f"condition: cache points must be (N, 4) x,y,z,intensity, got {cache_pts.shape}"
-            )
-        image = cache_view(cache_pts, pose, sensor)
-        cond[CACHE_IMAGE] = encode_image(image, sensor)
-        cond[CACHE_MASK] = image.mask
+def with_cache(cond: np.ndarray, cached: RangeImage | None, sensor: Sensor) -> torch.Tensor:
+    """`cond` (a `views_condition`, filled in place) with the cache's view from the frame's pose (`cache_view`)
+    in its block; None leaves the cache empty."""
+    if cached is not None:
+        _check_shape(cached.range, sensor, "the cache's view")
+        cond[CACHE_IMAGE] = encode_image(cached, sensor)
+        cond[CACHE_MASK] = cached.mask
     return torch.from_numpy(cond)
 
 
 def cache_view(points_world: np.ndarray, pose: np.ndarray, sensor: Sensor) -> RangeImage:
-    """World-frame cache points (N, 4) z-buffered from the sensor at `pose`, each a voxel-wide patch along its
-    row (`CACHE_FOOTPRINT`): how the condition, and a generated frame held to what was measured, see a cache."""
-    return project(transform_points(points_world, np.linalg.inv(pose)), sensor, footprint=CACHE_FOOTPRINT)
+    """World-frame cache points (N, 4) z-buffered from the sensor at `pose` (world_from_sensor), each a voxel-wide
+    patch along its row (`CACHE_FOOTPRINT`): how the condition, and a generated frame held to what was measured,
+    see a cache. It needs the cache alone, not the frame's views, so a rollout works it out while they are drawn."""
+    pose = _checked_pose(pose)
+    points = np.asarray(points_world)
+    if points.ndim != 2 or points.shape[1] != 4:
+        raise ValueError(f"condition: cache points must be (N, 4) x,y,z,intensity, got {points.shape}")
+    return project(transform_points(points, np.linalg.inv(pose)), sensor, footprint=CACHE_FOOTPRINT)
 
 
 def _checked_pose(pose: np.ndarray) -> np.ndarray:

@@ -30,6 +30,7 @@ from torch import nn
 from inference.conditioning import (
     CACHE_INTENSITY,
     CACHE_MASK,
+    MAP_START,
     SNAP_TOLERANCE,
     ConditionLayout,
     condition_channels,
@@ -250,13 +251,14 @@ class RingConv(nn.Conv2d):
     def forward(self, x: torch.Tensor, circular: bool = True) -> torch.Tensor:
         return super().forward(self._wrap(x, circular))
 
-    def partial(self, x: torch.Tensor, first: int, bias: bool, circular: bool = True) -> torch.Tensor:
-        """The response to input channels `first`, `first` + 1, ... only (x holds just those).
+    def partial(self, x: torch.Tensor, first: int | list[int], bias: bool, circular: bool = True) -> torch.Tensor:
+        """The response to input channels `first`, `first` + 1, ... only (x holds just those), or to the listed
+        input channels.
 
         A conv is linear, so the responses to a split of its input channels sum to the whole: a part that
-        does not change between calls can be computed once.
+        does not change between calls can be computed once, and a part known early computed early.
         """
-        weight = self.weight[:, first : first + x.shape[1]]
+        weight = self.weight[:, first] if isinstance(first, list) else self.weight[:, first : first + x.shape[1]]
         return F.conv2d(self._wrap(x, circular), weight, self.bias if bias else None, self.stride, self.padding)
 
     def _wrap(self, x: torch.Tensor, circular: bool) -> torch.Tensor:
@@ -410,13 +412,13 @@ class WorldModel(nn.Module):
         base_intensity = torch.where(cached, cond[:, CACHE_INTENSITY], torch.full_like(prior, INTENSITY_FILL))
         return base_range, base_intensity, returns
 
-    def prepare(self, cond: torch.Tensor) -> PreparedCondition:
-        """The condition-only part of `forward` for a (B, C, H, W) condition, to reuse across sampler steps."""
-        channels = self.config.cond_channels
-        if cond.dim() != 4 or cond.shape[1] != channels or cond.shape[2] < 1 or cond.shape[3] < MIN_WIDTH:
-            raise ValueError(
-                f"WorldModel expects cond (B, {channels}, H, W) with W >= {MIN_WIDTH}, got {tuple(cond.shape)}"
-            )
+    def prepare(self, cond: torch.Tensor, views_stem: torch.Tensor | None = None) -> PreparedCondition:
+        """The condition-only part of `forward` for a (B, C, H, W) condition, to reuse across sampler steps.
+
+        `views_stem`, the condition's `views_stem` worked out beforehand, leaves only the cache's and the prior's
+        share of the stem to compute here: a rollout draws the rest while the frame before samples.
+        """
+        self._check_condition(cond)
         dtype = self.stem.weight.dtype
         # the prior from the float32 condition: rounded to bfloat16 a range 50 m away moves by 0.2 m, and a
         # sample snapped to it would show that step on every wall
@@ -424,8 +426,32 @@ class WorldModel(nn.Module):
         cond, base_range = cond.to(dtype), exact_range.to(dtype)
         prior = torch.stack([base_range, returns.to(dtype)], dim=1)
         circular = full_ring(cond, self.config.num_map_classes)
-        stem = self.stem.partial(torch.cat([cond, prior], dim=1), IMAGE_CHANNELS, bias=True, circular=circular)
+        if views_stem is None:
+            stem = self.stem.partial(torch.cat([cond, prior], dim=1), IMAGE_CHANNELS, bias=True, circular=circular)
+        else:
+            if views_stem.shape != (cond.shape[0], self.stem.out_channels, *cond.shape[-2:]):
+                raise ValueError(f"WorldModel.prepare: views_stem must be the stem's response to this condition, "
+                                 f"({cond.shape[0]}, {self.stem.out_channels}, H, W); got {tuple(views_stem.shape)}")
+            first_prior = IMAGE_CHANNELS + cond.shape[1]
+            cache_and_prior = torch.cat([cond[:, :MAP_START], prior], dim=1)
+            columns = [*range(IMAGE_CHANNELS, IMAGE_CHANNELS + MAP_START), first_prior, first_prior + 1]
+            stem = views_stem + self.stem.partial(cache_and_prior, columns, bias=False, circular=circular)
         return PreparedCondition(base_range, base_intensity.to(dtype), returns, stem, exact_range, circular)
+
+    def views_stem(self, cond: torch.Tensor) -> torch.Tensor:
+        """The stem's response to a (B, C, H, W) condition's channels after its cache block (the map, the layout,
+        the ray directions), bias included: all of the stem that does not wait for the cache, most of its cost."""
+        self._check_condition(cond)
+        views = cond[:, MAP_START:].to(self.stem.weight.dtype)
+        circular = full_ring(cond, self.config.num_map_classes)
+        return self.stem.partial(views, IMAGE_CHANNELS + MAP_START, bias=True, circular=circular)
+
+    def _check_condition(self, cond: torch.Tensor) -> None:
+        channels = self.config.cond_channels
+        if cond.dim() != 4 or cond.shape[1] != channels or cond.shape[2] < 1 or cond.shape[3] < MIN_WIDTH:
+            raise ValueError(
+                f"WorldModel expects cond (B, {channels}, H, W) with W >= {MIN_WIDTH}, got {tuple(cond.shape)}"
+            )
 
     def forward(self, x_t: torch.Tensor, t: torch.Tensor, cond: torch.Tensor | PreparedCondition) -> torch.Tensor:
         """x_t (B, 3, H, W), t (B,) in [0, 1], cond (B, C, H, W) or its `prepare`d form -> (B, 3, H, W)

@@ -148,19 +148,27 @@ def _layout(source: LayoutSource | None, time_s: float, pose: np.ndarray, sensor
 
 @dataclass(frozen=True)
 class _PoseViews:
-    """What a frame's pose and time alone give: the map's and the layout's views and the condition they fill
-    (`views_condition`, its cache block still empty)."""
+    """What a frame's pose and time alone give: the map's and the layout's views, the condition they fill
+    (`views_condition`, its cache block still empty), the frame's guidance and the network's stem response to
+    that condition's views (`WorldModel.views_stem`, for the frame's batch: `_batch`)."""
 
     map_view: MapView | None
     boxes: LayoutView | None
     condition: np.ndarray
+    guidance: float
+    stem: torch.Tensor
 
 
-def _pose_views(map_source: MapSource | None, layout: LayoutSource | None, time_s: float, pose: np.ndarray,
-                sensor: Sensor, num_map_classes: int) -> _PoseViews:
+@torch.inference_mode()  # the views thread does not inherit the caller's mode
+def _pose_views(model: WorldModel, guidance: float, map_source: MapSource | None, layout: LayoutSource | None,
+                time_s: float, pose: np.ndarray, sensor: Sensor) -> _PoseViews:
     map_view = map_source.range_view(pose, sensor) if map_source is not None else None
     boxes = _layout(layout, time_s, pose, sensor)
-    return _PoseViews(map_view, boxes, views_condition(map_view, boxes, sensor, num_map_classes))
+    condition = views_condition(map_view, boxes, sensor, model.config.num_map_classes)
+    # guidance pushes away from the map-dropped condition: without a map there is nothing to push from
+    scale = guidance if map_view is not None else 1.0
+    stem = model.views_stem(_batch(model, torch.from_numpy(condition), scale))
+    return _PoseViews(map_view, boxes, condition, scale, stem)
 
 
 class _ViewsAhead:
@@ -168,19 +176,20 @@ class _ViewsAhead:
     fill and what the observation keeps), drawn in a second thread while the network samples: at 64 x 2048 they
     cost 30-70 ms a frame beside a network of 350-800 ms, which releases the GIL in its kernels, as numpy does.
 
-    While frame i samples, the thread draws frame i's measured view, then frame i + 1's map and layout views and
-    their condition; frame i's cache-bound steps (the condition's cache, settling, cache update) stay in the
-    caller's thread, in order. So a map or layout source is queried from that thread, one frame ahead, and only
+    While frame i samples, the thread draws frame i's measured view, then frame i + 1's map and layout views,
+    their condition and the network's stem response to it (all of the stem but the cache's and the prior's
+    share, 13-15 ms of a 64 x 2048 frame on one CPU thread); frame i's cache-bound steps (the condition's
+    cache, settling, cache update) stay in the caller's thread, in order. So a map or layout source is queried from that thread, one frame ahead, and only
     ever by it during a rollout. Each view runs in a copy of the caller's context, where
     `lidar.cancel.checkpoint` sees the caller's cancellation.
     """
 
-    def __init__(self, map_source: MapSource | None, layout: LayoutSource | None,
-                 measured: Observation | Callable[[], Observation] | None, poses: np.ndarray, times: np.ndarray,
-                 sensor: Sensor, num_map_classes: int) -> None:
+    def __init__(self, model: WorldModel, guidance: float, map_source: MapSource | None,
+                 layout: LayoutSource | None, measured: Observation | Callable[[], Observation] | None,
+                 poses: np.ndarray, times: np.ndarray, sensor: Sensor) -> None:
+        self._model, self._guidance = model, guidance
         self._map, self._layout, self._measured = map_source, layout, measured
         self._poses, self._times, self._sensor = poses, times, sensor
-        self._num_map_classes = num_map_classes
         self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="rollout-views")
         self._next = self._submit_pose_views(0)
 
@@ -188,8 +197,8 @@ class _ViewsAhead:
         return self._thread.submit(contextvars.copy_context().run, function, *args)
 
     def _submit_pose_views(self, index: int) -> Future[_PoseViews]:
-        return self._submit(_pose_views, self._map, self._layout, float(self._times[index]), self._poses[index],
-                            self._sensor, self._num_map_classes)
+        return self._submit(_pose_views, self._model, self._guidance, self._map, self._layout,
+                            float(self._times[index]), self._poses[index], self._sensor)
 
     def views(self, index: int) -> tuple[_PoseViews, Future[MeasuredView] | None]:
         """Frame `index`'s pose views, waited for since its condition needs them, and its measured view to come
@@ -351,14 +360,14 @@ def on_mapped_surfaces(image: RangeImage, map_view: MapView | None, boxes: Layou
     return RangeImage(np.where(invented, nearest, image.range).astype(np.float32), image.intensity.copy())
 
 
-def _prepared(model: WorldModel, cond: torch.Tensor, guidance: float) -> PreparedCondition:
-    """A frame's (C, H, W) condition prepared for the sampler's steps, kept float32 (`prepare` casts it and keeps
-    the prior exact); with guidance other than 1, followed in the batch by the same condition with its map
-    dropped, the branch guidance pushes away from."""
+def _batch(model: WorldModel, cond: torch.Tensor, guidance: float) -> torch.Tensor:
+    """A frame's (C, H, W) condition as the network's batch, kept float32 (`prepare` casts it and keeps the prior
+    exact); with guidance other than 1, followed by the same condition with its map dropped, the branch
+    guidance pushes away from."""
     cond = cond[None].to(device=next(model.parameters()).device)
     if guidance != 1.0:
         cond = torch.cat([cond, drop_map(cond, model.config.num_map_classes)])
-    return model.prepare(cond)
+    return cond
 
 
 def _sample(model: WorldModel, sampler: FlowMatchSampler, prepared: PreparedCondition, shape: tuple[int, int],
@@ -432,17 +441,18 @@ def rollout(
     sampler.set_timesteps(steps, device=next(model.parameters()).device)
     delivery = _Delivery(len(poses), steps, callback)
     start = time.perf_counter()
-    ahead = _ViewsAhead(map_source, layout, measured, poses, times, sensor, config.num_map_classes)
+    ahead = _ViewsAhead(model, guidance, map_source, layout, measured, poses, times, sensor)
     try:
         for index, pose in enumerate(poses):
             frame_start = time.perf_counter()
-            # 1. condition: the cache, the map and the layout seen from the new pose (the views, and the
-            #    condition they fill, were drawn while the network sampled the frame before)
+            # 1. condition: the cache, the map and the layout seen from the new pose (the views, the condition
+            #    they fill and the stem's response to it were drawn while the network sampled the frame before;
+            #    the first frame's are drawn while its cache is z-buffered here)
+            cached = cache_view(cache.points(), pose, sensor)
             views, kept_view = ahead.views(index)
-            map_view, boxes = views.map_view, views.boxes
-            # guidance pushes away from the map-dropped condition: without a map there is nothing to push from
-            scale = guidance if map_view is not None else 1.0
-            prepared = _prepared(model, with_cache(views.condition, cache.points(), pose, sensor), scale)
+            map_view, boxes, scale = views.map_view, views.boxes, views.guidance
+            prepared = model.prepare(_batch(model, with_cache(views.condition, cached, sensor), scale),
+                                     views_stem=views.stem)
             # without a measurement but with a map or a layout, the cache's measured points are a surface the
             # frame keeps, as the map's are
             mapped = kept_view is None and (map_view is not None or boxes is not None)

@@ -10,6 +10,7 @@ import torch
 
 from inference.conditioning import (
     COORD_CHANNELS,
+    MAP_START,
     LayoutView,
     build_condition,
     coordinate_channels,
@@ -138,6 +139,30 @@ def test_a_prepared_condition_gives_the_same_output_as_the_whole_stem_on_every_s
         torch.testing.assert_close(model.stem.partial(x, 0, bias=False) + prepared.stem, whole, atol=1e-5, rtol=1e-5)
     with pytest.raises(ValueError, match="same batch"):
         model(torch.randn(1, IMAGE_CHANNELS, h, w), torch.rand(1), prepared)
+
+
+def test_the_views_stem_worked_out_first_and_the_cache_and_prior_share_added_later_is_the_whole_stem():
+    """A rollout computes the stem's response to a frame's views before the cache is known; with the cache's and
+    the prior's share added in `prepare`, the stem is the full conv's, and so is every forward pass."""
+    config = tiny_config()
+    torch.manual_seed(1)
+    model = WorldModel(config).eval()
+    with torch.no_grad():
+        for param in model.parameters():
+            param.add_(0.1 * torch.randn_like(param))
+    h, w = config.sensor_obj.shape
+    cond = torch.randn(2, config.cond_channels, h, w)
+    cond[:, -COORD_CHANNELS:] = torch.from_numpy(coordinate_channels(config.sensor_obj))
+    whole = model.prepare(cond)
+    views_only = cond.clone()
+    views_only[:, :MAP_START] = torch.randn(2, MAP_START, h, w)  # the views' stem does not read the cache block
+    split = model.prepare(cond, views_stem=model.views_stem(views_only))
+    torch.testing.assert_close(split.stem, whole.stem, atol=1e-5, rtol=1e-5)
+    assert split.circular == whole.circular and torch.equal(split.exact_range, whole.exact_range)
+    x, t = torch.randn(2, IMAGE_CHANNELS, h, w), torch.rand(2)
+    torch.testing.assert_close(model(x, t, split), model(x, t, whole), atol=1e-4, rtol=1e-4)
+    with pytest.raises(ValueError, match="views_stem must be the stem's response"):
+        model.prepare(cond, views_stem=model.views_stem(cond[:1]))
 
 
 def test_rolling_input_in_azimuth_rolls_the_output_by_the_same_amount():

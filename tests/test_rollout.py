@@ -259,18 +259,25 @@ def test_each_frame_samples_on_the_condition_training_builds_its_views_half_draw
     world = car_world()
     threads: list[str] = []
     conditions: list[tuple[np.ndarray, np.ndarray, torch.Tensor]] = []
-    views_condition, with_cache = rollout_module.views_condition, rollout_module.with_cache
+    views_condition, with_cache, cache_view = (rollout_module.views_condition, rollout_module.with_cache,
+                                               rollout_module.cache_view)
+    seen: list[tuple[np.ndarray, np.ndarray]] = []
 
     def watched_views(*args):
         threads.append(threading.current_thread().name)
         return views_condition(*args)
 
-    def watched_cache(cond, cache_points, pose, sensor):
-        out = with_cache(cond, cache_points, pose, sensor)
-        conditions.append((cache_points.copy(), np.array(pose), out.clone()))
+    def watched_view(cache_points, pose, sensor):
+        seen.append((cache_points.copy(), np.array(pose)))
+        return cache_view(cache_points, pose, sensor)
+
+    def watched_cache(cond, cached, sensor):
+        out = with_cache(cond, cached, sensor)
+        conditions.append((*seen[-1], out.clone()))
         return out
 
     monkeypatch.setattr(rollout_module, "views_condition", watched_views)
+    monkeypatch.setattr(rollout_module, "cache_view", watched_view)
     monkeypatch.setattr(rollout_module, "with_cache", watched_cache)
     poses = straight_poses(3)
     rollout(model, poses, map_source=world.hdmap, layout=world.boxes, seed=3)
