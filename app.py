@@ -87,6 +87,7 @@ from inference.network import WorldModelConfig
 from inference.observed import ObservedScene, check_inside, observe, record_prefix, shifted_path
 from inference.results4d import write_upsample_views, write_views
 from inference.upsample import (
+    AUTO,
     EDGE_AWARE,
     LEARNED,
     MAX_FACTOR,
@@ -95,7 +96,6 @@ from inference.upsample import (
     RECORD_NAME,
     SWEEP_FORMATS,
     UpsampleResult,
-    default_method,
     upsample_target,
     write_upsample,
 )
@@ -1186,7 +1186,7 @@ def upsample_scan(
     path = _upload_path(scan_file, UPSAMPLE_SUFFIXES)
     factor = _whole_number(factor, "Factor", 1, MAX_FACTOR)
     target = _choice(target, "Target beams", (BY_FACTOR, *PRESETS))
-    method = _choice(method, "Method", METHODS)
+    method = _choice(method, "Method", (AUTO, *METHODS))
     if method == LEARNED and pipe.fill_network is None:
         raise gr.Error(f"Method '{LEARNED}' needs a fill network, and the loaded model ships none; choose "
                        f"'{EDGE_AWARE}', the same fill without the network's correction.")
@@ -1204,7 +1204,7 @@ def upsample_scan(
                                   "limits": APP_LIMITS}, "Upsampling")
     result = _upsampled(job, progress, failure, path)
     request = {"input": path.name, **asked, "method": method, **({"steps": steps, "seed": seed} if method == MODEL else {})}
-    stats = {"seconds": round(time.perf_counter() - start, 3), "input": path.name, "method": method}
+    stats = {"seconds": round(time.perf_counter() - start, 3), "input": path.name, "method": result.method}
     with _request_dir() as out, _user_errors("Writing the results"):
         yield _present_upsample(out, scan, result, pipe, fmt, request, stats)
 
@@ -1346,11 +1346,6 @@ def _guidance_default() -> float:
     for). The module-level `demo` is built before any model is loaded and shows the architecture's default;
     `main()` rebuilds the page once the model is loaded."""
     return PIPELINE.config.default_guidance if PIPELINE is not None else WorldModelConfig.default_guidance
-
-
-def _method_default() -> str:
-    """The method radio's default: what `pipe.upsample` fills with when no method is named."""
-    return default_method(PIPELINE.fill_network if PIPELINE is not None else None)
 
 
 def _steps_default() -> int:
@@ -1586,10 +1581,11 @@ def _upsample_tab() -> None:
                                         "sweep's silent rays")
                 target = gr.Dropdown([BY_FACTOR, *PRESETS], value=BY_FACTOR, label="Target beams",
                                      info="by the factor, or a preset's beam table at the sweep's own columns")
-                method = gr.Radio(list(METHODS), value=_method_default(), label="Method",
-                                  info=f"'{LEARNED}' where the model ships a fill network: the edge-aware fill "
-                                       f"corrected by it, trained for new beams; '{EDGE_AWARE}' fills a sweep's "
-                                       "own silent rays (factor 1) better")
+                method = gr.Radio([AUTO, *METHODS], value=AUTO, label="Method",
+                                  info=f"'{AUTO}': '{LEARNED}' (the edge-aware fill corrected by the model's fill "
+                                       "network) for new beams on a grid like those it was trained on, else "
+                                       f"'{EDGE_AWARE}', which fills other sensors and a sweep's own silent rays "
+                                       "(factor 1) better")
                 with gr.Accordion("Sampling (method 'model')", open=False):
                     steps = gr.Slider(1, MAX_STEPS, value=_steps_default(), step=1, label="Sampling steps")
                     seed = gr.Number(0, label="Seed", precision=0, minimum=0, maximum=MAX_SEED)

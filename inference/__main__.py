@@ -51,6 +51,7 @@ from inference.pipeline import (
 from inference.results4d import BoxSource, write_upsample_views, write_views
 from inference.rollout import Progress, RolloutResult
 from inference.upsample import (
+    AUTO,
     DEFAULT_FACTOR,
     DEFAULT_METHOD,
     LEARNED,
@@ -477,9 +478,9 @@ def _parser() -> argparse.ArgumentParser:
     target.add_argument("--factor", type=_WHOLE, default=None,
                         help=f"beams per measured gap (default {DEFAULT_FACTOR}; 1 fills the sweep's own silent rays)")
     target.add_argument("--sensor", default=None, help="a preset whose beam table to fill, at the sweep's columns")
-    up.add_argument("--method", default=None, choices=METHODS,
-                    help=f"what fills the new rays (default: {LEARNED} for new beams where the model ships a fill "
-                         f"network, else {DEFAULT_METHOD})")
+    up.add_argument("--method", default=AUTO, choices=(AUTO, *METHODS),
+                    help=f"what fills the new rays (default {AUTO}: {LEARNED} for new beams on a grid like those "
+                         f"the model's fill network was trained on, else {DEFAULT_METHOD})")
     up.add_argument("--steps", type=_WHOLE, default=None,
                     help=f"sampler steps of --method model, 1..{MAX_STEPS} (default: the model's)")
     up.add_argument("--seed", type=_WHOLE, default=0)

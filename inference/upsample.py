@@ -48,7 +48,7 @@ import numpy as np
 import torch
 
 from inference.conditioning import CACHE_IMAGE, CACHE_MASK, decode_image, empty_condition, encode_image
-from inference.fill_network import FILL_WEIGHTS_NAME, FillNetwork, refine
+from inference.fill_network import FILL_WEIGHTS_NAME, FillNetwork, fills_like_training, refine
 from inference.flow import FlowMatchSampler, guided_velocity
 from inference.limits import LIBRARY_LIMITS, Limits
 from inference.loader import Provenance
@@ -76,6 +76,8 @@ DEFAULT_FACTOR = 4
 MAX_FACTOR = 8
 EDGE_AWARE, LEARNED, MODEL, LINEAR, NEAREST = "edge-aware", "learned", "model", "linear", "nearest"
 METHODS = (EDGE_AWARE, LEARNED, MODEL, LINEAR, NEAREST)
+#: The method name that leaves the choice to `default_method`, as no name does: a menu's first entry.
+AUTO = "auto"
 #: The fill when none is named and no fill network is at hand; with one, "learned" (`default_method`).
 DEFAULT_METHOD = EDGE_AWARE
 #: Slopes the edge-aware fill tries: azimuth change per elevation change along the line through a filled ray
@@ -134,10 +136,13 @@ class _Grid:
     fan: tuple[float, float]
 
 
-def default_method(fill_network: FillNetwork | None, new_beams: bool = True) -> str:
+def default_method(fill_network: FillNetwork | None, new_beams: bool = True, sensor: Sensor | None = None) -> str:
     """The fill a call that names none gets: the learned one for new beams where its network is at hand (it is
-    trained on rings dropped; on rays missing at random the edge-aware fill scores better), else edge-aware."""
-    return LEARNED if fill_network is not None and new_beams else DEFAULT_METHOD
+    trained on rings dropped; on rays missing at random the edge-aware fill scores better) and, the target grid
+    `sensor` given, of a family it was trained on (`fills_like_training`); else edge-aware."""
+    if fill_network is None or not new_beams:
+        return DEFAULT_METHOD
+    return LEARNED if sensor is None or fills_like_training(fill_network, sensor) else DEFAULT_METHOD
 
 
 def upsample(
@@ -161,16 +166,18 @@ def upsample(
     `mask` (H, W) bool on the target grid names the rays to fill (default: the new beams, or on the sweep's
     own table every silent ray); a ray the input returns on keeps its point whatever the mask says. `model`,
     `steps` and `seed` serve `method="model"` only, `fill_network` `method="learned"`, the default for new beams
-    where given (`default_method`). Bad input raises `InputError`, before any compute.
+    on a grid like those it was trained on (`default_method`). Bad input raises `InputError`, before any
+    compute.
     """
     start = time.perf_counter()
+    method = None if method == AUTO else method
     if method is not None:
         _check_method(method, model, fill_network)
     xyzi, scan = _input_points(points)
     grid = _grid(xyzi, scan, factor, sensor, limits)
     fill = _fill_mask(grid, mask)
     if method is None:
-        method = default_method(fill_network, new_beams=grid.sensor.height > len(grid.measured_rows))
+        method = default_method(fill_network, grid.sensor.height > len(grid.measured_rows), grid.sensor)
     geometry_s = time.perf_counter() - start
     if method == MODEL:
         image = _model_fill(model, grid, fill, steps, seed, callback)  # type: ignore[arg-type]

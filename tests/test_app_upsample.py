@@ -183,14 +183,19 @@ def test_the_learned_fill_runs_where_the_model_ships_one_and_is_refused_by_name_
     scan = EXAMPLES / SHIPPED_EXAMPLES[1]
     with pytest.raises(gr.Error, match="Method 'learned' needs a fill network, and the loaded model ships none"):
         upsampled(scan, method="learned")
-    assert app._method_default() == "edge-aware"
+    assert upsampled(scan, method="auto")[0].stats["method"] == "edge-aware", "auto, with no network"
     network = FillNetwork(FillNetworkConfig(channels=8)).eval()  # untrained: the edge-aware fill exactly
     monkeypatch.setattr(app.PIPELINE, "fill_network", network)
-    assert app._method_default() == "learned", "the radio offers the shipped network's fill first"
     learned, files = upsampled(scan, method="learned")
     edge, _ = upsampled(scan, method="edge-aware")
     assert learned.stats["method"] == "learned" and json.loads(files["upsample.json"])["method"] == "learned"
     assert learned.stats["filled points"] == edge.stats["filled points"] > 0
+    auto, files = upsampled(scan, method="auto")
+    assert auto.stats["method"] == "learned", "a network that does not say its grids fills every grid by default"
+    assert json.loads(files["upsample.json"])["request"]["method"] == "auto"
+    network.grids = ("hdl64",)  # the release's: trained on KITTI HDL-64E sweeps; this example is an HDL-32E's
+    assert upsampled(scan, method="auto")[0].stats["method"] == "edge-aware"
+    assert upsampled(scan, target="hdl64", method="auto")[0].stats["method"] == "learned"
 
 
 def test_the_sweep_is_read_in_the_bounded_worker_not_the_server(monkeypatch):
@@ -245,7 +250,7 @@ def test_a_hostile_recording_upload_is_one_visitor_error(tmp_path, name, data, m
     (dict(factor=9), "Factor must be a whole number from 1 to 8; got 9"),
     (dict(factor="two"), "Factor must be a whole number from 1 to 8; got 'two'"),
     (dict(target="hdl999"), "Target beams must be one of 'by factor', 'hdl64'"),
-    (dict(method="bicubic"), "Method must be one of 'edge-aware', 'learned', 'model', 'linear', 'nearest'; got 'bicubic'"),
+    (dict(method="bicubic"), "Method must be one of 'auto', 'edge-aware', 'learned', 'model', 'linear', 'nearest'; got 'bicubic'"),
     (dict(steps=0), "Sampling steps must be a whole number from 1 to 50"),
     (dict(seed=-1), "Seed must be a whole number from 0 to"),
     (dict(fmt="xyz"), "Download format must be one of 'bin', 'pcd'"),

@@ -17,9 +17,10 @@ from inference.fill_network import (
     FillNetworkConfig,
     fill_features,
     fill_network_bytes,
+    grid_family,
     load_fill_network,
 )
-from inference.upsample import EDGE_AWARE, LEARNED, upsample
+from inference.upsample import AUTO, EDGE_AWARE, LEARNED, upsample
 from lidar.errors import InputError
 from lidar.formats import Scan, write_points
 from tests.helpers import ring_sweep, tiny_model, write_hub_cache, write_release
@@ -121,6 +122,19 @@ def test_a_file_that_is_not_a_fill_network_is_refused(tmp_path):
     wide.write_bytes(fill_network_bytes(perturbed(), {"fill_network": json.dumps({"channels": 1024})}))
     with pytest.raises(ValueError, match=r"channels must be a multiple of 8 in \[8, 128\], got 1024"):
         load_fill_network(wide)
+    odd = tmp_path / "odd.safetensors"  # the grids it names are preset names
+    odd.write_bytes(fill_network_bytes(perturbed(), {"trained_grids": json.dumps(["hdl64", "x" * 300])}))
+    with pytest.raises(ValueError, match="trained_grids must be a list of preset names"):
+        load_fill_network(odd)
+
+
+def test_a_fill_network_file_keeps_the_grids_it_was_trained_on(tmp_path):
+    network = perturbed()
+    (tmp_path / "unsaid.safetensors").write_bytes(fill_network_bytes(network))
+    assert load_fill_network(tmp_path / "unsaid.safetensors").grids is None
+    network.grids = ("hdl64", "os1-128")
+    (tmp_path / "said.safetensors").write_bytes(fill_network_bytes(network))
+    assert load_fill_network(tmp_path / "said.safetensors").grids == ("hdl64", "os1-128")
 
 
 @pytest.fixture(scope="module")
@@ -164,6 +178,13 @@ def test_a_checkpoint_half_way_resumes_to_the_same_weights(train_data, tmp_path)
     resumed = load_fill_network(train(cfg, stopped))
     for a, b in zip(whole.state_dict().values(), resumed.state_dict().values(), strict=True):
         torch.testing.assert_close(a, b)
+    from training.evaluate_upsample import load_sweep
+    from training.train_fill import camera_view
+
+    taken = load_sweep(sorted(train_data.glob("*.pcd"))[0])  # each sweep as it is and cut to a camera's view
+    families = tuple(sorted({grid_family(taken.geometry.sensor), grid_family(camera_view(taken).geometry.sensor)}))
+    assert whole.grids == resumed.grids == families, "the file names the families of the grids it trained on"
+    assert load_fill_network(train(cfg, stopped)).grids == families, "a finished job rerun keeps them"
 
 
 def _train_until(cfg: FillTrainConfig, job, stop_at: int) -> None:
@@ -266,9 +287,17 @@ def test_a_scaled_item_is_the_item_of_the_scene_made_larger():
     np.testing.assert_allclose(small_item.truth * 1.5, big_item.truth, rtol=1e-5)
 
 
-def test_the_learned_fill_is_the_default_for_new_beams_and_edge_aware_for_completion():
+def test_the_learned_fill_is_the_default_for_new_beams_on_the_grids_it_trained_on_and_edge_aware_elsewhere():
     network = perturbed()
+    target = upsample(None, sweep(), 4).sensor
+    assert upsample(None, sweep(), 4, fill_network=network).method == LEARNED, "grids not said: every grid"
+    network.grids = (grid_family(target),)
     assert upsample(None, sweep(), 4, fill_network=network).method == LEARNED
+    assert upsample(None, sweep(), 4, method=AUTO, fill_network=network).method == LEARNED, "auto: as unnamed"
+    network.grids = tuple(name for name in ("hdl64", "vlp16") if name != grid_family(target))
+    assert upsample(None, sweep(), 4, fill_network=network).method == EDGE_AWARE, "a grid it never trained on"
+    assert upsample(None, sweep(), 4, method=LEARNED, fill_network=network).method == LEARNED, "named: as asked"
+    network.grids = None
     assert upsample(None, sweep(), 1, fill_network=network).method == EDGE_AWARE, "trained on rings, not rays"
     assert upsample(None, sweep(), 4).method == EDGE_AWARE
     assert upsample(None, sweep(), 1, method=LEARNED, fill_network=network).method == LEARNED, "named: as asked"
