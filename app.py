@@ -1583,9 +1583,9 @@ def _upsample_tab() -> None:
                                      info="by the factor, or a preset's beam table at the sweep's own columns")
                 method = gr.Radio([AUTO, *METHODS], value=AUTO, label="Method",
                                   info=f"'{AUTO}': '{LEARNED}' (the edge-aware fill corrected by the model's fill "
-                                       "network) for new beams on a grid like those it was trained on, else "
-                                       f"'{EDGE_AWARE}', which fills other sensors and a sweep's own silent rays "
-                                       "(factor 1) better")
+                                       "network) for new beams of a sweep from a sensor like those it learnt from "
+                                       f"(KITTI's HDL-64E for the default model), else '{EDGE_AWARE}', which fills "
+                                       "other sensors' sweeps and a sweep's own silent rays (factor 1) better")
                 with gr.Accordion("Sampling (method 'model')", open=False):
                     steps = gr.Slider(1, MAX_STEPS, value=_steps_default(), step=1, label="Sampling steps")
                     seed = gr.Number(0, label="Seed", precision=0, minimum=0, maximum=MAX_SEED)

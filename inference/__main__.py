@@ -186,7 +186,7 @@ def _upsample(args: argparse.Namespace, started: float) -> int:
     ready = time.perf_counter() - started
     out = pipe.upsample(scan, args.factor, sensor=args.sensor, method=args.method, steps=args.steps, seed=args.seed)
     request = {"command": args.command, "scan": str(args.scan), **({"sweep": args.sweep, "name": name} if name else {}),
-               "factor": args.factor, "sensor": args.sensor, "method": out.method, "steps": args.steps,
+               "factor": args.factor, "sensor": args.sensor, "method": args.method, "steps": args.steps,
                "seed": args.seed}
     record = write_upsample(args.out, out, args.format, provenance=pipe.provenance, request=request,
                             overwrite=args.overwrite)
@@ -479,8 +479,8 @@ def _parser() -> argparse.ArgumentParser:
                         help=f"beams per measured gap (default {DEFAULT_FACTOR}; 1 fills the sweep's own silent rays)")
     target.add_argument("--sensor", default=None, help="a preset whose beam table to fill, at the sweep's columns")
     up.add_argument("--method", default=AUTO, choices=(AUTO, *METHODS),
-                    help=f"what fills the new rays (default {AUTO}: {LEARNED} for new beams on a grid like those "
-                         f"the model's fill network was trained on, else {DEFAULT_METHOD})")
+                    help=f"what fills the new rays (default {AUTO}: {LEARNED} for new beams of a sweep from a sensor "
+                         f"like those the model's fill network learnt from, else {DEFAULT_METHOD})")
     up.add_argument("--steps", type=_WHOLE, default=None,
                     help=f"sampler steps of --method model, 1..{MAX_STEPS} (default: the model's)")
     up.add_argument("--seed", type=_WHOLE, default=0)

@@ -11,8 +11,8 @@ network is the edge-aware fill exactly; the return of each filled ray stays the 
 
 It is trained self-supervised on sweeps with rings dropped, real ones and, where a training config names them,
 simulated ones (`training.train_fill`), and ships beside the world model in a release as `FILL_WEIGHTS_NAME`,
-its architecture and the families of the grids it was trained on (where it is the default fill) in the
-file's metadata.
+its architecture and the families of the sensors whose sweeps it learnt from (where it is the default fill)
+in the file's metadata.
 """
 
 from __future__ import annotations
@@ -44,8 +44,8 @@ GAP_UNIT_DEG, ELEVATION_UNIT_DEG = 2.0, 30.0
 #: Downsamplings of the U-net: the grid is padded to a multiple of 2 ** LEVELS.
 LEVELS = 2
 METADATA_KEY = "fill_network"
-#: The metadata naming the presets closest to the grids the network was trained on (`trained_grids`).
-GRIDS_KEY = "trained_grids"
+#: The metadata naming the families of the sensors whose sweeps the network learnt from (`sensor_family`).
+SENSORS_KEY = "trained_sensors"
 #: Widest network a fill file may name.
 MAX_CHANNELS = 128
 
@@ -79,11 +79,11 @@ class _Conv(nn.Module):
 class FillNetwork(nn.Module):
     """A three-level U-net from `FEATURES` to one log-range correction per ray."""
 
-    def __init__(self, config: FillNetworkConfig | None = None, grids: tuple[str, ...] | None = None) -> None:
+    def __init__(self, config: FillNetworkConfig | None = None, sensors: tuple[str, ...] | None = None) -> None:
         super().__init__()
         self.config = config or FillNetworkConfig()
-        #: The presets closest to the grids it was trained on (`fills_like_training`); None: not said.
-        self.grids = grids
+        #: The families of the sensors whose sweeps it learnt from (`learnt_from`); None: not said.
+        self.sensors = sensors
         c = self.config.channels
         self.enc0 = nn.Sequential(_Conv(len(FEATURES), c), _Conv(c, c))
         self.enc1 = nn.Sequential(_Conv(c, 2 * c, stride=2), _Conv(2 * c, 2 * c))
@@ -154,26 +154,29 @@ def refine(network: FillNetwork, given: RangeImage, base: RangeImage, todo: np.n
     return RangeImage(np.where(fills, refined, base.range).astype(np.float32), base.intensity)
 
 
-def grid_family(sensor: Sensor) -> str:
-    """The preset a grid's beam table is closest to (beam count, vertical fan): what `trained_grids` names."""
+def sensor_family(sensor: Sensor) -> str:
+    """The preset a sweep's measured beam table is closest to (beam count, vertical fan): what the file's
+    `trained_sensors` names. A camera-view cut of a KITTI sweep (46 of its rings) is still an HDL-64E's."""
     return closest_preset(np.asarray(sensor.elevations_deg)).name
 
 
-def fills_like_training(network: FillNetwork, sensor: Sensor) -> bool:
-    """Whether `sensor`'s grid is of a family the network was trained on (or its file does not say). The
-    release's network, trained on KITTI HDL-64E sweeps, corrects the edge-aware fill there and worsens it on
-    the other sensors' real scans (docs/evaluation.md), so it is the default fill only on such grids."""
-    return network.grids is None or grid_family(sensor) in network.grids
+def learnt_from(network: FillNetwork, sensor: Sensor) -> bool:
+    """Whether the network learnt from sweeps of `sensor`'s family (the sensor a sweep to upsample was measured
+    on), or its file does not say. The release's network, trained on KITTI HDL-64E sweeps, corrects the
+    edge-aware fill there and worsens it on the other sensors' real scans (docs/evaluation.md), so it is the
+    default fill only for such sweeps. The input's sensor decides, not the target grid's: a factor's grid
+    (127 or 253 beams for an HDL-64E) lies between the presets, and its nearest flips with a beam's 0.4 deg."""
+    return network.sensors is None or sensor_family(sensor) in network.sensors
 
 
 def fill_network_bytes(network: FillNetwork, extra: dict[str, str] | None = None) -> bytes:
-    """The network's weights as a safetensors file, its config, the grids it was trained on (and `extra`: what
+    """The network's weights as a safetensors file, its config, the sensors it learnt from (and `extra`: what
     it was trained on) in the metadata; the bytes, for a caller that writes them atomically."""
     from safetensors.torch import save
 
     state = {k: v.detach().contiguous().cpu() for k, v in network.state_dict().items()}
-    grids = {} if network.grids is None else {GRIDS_KEY: json.dumps(sorted(network.grids))}
-    return save(state, metadata={METADATA_KEY: json.dumps(asdict(network.config)), **grids, **(extra or {})})
+    sensors = {} if network.sensors is None else {SENSORS_KEY: json.dumps(sorted(network.sensors))}
+    return save(state, metadata={METADATA_KEY: json.dumps(asdict(network.config)), **sensors, **(extra or {})})
 
 
 def fill_metadata(path: str | Path) -> dict[str, str]:
@@ -191,18 +194,18 @@ def load_fill_network(path: str | Path, device: str | torch.device = "cpu") -> F
     try:
         meta = fill_metadata(path)
         config = FillNetworkConfig(**json.loads(meta[METADATA_KEY]))
-        network = FillNetwork(config, _grids(meta.get(GRIDS_KEY)))
+        network = FillNetwork(config, _sensors(meta.get(SENSORS_KEY)))
         network.load_state_dict(load_file(str(path)), strict=True)
     except Exception as exc:  # a torn file, a foreign safetensors file or a wrong architecture: one refusal
         raise ValueError(f"{path} is not a LidarVerse fill network ({type(exc).__name__}: {exc})") from None
     return network.to(device).eval()
 
 
-def _grids(text: str | None) -> tuple[str, ...] | None:
-    """A file's `trained_grids`: preset names, as a Hub repo's file may say anything."""
+def _sensors(text: str | None) -> tuple[str, ...] | None:
+    """A file's `trained_sensors`: preset names, as a Hub repo's file may say anything."""
     if text is None:
         return None
-    grids = json.loads(text)
-    if not isinstance(grids, list) or not all(isinstance(g, str) and g in PRESETS for g in grids):
-        raise ValueError(f"{GRIDS_KEY} must be a list of preset names ({', '.join(PRESETS)}), got {text[:200]!r}")
-    return tuple(grids)
+    sensors = json.loads(text)
+    if not isinstance(sensors, list) or not all(isinstance(s, str) and s in PRESETS for s in sensors):
+        raise ValueError(f"{SENSORS_KEY} must be a list of preset names ({', '.join(PRESETS)}), got {text[:200]!r}")
+    return tuple(sensors)

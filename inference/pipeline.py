@@ -327,7 +327,8 @@ class LidarVersePipeline:
         """`points` (one sweep) on a denser beam table, or with its missing rays filled; every input point comes
         back bit for bit (`inference.upsample.upsample`: `factor` beams per measured gap, or `sensor`'s beam
         table; `mask` the rays to fill; `method` what fills them, "model" this pipeline's network, "learned" its
-        release's fill network (the default where it ships one, else "edge-aware"); `limits` the target's rays, e.g. an app's stricter `APP_LIMITS`)."""
+        release's fill network (the default for new beams where it ships one that learnt from the sweep's kind of
+        sensor, else "edge-aware"); `limits` the target's rays, e.g. an app's stricter `APP_LIMITS`)."""
         steps, _ = self._check_sampling(steps, None, seed, callback)
         return upsample(self.model, points, factor, sensor=sensor, mask=mask, method=method, steps=steps, seed=seed,
                         limits=limits, callback=callback, fill_network=self.fill_network)

@@ -48,7 +48,7 @@ import numpy as np
 import torch
 
 from inference.conditioning import CACHE_IMAGE, CACHE_MASK, decode_image, empty_condition, encode_image
-from inference.fill_network import FILL_WEIGHTS_NAME, FillNetwork, fills_like_training, refine
+from inference.fill_network import FILL_WEIGHTS_NAME, FillNetwork, learnt_from, refine
 from inference.flow import FlowMatchSampler, guided_velocity
 from inference.limits import LIBRARY_LIMITS, Limits
 from inference.loader import Provenance
@@ -78,7 +78,7 @@ EDGE_AWARE, LEARNED, MODEL, LINEAR, NEAREST = "edge-aware", "learned", "model", 
 METHODS = (EDGE_AWARE, LEARNED, MODEL, LINEAR, NEAREST)
 #: The method name that leaves the choice to `default_method`, as no name does: a menu's first entry.
 AUTO = "auto"
-#: The fill when none is named and no fill network is at hand; with one, "learned" (`default_method`).
+#: The fill when none is named and no fill network is at hand for the sweep (`default_method`).
 DEFAULT_METHOD = EDGE_AWARE
 #: Slopes the edge-aware fill tries: azimuth change per elevation change along the line through a filled ray
 #: (1: a 45 deg edge in the range image), 0 the vertical.
@@ -125,6 +125,8 @@ class _Grid:
     """The input on the target grid: each point's row and pixel, and per pixel its nearest point."""
 
     sensor: Sensor
+    #: The sensor the input was measured on (its own beam table).
+    measured: Sensor
     #: (N,) row of each input point in `sensor`, and its flat pixel (-1: at the origin, no ray).
     rows: np.ndarray
     pixels: np.ndarray
@@ -136,13 +138,13 @@ class _Grid:
     fan: tuple[float, float]
 
 
-def default_method(fill_network: FillNetwork | None, new_beams: bool = True, sensor: Sensor | None = None) -> str:
+def default_method(fill_network: FillNetwork | None, new_beams: bool = True, measured: Sensor | None = None) -> str:
     """The fill a call that names none gets: the learned one for new beams where its network is at hand (it is
-    trained on rings dropped; on rays missing at random the edge-aware fill scores better) and, the target grid
-    `sensor` given, of a family it was trained on (`fills_like_training`); else edge-aware."""
+    trained on rings dropped; on rays missing at random the edge-aware fill scores better) and, the sweep's
+    `measured` sensor given, learnt from sweeps of that sensor's family (`learnt_from`); else edge-aware."""
     if fill_network is None or not new_beams:
         return DEFAULT_METHOD
-    return LEARNED if sensor is None or fills_like_training(fill_network, sensor) else DEFAULT_METHOD
+    return LEARNED if measured is None or learnt_from(fill_network, measured) else DEFAULT_METHOD
 
 
 def upsample(
@@ -166,7 +168,7 @@ def upsample(
     `mask` (H, W) bool on the target grid names the rays to fill (default: the new beams, or on the sweep's
     own table every silent ray); a ray the input returns on keeps its point whatever the mask says. `model`,
     `steps` and `seed` serve `method="model"` only, `fill_network` `method="learned"`, the default for new beams
-    on a grid like those it was trained on (`default_method`). Bad input raises `InputError`, before any
+    of a sweep from a sensor like those it learnt from (`default_method`; `AUTO` is the same as none). Bad input raises `InputError`, before any
     compute.
     """
     start = time.perf_counter()
@@ -177,7 +179,7 @@ def upsample(
     grid = _grid(xyzi, scan, factor, sensor, limits)
     fill = _fill_mask(grid, mask)
     if method is None:
-        method = default_method(fill_network, grid.sensor.height > len(grid.measured_rows), grid.sensor)
+        method = default_method(fill_network, grid.sensor.height > len(grid.measured_rows), grid.measured)
     geometry_s = time.perf_counter() - start
     if method == MODEL:
         image = _model_fill(model, grid, fill, steps, seed, callback)  # type: ignore[arg-type]
@@ -198,7 +200,7 @@ def upsample(
 
 def _check_method(method: str, model: WorldModel | None, fill_network: FillNetwork | None) -> None:
     if method not in METHODS:
-        raise InputError(f"method must be one of {', '.join(METHODS)}, got {shown(method)}")
+        raise InputError(f"method must be one of {', '.join((AUTO, *METHODS))}, got {shown(method)}")
     if method == MODEL and model is None:
         raise InputError("method 'model' needs a world model; load a pipeline and call its upsample")
     if method == LEARNED and fill_network is None:
@@ -334,7 +336,8 @@ def _grid(xyzi: np.ndarray, scan: Scan, factor: int | None, sensor: Sensor | str
     range_[won], intensity[won], xyz[won] = rng[index], np.clip(xyzi[index, 3], 0.0, 1.0), xyzi[index, :3]
     given = RangeImage(range_.reshape(target.shape), intensity.reshape(target.shape))
     top, bottom = measured[0] + (measured[0] - measured[1]), measured[-1] - (measured[-2] - measured[-1])
-    return _Grid(target, rows, pixels, given, xyz.reshape(*target.shape, 3), np.unique(landing), (bottom, top))
+    return _Grid(target, geometry.sensor, rows, pixels, given, xyz.reshape(*target.shape, 3), np.unique(landing),
+                 (bottom, top))
 
 
 def _nearest_rows(xyzi: np.ndarray, sensor: Sensor) -> np.ndarray:

@@ -191,11 +191,13 @@ def test_the_learned_fill_runs_where_the_model_ships_one_and_is_refused_by_name_
     assert learned.stats["method"] == "learned" and json.loads(files["upsample.json"])["method"] == "learned"
     assert learned.stats["filled points"] == edge.stats["filled points"] > 0
     auto, files = upsampled(scan, method="auto")
-    assert auto.stats["method"] == "learned", "a network that does not say its grids fills every grid by default"
+    assert auto.stats["method"] == "learned", "a network that does not say its sensors fills every sweep by default"
     assert json.loads(files["upsample.json"])["request"]["method"] == "auto"
-    network.grids = ("hdl64",)  # the release's: trained on KITTI HDL-64E sweeps; this example is an HDL-32E's
+    network.sensors = ("hdl64",)  # the release's: trained on KITTI HDL-64E sweeps; this example is an HDL-32E's
     assert upsampled(scan, method="auto")[0].stats["method"] == "edge-aware"
-    assert upsampled(scan, target="hdl64", method="auto")[0].stats["method"] == "learned"
+    assert upsampled(scan, target="hdl64", method="auto")[0].stats["method"] == "edge-aware", "the sweep's sensor"
+    kitti = EXAMPLES / "kitti_patchworkpp_000000.bin"
+    assert upsampled(kitti, method="auto")[0].stats["method"] == "learned"
 
 
 def test_the_sweep_is_read_in_the_bounded_worker_not_the_server(monkeypatch):

@@ -148,12 +148,12 @@ def test_the_report_names_the_scored_sweeps_the_fill_network_learnt_from(data: t
         shipped = tmp_path / f"release_{len(real)}_{expected is None}"
         shutil.copytree(release, shipped)
         extra = {"steps": "1", "config": json.dumps({"real": real, "every": [4]})}
-        grids = ("hdl64",) if expected == [] else None  # a file that names its grids, and two that do not
-        network = FillNetwork(FillNetworkConfig(channels=8), grids)
+        sensors = ("hdl64",) if expected == [] else None  # a file that names its sensors, and two that do not
+        network = FillNetwork(FillNetworkConfig(channels=8), sensors)
         (shipped / FILL_WEIGHTS_NAME).write_bytes(fill_network_bytes(network, extra))
         report = evaluate(load_pipeline(shipped, device="cpu"), cfg)
         assert report["fill_network"]["scored_in_training"] == expected
-        assert ("the default fill for new beams on grids like hdl64" in format_report(report)) == bool(grids)
+        assert ("the default fill for new beams of sweeps from sensors like hdl64" in format_report(report)) == bool(sensors)
         assert [r["in_training"] for r in report["per_sweep"]] == ([None] * 2 if expected is None else
                                                                    [bool(expected), False])
         assert says in format_report(report)

@@ -17,8 +17,8 @@ from inference.fill_network import (
     FillNetworkConfig,
     fill_features,
     fill_network_bytes,
-    grid_family,
     load_fill_network,
+    sensor_family,
 )
 from inference.upsample import AUTO, EDGE_AWARE, LEARNED, upsample
 from lidar.errors import InputError
@@ -123,18 +123,19 @@ def test_a_file_that_is_not_a_fill_network_is_refused(tmp_path):
     with pytest.raises(ValueError, match=r"channels must be a multiple of 8 in \[8, 128\], got 1024"):
         load_fill_network(wide)
     odd = tmp_path / "odd.safetensors"  # the grids it names are preset names
-    odd.write_bytes(fill_network_bytes(perturbed(), {"trained_grids": json.dumps(["hdl64", "x" * 300])}))
-    with pytest.raises(ValueError, match="trained_grids must be a list of preset names"):
+    odd.write_bytes(fill_network_bytes(perturbed(), {"trained_sensors": json.dumps(["hdl64", "x" * 300])}))
+    with pytest.raises(ValueError, match="trained_sensors must be a list of preset names"):
         load_fill_network(odd)
 
 
-def test_a_fill_network_file_keeps_the_grids_it_was_trained_on(tmp_path):
+def test_a_fill_network_file_keeps_the_sensors_it_learnt_from(tmp_path):
     network = perturbed()
     (tmp_path / "unsaid.safetensors").write_bytes(fill_network_bytes(network))
-    assert load_fill_network(tmp_path / "unsaid.safetensors").grids is None
-    network.grids = ("hdl64", "os1-128")
-    (tmp_path / "said.safetensors").write_bytes(fill_network_bytes(network))
-    assert load_fill_network(tmp_path / "said.safetensors").grids == ("hdl64", "os1-128")
+    assert load_fill_network(tmp_path / "unsaid.safetensors").sensors is None
+    for sensors in (("hdl64", "os1-128"), ()):  # none: learnt from no sensor's sweeps, not "not said"
+        network.sensors = sensors
+        (tmp_path / "said.safetensors").write_bytes(fill_network_bytes(network))
+        assert load_fill_network(tmp_path / "said.safetensors").sensors == sensors
 
 
 @pytest.fixture(scope="module")
@@ -182,9 +183,9 @@ def test_a_checkpoint_half_way_resumes_to_the_same_weights(train_data, tmp_path)
     from training.train_fill import camera_view
 
     taken = load_sweep(sorted(train_data.glob("*.pcd"))[0])  # each sweep as it is and cut to a camera's view
-    families = tuple(sorted({grid_family(taken.geometry.sensor), grid_family(camera_view(taken).geometry.sensor)}))
-    assert whole.grids == resumed.grids == families, "the file names the families of the grids it trained on"
-    assert load_fill_network(train(cfg, stopped)).grids == families, "a finished job rerun keeps them"
+    families = tuple(sorted({sensor_family(taken.geometry.sensor), sensor_family(camera_view(taken).geometry.sensor)}))
+    assert whole.sensors == resumed.sensors == families, "the file names the families of the sensors it learnt from"
+    assert load_fill_network(train(cfg, stopped)).sensors == families, "a finished job rerun keeps them"
 
 
 def _train_until(cfg: FillTrainConfig, job, stop_at: int) -> None:
@@ -222,7 +223,7 @@ def test_a_job_dir_refuses_another_config_and_install_puts_the_network_in_a_rele
     assert "unknown fields ['stepz']" in capsys.readouterr().err
 
 
-def test_the_command_fills_with_the_learned_method_by_default_where_the_release_ships_one(tmp_path, capsys):
+def test_the_command_fills_auto_with_the_learned_method_where_the_release_ships_one_for_such_sweeps(tmp_path, capsys):
     from inference.__main__ import main as cli
 
     release = write_release(tmp_path / "release", tiny_model(seed=2))
@@ -238,9 +239,13 @@ def test_the_command_fills_with_the_learned_method_by_default_where_the_release_
     assert cli(["upsample", "--model", str(release), "--scan", str(scan_file), "--out", str(tmp_path / "refused"),
                 "--method", LEARNED]) == 2
     assert "needs a fill network" in capsys.readouterr().err
-    (release / FILL_WEIGHTS_NAME).write_bytes(fill_network_bytes(perturbed()))
+    network = perturbed()
+    (release / FILL_WEIGHTS_NAME).write_bytes(fill_network_bytes(network))
     shipped = record("shipped")
-    assert shipped["method"] == LEARNED and shipped["request"]["method"] == LEARNED
+    assert shipped["method"] == LEARNED and shipped["request"]["method"] == AUTO, "the fill used, and what was asked"
+    network.sensors = tuple(name for name in ("hdl64", "vlp16") if name != sensor_family(upsample(None, sweep(), 1).sensor))
+    (release / FILL_WEIGHTS_NAME).write_bytes(fill_network_bytes(network))
+    assert record("other_sensors")["method"] == EDGE_AWARE, "a network that learnt from other sensors' sweeps"
 
 
 def test_a_camera_view_keeps_the_points_ahead_on_the_beams_it_still_holds():
@@ -287,17 +292,18 @@ def test_a_scaled_item_is_the_item_of_the_scene_made_larger():
     np.testing.assert_allclose(small_item.truth * 1.5, big_item.truth, rtol=1e-5)
 
 
-def test_the_learned_fill_is_the_default_for_new_beams_on_the_grids_it_trained_on_and_edge_aware_elsewhere():
+def test_the_learned_fill_is_the_default_for_new_beams_of_sensors_it_learnt_from_and_edge_aware_elsewhere():
     network = perturbed()
-    target = upsample(None, sweep(), 4).sensor
-    assert upsample(None, sweep(), 4, fill_network=network).method == LEARNED, "grids not said: every grid"
-    network.grids = (grid_family(target),)
-    assert upsample(None, sweep(), 4, fill_network=network).method == LEARNED
+    own = sensor_family(upsample(None, sweep(), 1).sensor)  # the sweep's own beam table: the sensor it was taken on
+    assert upsample(None, sweep(), 4, fill_network=network).method == LEARNED, "sensors not said: every sensor"
+    network.sensors = (own,)
+    for factor, target in ((2, None), (4, None), (None, "hdl64"), (None, "os1-128")):  # whatever grid it goes to
+        assert upsample(None, sweep(), factor, sensor=target, fill_network=network).method == LEARNED, (factor, target)
     assert upsample(None, sweep(), 4, method=AUTO, fill_network=network).method == LEARNED, "auto: as unnamed"
-    network.grids = tuple(name for name in ("hdl64", "vlp16") if name != grid_family(target))
-    assert upsample(None, sweep(), 4, fill_network=network).method == EDGE_AWARE, "a grid it never trained on"
+    network.sensors = tuple(name for name in ("hdl64", "vlp16") if name != own)
+    assert upsample(None, sweep(), 4, fill_network=network).method == EDGE_AWARE, "another sensor's sweep"
     assert upsample(None, sweep(), 4, method=LEARNED, fill_network=network).method == LEARNED, "named: as asked"
-    network.grids = None
+    network.sensors = None
     assert upsample(None, sweep(), 1, fill_network=network).method == EDGE_AWARE, "trained on rings, not rays"
     assert upsample(None, sweep(), 4).method == EDGE_AWARE
     assert upsample(None, sweep(), 1, method=LEARNED, fill_network=network).method == LEARNED, "named: as asked"

@@ -252,6 +252,22 @@ def test_views_drawn_ahead_give_the_same_frames_as_drawn_in_order(model, monkeyp
             np.testing.assert_array_equal(a.range_image.range, b.range_image.range, err_msg=name)
 
 
+def test_a_guided_rollout_with_the_views_stem_drawn_ahead_draws_what_the_whole_stem_draws(model, monkeypatch):
+    """The views thread works out the stem's response to each frame's views (and, guided, to the same views with
+    the map dropped); with the cache's and the prior's share added, the frames are those of one whole-stem
+    convolution, up to float32 rounding."""
+    world = car_world()
+    poses = straight_poses(3)
+    kwargs = dict(map_source=world.hdmap, layout=world.boxes, seed=5, guidance=2.0, steps=2)
+    ahead = rollout(model, poses, **kwargs)
+    whole_prepare = WorldModel.prepare
+    monkeypatch.setattr(WorldModel, "prepare", lambda self, cond, views_stem=None: whole_prepare(self, cond))
+    whole = rollout(model, poses, **kwargs)
+    for a, b in zip(ahead.frames, whole.frames, strict=True):
+        np.testing.assert_array_equal(a.range_image.mask, b.range_image.mask)
+        np.testing.assert_allclose(a.range_image.range, b.range_image.range, atol=1e-3)
+
+
 def test_each_frame_samples_on_the_condition_training_builds_its_views_half_drawn_beside_the_network(
         model, monkeypatch):
     import inference.rollout as rollout_module

@@ -304,7 +304,7 @@ def fill_summary(pipe: LidarVersePipeline) -> dict[str, Any] | None:
     config = json.loads(meta.get("config", "{}"))
     return {"parameters": sum(p.numel() for p in pipe.fill_network.parameters()), "steps": int(meta.get("steps", 0)),
             "real": config.get("real", []), "sim": config.get("sim", []), "camera_view": config.get("camera_view"),
-            "every": config.get("every", []), "grids": list(pipe.fill_network.grids or [])}
+            "every": config.get("every", []), "sensors": list(pipe.fill_network.sensors or [])}
 
 
 def mark_training_sweeps(rows: list[dict[str, Any]], scored: list[Path], real: list[str]) -> list[str] | None:
@@ -417,9 +417,9 @@ def format_report(report: dict[str, Any]) -> str:
         lines.append(f"The learned fill: a {fill['parameters'] / 1e6:.2f} M-parameter network trained "
                      f"(`python -m training.train_fill`) for {fill['steps']:,} steps on {', '.join(data)}{views}, every "
                      f"{' or '.join(map(str, fill['every']))} rings kept; {_seen(fill.get('scored_in_training'))}.")
-        if fill.get("grids"):
-            lines.append(f"It is the default fill for new beams on grids like {', '.join(fill['grids'])} (the families "
-                         "of its training grids), the edge-aware fill elsewhere (docs/upsampling.md).")
+        if fill.get("sensors"):
+            lines.append(f"It is the default fill for new beams of sweeps from sensors like {', '.join(fill['sensors'])} "
+                         "(those it learnt from), the edge-aware fill for other sensors' (docs/upsampling.md).")
         lines += _unseen_line(report)
     if p.get("left_out"):
         lines.append(f"Left out (the model ships no fill network): {', '.join(p['left_out'])}.")

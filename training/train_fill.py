@@ -13,8 +13,8 @@ A sweep with rings dropped is its own label: the dropped rings are what the netw
    fill and the truth return on, the metric the evaluation reports.
 3. Checkpoints: `checkpoint.pt` in the job dir (network, optimiser, schedule, generator, step), replaced
    atomically every `save_every` steps; the same command resumes from it.
-4. The result: `fill.safetensors` in the job dir, naming its data, steps and the families of its grids
-   (`grid_family`: where it is the default fill) in its metadata; `--into RELEASE`
+4. The result: `fill.safetensors` in the job dir, naming its data, steps and the families of the sensors its
+   sweeps were measured on (`sensor_family`: where it is the default fill) in its metadata; `--into RELEASE`
    then puts it beside a release's world model, where `load_pipeline` picks it up.
 """
 
@@ -41,8 +41,8 @@ from inference.fill_network import (
     corrected_range,
     fill_features,
     fill_network_bytes,
-    grid_family,
     load_fill_network,
+    sensor_family,
 )
 from inference.upsample import EDGE_AWARE, upsample
 from lidar.errors import InputError
@@ -146,8 +146,8 @@ class Item:
     scored: np.ndarray
     #: The columns holding scored rays: where a crop is centred.
     columns: np.ndarray
-    #: The preset its grid is closest to (`grid_family`): the network's file names those it trained on.
-    grid: str
+    #: The family of the sensor its sweep was measured on (`sensor_family`): the network's file names them.
+    sensor: str
 
 
 def ring_drops(sweep: Sweep, every: tuple[int, ...]) -> list[Item]:
@@ -177,7 +177,7 @@ def filled_items(sweep: Sweep, fills: list[np.ndarray]) -> list[Item]:
         columns = np.flatnonzero(scored.any(axis=0))
         if len(columns):
             items.append(Item(features, sweep.truth.range.astype(np.float32), scored, columns,
-                              grid_family(res.sensor)))
+                              sensor_family(sweep.geometry.sensor)))
     return items
 
 
@@ -301,7 +301,7 @@ def train(cfg: FillTrainConfig, job_dir: Path) -> Path:
     step = _resume(job_dir, network, optimiser, schedule, rng)
     pools = build_pools(cfg) if step < cfg.steps else {}
     if pools:
-        network.grids = tuple(sorted({item.grid for pool in pools.values() for item in pool}))
+        network.sensors = tuple(sorted({item.sensor for pool in pools.values() for item in pool}))
     start, since = time.perf_counter(), step
     while step < cfg.steps:
         loss = loss_of(network, *batch(pools, cfg, rng))
@@ -317,7 +317,7 @@ def train(cfg: FillTrainConfig, job_dir: Path) -> Path:
         if step % cfg.save_every == 0 or step == cfg.steps:
             state = {"network": network.state_dict(), "optimiser": optimiser.state_dict(),
                      "schedule": schedule.state_dict(), "rng": rng.bit_generator.state, "step": step,
-                     "grids": list(network.grids or ())}
+                     "sensors": None if network.sensors is None else list(network.sensors)}
             atomic_torch_save(state, job_dir / CHECKPOINT_NAME)
     out = job_dir / FILL_WEIGHTS_NAME
     shown = {**asdict(cfg), "real": [shown_path(p) for p in cfg.real], "sim": [shown_path(p) for p in cfg.sim]}
@@ -346,7 +346,7 @@ def _resume(job_dir: Path, network: FillNetwork, optimiser: torch.optim.Optimize
     optimiser.load_state_dict(state["optimiser"])
     schedule.load_state_dict(state["schedule"])
     rng.bit_generator.state = state["rng"]
-    network.grids = tuple(state["grids"]) if state.get("grids") else None
+    network.sensors = None if state.get("sensors") is None else tuple(state["sensors"])
     logger.info("resumed %s at step %d", path, state["step"])
     return int(state["step"])
 
