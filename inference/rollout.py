@@ -179,9 +179,9 @@ class _ViewsAhead:
     While frame i samples, the thread draws frame i's measured view, then frame i + 1's map and layout views,
     their condition and the network's stem response to it (all of the stem but the cache's and the prior's
     share, 13-15 ms of a 64 x 2048 frame on one CPU thread); frame i's cache-bound steps (the condition's
-    cache, settling, cache update) stay in the caller's thread, in order. So a map or layout source is queried from that thread, one frame ahead, and only
-    ever by it during a rollout. Each view runs in a copy of the caller's context, where
-    `lidar.cancel.checkpoint` sees the caller's cancellation.
+    cache, settling, cache update) stay in the caller's thread, in order. So a map or layout source is queried
+    from that thread, one frame ahead, and only ever by it during a rollout. Each view runs in a copy of the
+    caller's context, where `lidar.cancel.checkpoint` sees the caller's cancellation.
     """
 
     def __init__(self, model: WorldModel, guidance: float, map_source: MapSource | None,

@@ -138,13 +138,13 @@ class _Grid:
     fan: tuple[float, float]
 
 
-def default_method(fill_network: FillNetwork | None, new_beams: bool = True, measured: Sensor | None = None) -> str:
+def default_method(fill_network: FillNetwork | None, new_beams: bool, measured: Sensor) -> str:
     """The fill a call that names none gets: the learned one for new beams where its network is at hand (it is
-    trained on rings dropped; on rays missing at random the edge-aware fill scores better) and, the sweep's
-    `measured` sensor given, learnt from sweeps of that sensor's family (`learnt_from`); else edge-aware."""
-    if fill_network is None or not new_beams:
-        return DEFAULT_METHOD
-    return LEARNED if measured is None or learnt_from(fill_network, measured) else DEFAULT_METHOD
+    trained on rings dropped; on rays missing at random the edge-aware fill scores better) and learnt from
+    sweeps of the `measured` sensor's family (`learnt_from`); else edge-aware."""
+    if fill_network is not None and new_beams and learnt_from(fill_network, measured):
+        return LEARNED
+    return DEFAULT_METHOD
 
 
 def upsample(
@@ -168,8 +168,8 @@ def upsample(
     `mask` (H, W) bool on the target grid names the rays to fill (default: the new beams, or on the sweep's
     own table every silent ray); a ray the input returns on keeps its point whatever the mask says. `model`,
     `steps` and `seed` serve `method="model"` only, `fill_network` `method="learned"`, the default for new beams
-    of a sweep from a sensor like those it learnt from (`default_method`; `AUTO` is the same as none). Bad input raises `InputError`, before any
-    compute.
+    of a sweep from a sensor like those it learnt from (`default_method`; `AUTO` is the same as none). Bad
+    input raises `InputError`, before any compute.
     """
     start = time.perf_counter()
     method = None if method == AUTO else method

@@ -67,7 +67,8 @@ BASELINE = LINEAR
 #: Report key -> table header.
 COLUMNS = {"mae": "MAE (m) ↓", "median": "median AE (m) ↓", "iou": "return IoU ↑", "chamfer": "Chamfer (m², 4D-Occ) ↓",
            "sweeps_per_s": "sweeps/s ↑"}
-#: The bars of the every-4th-ring setting (16 of 64 on KITTI), against the baseline: MAE and Chamfer at most these ratios, IoU at least 1.
+#: The bars of the every-4th-ring setting (16 of 64 on KITTI), against the baseline: MAE and Chamfer at most
+#: these ratios, IoU at least 1.
 MAE_BAR, CHAMFER_BAR, IOU_BAR = 0.8, 0.8, 1.0
 #: Goals beyond the bars (reported, not passed or failed): ratios, and sweeps per second on one thread.
 MAE_GOAL, CHAMFER_GOAL, SPEED_GOAL = 0.6, 0.6, 5.0
