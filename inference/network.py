@@ -19,6 +19,7 @@ far return. The flow (`inference.flow`) runs on the 3-channel image (range, inte
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
@@ -412,11 +413,13 @@ class WorldModel(nn.Module):
         base_intensity = torch.where(cached, cond[:, CACHE_INTENSITY], torch.full_like(prior, INTENSITY_FILL))
         return base_range, base_intensity, returns
 
-    def prepare(self, cond: torch.Tensor, views_stem: torch.Tensor | None = None) -> PreparedCondition:
+    def prepare(self, cond: torch.Tensor,
+                views_stem: torch.Tensor | Callable[[], torch.Tensor] | None = None) -> PreparedCondition:
         """The condition-only part of `forward` for a (B, C, H, W) condition, to reuse across sampler steps.
 
-        `views_stem`, the condition's `views_stem` worked out beforehand, leaves only the cache's and the prior's
-        share of the stem to compute here: a rollout draws the rest while the frame before samples.
+        `views_stem`, the condition's `views_stem` worked out elsewhere, leaves only the cache's and the prior's
+        share of the stem to compute here: a rollout draws the rest while the frame before samples. Given as a
+        call, it is waited for once that share is computed, as a first frame's still being worked out beside it.
         """
         self._check_condition(cond)
         dtype = self.stem.weight.dtype
@@ -429,13 +432,15 @@ class WorldModel(nn.Module):
         if views_stem is None:
             stem = self.stem.partial(torch.cat([cond, prior], dim=1), IMAGE_CHANNELS, bias=True, circular=circular)
         else:
-            if views_stem.shape != (cond.shape[0], self.stem.out_channels, *cond.shape[-2:]):
-                raise ValueError(f"WorldModel.prepare: views_stem must be the stem's response to this condition, "
-                                 f"({cond.shape[0]}, {self.stem.out_channels}, H, W); got {tuple(views_stem.shape)}")
             first_prior = IMAGE_CHANNELS + cond.shape[1]
             cache_and_prior = torch.cat([cond[:, :MAP_START], prior], dim=1)
             columns = [*range(IMAGE_CHANNELS, IMAGE_CHANNELS + MAP_START), first_prior, first_prior + 1]
-            stem = views_stem + self.stem.partial(cache_and_prior, columns, bias=False, circular=circular)
+            stem = self.stem.partial(cache_and_prior, columns, bias=False, circular=circular)
+            views_stem = views_stem() if callable(views_stem) else views_stem
+            if views_stem.shape != stem.shape:
+                raise ValueError(f"WorldModel.prepare: views_stem must be the stem's response to this condition, "
+                                 f"({cond.shape[0]}, {self.stem.out_channels}, H, W); got {tuple(views_stem.shape)}")
+            stem += views_stem
         return PreparedCondition(base_range, base_intensity.to(dtype), returns, stem, exact_range, circular)
 
     def views_stem(self, cond: torch.Tensor) -> torch.Tensor:

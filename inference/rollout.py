@@ -14,7 +14,7 @@ import logging
 import time
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields, replace
 from functools import partial
 from typing import Any, TypeVar
 
@@ -139,49 +139,92 @@ def cache_from_scans(scans: list[np.ndarray], poses: np.ndarray, **cache_kwargs:
     return cache
 
 
-def _layout(source: LayoutSource | None, time_s: float, pose: np.ndarray, sensor: Sensor) -> LayoutView | None:
-    if source is None:
-        return None
-    boxes = source(time_s, pose)
-    return layout_view(boxes["boxes"], boxes["box_class"], pose, sensor)
+def _queried(source: LayoutSource | None, time_s: float, pose: np.ndarray) -> dict[str, np.ndarray] | None:
+    """The actor boxes `source` gives for `time_s` and `pose`, or None without a layout."""
+    return None if source is None else source(time_s, pose)
 
 
 @dataclass(frozen=True)
 class _PoseViews:
     """What a frame's pose and time alone give: the map's and the layout's views, the condition they fill
-    (`views_condition`, its cache block still empty), the frame's guidance and the network's stem response to
-    that condition's views (`WorldModel.views_stem`, for the frame's batch: `_batch`)."""
+    (`views_condition`, its cache block still empty) and the frame's guidance."""
 
     map_view: MapView | None
     boxes: LayoutView | None
     condition: np.ndarray
     guidance: float
-    stem: torch.Tensor
 
 
 @torch.inference_mode()  # the views thread does not inherit the caller's mode
-def _pose_views(model: WorldModel, guidance: float, map_source: MapSource | None, layout: LayoutSource | None,
-                time_s: float, pose: np.ndarray, sensor: Sensor) -> _PoseViews:
+def _pose_views(model: WorldModel, guidance: float, map_source: MapSource | None,
+                actors: dict[str, np.ndarray] | None, pose: np.ndarray, sensor: Sensor) -> _PoseViews:
     map_view = map_source.range_view(pose, sensor) if map_source is not None else None
-    boxes = _layout(layout, time_s, pose, sensor)
+    boxes = None if actors is None else layout_view(actors["boxes"], actors["box_class"], pose, sensor)
     condition = views_condition(map_view, boxes, sensor, model.config.num_map_classes)
     # guidance pushes away from the map-dropped condition: without a map there is nothing to push from
-    scale = guidance if map_view is not None else 1.0
-    stem = model.views_stem(_batch(model, torch.from_numpy(condition), scale))
-    return _PoseViews(map_view, boxes, condition, scale, stem)
+    return _PoseViews(map_view, boxes, condition, guidance if map_view is not None else 1.0)
+
+
+@torch.inference_mode()
+def _views_stem(model: WorldModel, views: _PoseViews | Future[_PoseViews]) -> torch.Tensor:
+    """The network's stem response to a frame's views (`WorldModel.views_stem`), for the frame's batch
+    (`_batch`)."""
+    views = views.result() if isinstance(views, Future) else views
+    return model.views_stem(_batch(model, torch.from_numpy(views.condition), views.guidance))
+
+
+def _row_halves(sensor: Sensor) -> tuple[Sensor, Sensor, int] | None:
+    """`sensor`'s upper and lower beams, each with the other's nearest beam beyond the split (the stem's 3 x 3
+    convolution reads one row across it), and the split row; None for a sensor too low to split."""
+    if sensor.height < 4:
+        return None
+    split = sensor.height // 2
+    beams = sensor.elevations_deg
+    return (replace(sensor, elevations_deg=beams[: split + 1]), replace(sensor, elevations_deg=beams[split - 1:]),
+            split)
+
+
+def _half_views(model: WorldModel, guidance: float, map_source: MapSource | None,
+                actors: dict[str, np.ndarray] | None, pose: np.ndarray,
+                sensor: Sensor) -> tuple[_PoseViews, torch.Tensor]:
+    views = _pose_views(model, guidance, map_source, actors, pose, sensor)
+    return views, _views_stem(model, views)
+
+
+def _joined(upper: tuple[_PoseViews, torch.Tensor], lower: tuple[_PoseViews, torch.Tensor],
+            split: int) -> tuple[_PoseViews, torch.Tensor]:
+    """The views of the upper beams (`_row_halves`) down to row `split` and the lower beams' from there, each
+    drawn without the row beyond its half, which only its stem read."""
+    (top, top_stem), (bottom, bottom_stem) = upper, lower
+
+    def rows(a: Any, b: Any) -> Any:
+        if a is None:
+            return None
+        return type(a)(**{f.name: np.concatenate([getattr(a, f.name)[:split], getattr(b, f.name)[1:]])
+                          for f in fields(a)})
+
+    views = _PoseViews(rows(top.map_view, bottom.map_view), rows(top.boxes, bottom.boxes),
+                       np.concatenate([top.condition[:, :split], bottom.condition[:, 1:]], axis=1), top.guidance)
+    return views, torch.cat([top_stem[:, :, :split], bottom_stem[:, :, 1:]], dim=2)
 
 
 class _ViewsAhead:
     """The views of a frame that depend on its pose and time alone (the map's, the layout's, the condition they
-    fill and what the observation keeps), drawn in a second thread while the network samples: at 64 x 2048 they
-    cost 30-70 ms a frame beside a network of 350-800 ms, which releases the GIL in its kernels, as numpy does.
+    fill, the network's stem response to it and what the observation keeps), drawn in a second thread while the
+    network samples: at 64 x 2048 they cost 30-90 ms a frame beside a network of 350-800 ms, which releases the
+    GIL in its kernels, as numpy does.
 
     While frame i samples, the thread draws frame i's measured view, then frame i + 1's map and layout views,
     their condition and the network's stem response to it (all of the stem but the cache's and the prior's
     share, 13-15 ms of a 64 x 2048 frame on one CPU thread); frame i's cache-bound steps (the condition's
-    cache, settling, cache update) stay in the caller's thread, in order. So a map or layout source is queried
-    from that thread, one frame ahead, and only ever by it during a rollout. Each view runs in a copy of the
-    caller's context, where `lidar.cancel.checkpoint` sees the caller's cancellation.
+    cache, settling, cache update) stay in the caller's thread, in order. The first frame has nothing to be
+    drawn beside: with a map or a layout (60-90 ms at 64 x 2048), the thread draws its upper beams and the
+    caller its lower ones, once its cache is z-buffered; without, the caller works out the cache's share of the
+    stem while the thread works out the rest. So a map source is queried from that thread, one frame ahead,
+    and for the first frame from the caller's too at once (a map that only reads its own data serves as it
+    is); a layout source is queried for the first frame by the caller, before the thread starts, and for the
+    others by the thread alone. Each view runs in a copy of the caller's context, where
+    `lidar.cancel.checkpoint` sees the caller's cancellation.
     """
 
     def __init__(self, model: WorldModel, guidance: float, map_source: MapSource | None,
@@ -191,25 +234,55 @@ class _ViewsAhead:
         self._map, self._layout, self._measured = map_source, layout, measured
         self._poses, self._times, self._sensor = poses, times, sensor
         self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="rollout-views")
-        self._next = self._submit_pose_views(0)
+        self._lower: Callable[[], tuple[_PoseViews, torch.Tensor]] | None = None
+        actors = _queried(layout, float(times[0]), poses[0])
+        halves = _row_halves(sensor) if map_source is not None or actors is not None else None
+        if halves is None:
+            self._next = self._submit_views(0, actors)
+            return
+        upper, lower, split = halves
+        drawn = self._submit(_half_views, model, guidance, map_source, actors, poses[0], upper)
+
+        def lower_half() -> tuple[_PoseViews, torch.Tensor]:
+            below = _half_views(model, guidance, map_source, actors, poses[0], lower)
+            return _joined(drawn.result(), below, split)
+
+        self._lower = lower_half
 
     def _submit(self, function: Callable[..., T], *args: Any) -> Future[T]:
         return self._thread.submit(contextvars.copy_context().run, function, *args)
 
-    def _submit_pose_views(self, index: int) -> Future[_PoseViews]:
-        return self._submit(_pose_views, self._model, self._guidance, self._map, self._layout,
-                            float(self._times[index]), self._poses[index], self._sensor)
+    def _submit_views(self, index: int, actors: dict[str, np.ndarray] | None = None,
+                      ) -> tuple[Future[_PoseViews], Future[torch.Tensor]]:
+        """Frame `index`'s pose views, and behind them the stem's response to them; the layout queried in the
+        thread but for the first frame's, which the caller queried (`actors`)."""
+        pose, time_s = self._poses[index], float(self._times[index])
 
-    def views(self, index: int) -> tuple[_PoseViews, Future[MeasuredView] | None]:
-        """Frame `index`'s pose views, waited for since its condition needs them, and its measured view to come
-        (None without an observation), which only the frame's end needs; queues frame `index + 1`'s views
-        behind it, to be drawn while this frame samples."""
-        views = self._next.result()
+        def draw() -> _PoseViews:
+            boxes = actors if index == 0 else _queried(self._layout, time_s, pose)
+            return _pose_views(self._model, self._guidance, self._map, boxes, pose, self._sensor)
+
+        views = self._submit(draw)
+        return views, self._submit(_views_stem, self._model, views)
+
+    def views(self, index: int) -> tuple[_PoseViews, torch.Tensor | Callable[[], torch.Tensor],
+                                         Future[MeasuredView] | None]:
+        """Frame `index`'s pose views, waited for since its condition needs them; the stem's response to them,
+        or the call that waits for it once the caller has worked out the cache's share (`WorldModel.prepare`);
+        and its measured view to come (None without an observation), which only the frame's end needs. Queues
+        frame `index + 1`'s views behind them, to be drawn while this frame samples."""
+        stem: torch.Tensor | Callable[[], torch.Tensor]
+        if self._lower is not None:  # the first frame's, drawn in halves by the thread and here
+            views, stem = self._lower()
+            self._lower = None
+        else:
+            pending, stem_ahead = self._next
+            views, stem = pending.result(), stem_ahead.result
         kept = None if self._measured is None else self._submit(self._measured_view, index, views.map_view,
-                                                                 views.boxes)
+                                                                views.boxes)
         if index + 1 < len(self._poses):
-            self._next = self._submit_pose_views(index + 1)
-        return views, kept
+            self._next = self._submit_views(index + 1)
+        return views, stem, kept
 
     def _measured_view(self, index: int, map_view: MapView | None, boxes: LayoutView | None) -> MeasuredView:
         """Frame `index`'s measured view; an observation given as a callable is built here, on first use, so
@@ -447,12 +520,12 @@ def rollout(
             frame_start = time.perf_counter()
             # 1. condition: the cache, the map and the layout seen from the new pose (the views, the condition
             #    they fill and the stem's response to it were drawn while the network sampled the frame before;
-            #    the first frame's are drawn while its cache is z-buffered here)
+            #    the first frame's are drawn while its cache is z-buffered here, a map's and a layout's half here)
             cached = cache_view(cache.points(), pose, sensor)
-            views, kept_view = ahead.views(index)
+            views, views_stem, kept_view = ahead.views(index)
             map_view, boxes, scale = views.map_view, views.boxes, views.guidance
             prepared = model.prepare(_batch(model, with_cache(views.condition, cached, sensor), scale),
-                                     views_stem=views.stem)
+                                     views_stem=views_stem)
             # without a measurement but with a map or a layout, the cache's measured points are a surface the
             # frame keeps, as the map's are
             mapped = kept_view is None and (map_view is not None or boxes is not None)

@@ -78,8 +78,10 @@ class MapView:
 class MapSource(Protocol):
     """An HD map that can be ray-cast from any pose (`lidar.sim.HDMap` is one; a real map can be another).
 
-    A rollout queries it from a second thread, one frame ahead of the network (`inference.rollout`), and from
-    no other thread while it runs; a map that only reads its own data serves as it is."""
+    A rollout queries it from a second thread, one frame ahead of the network (`inference.rollout`), and for
+    its first frame, which nothing runs beside, from that thread and the caller's at once, each for half the
+    beams (a sensor whose `elevations_deg` are a slice of the frame's); a map that only reads its own data
+    serves as it is."""
 
     def range_view(self, pose: np.ndarray, sensor: Sensor) -> MapView: ...
 
@@ -87,7 +89,8 @@ class MapSource(Protocol):
 #: Something that gives the actor layout at a time (s) for a sensor at a pose (world_from_sensor): a dict with
 #: "boxes" (K, 7) world cx, cy, cz, l, w, h, yaw and "box_class" (K,) `OBJECT_CLASSES` indices, as
 #: `lidar.sim.World.boxes` gives (it leaves out the actors that sensor's sweep would not have); a real layout
-#: may ignore the pose. A rollout calls it from a second thread, one frame ahead, as it does a `MapSource`.
+#: may ignore the pose. A rollout calls it for its first frame in the caller's thread, before it starts its
+#: second thread, and for the others from that thread, one frame ahead, as it does a `MapSource`.
 LayoutSource = Callable[[float, np.ndarray], dict[str, np.ndarray]]
 
 # ---------------------------------------------------------------------------------------- time and motion

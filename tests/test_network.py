@@ -161,6 +161,10 @@ def test_the_views_stem_worked_out_first_and_the_cache_and_prior_share_added_lat
     assert split.circular == whole.circular and torch.equal(split.exact_range, whole.exact_range)
     x, t = torch.randn(2, IMAGE_CHANNELS, h, w), torch.rand(2)
     torch.testing.assert_close(model(x, t, split), model(x, t, whole), atol=1e-4, rtol=1e-4)
+    # given as a call (a first frame's, still being worked out in another thread), it is called once
+    asked: list[str] = []
+    late = model.prepare(cond, views_stem=lambda: asked.append("stem") or model.views_stem(views_only))
+    assert asked == ["stem"] and torch.equal(late.stem, split.stem)
     with pytest.raises(ValueError, match="views_stem must be the stem's response"):
         model.prepare(cond, views_stem=model.views_stem(cond[:1]))
 

@@ -16,7 +16,7 @@ from lidar.errors import InputError
 from lidar.formats import read_points
 from lidar.range_image import RangeImage, project, unproject
 from lidar.real_scans import real_scans_dir
-from lidar.sensors import VLP16
+from lidar.sensors import VLP16, Sensor
 from lidar.vocabulary import OBJECT_CLASSES, transform_points
 from tests.helpers import FLAT, car_world, flat_hdmap
 
@@ -157,14 +157,15 @@ def test_map_source_may_be_an_hdmap_like_object_and_a_callable_is_refused(model)
 
     via_object = rollout(model, straight_poses(2), map_source=Map(), seed=1)
     via_hdmap = rollout(model, straight_poses(2), map_source=FLAT, seed=1)
-    assert Map.calls == 2
+    assert Map.calls == 3  # the first frame's in two halves of its beams, drawn at once
     np.testing.assert_array_equal(via_object.frames[1].points, via_hdmap.frames[1].points)
     with pytest.raises(TypeError, match="range_view"):
         rollout(model, straight_poses(1), map_source=lambda pose, sensor: None)
 
 
 class _WatchedMap:
-    """FLAT, noting which thread draws each pose's view; the second view (frame 1's) sets `second`."""
+    """FLAT, noting which thread draws each view; the views thread's second (frame 1's: it draws the upper
+    beams of frame 0, the caller the lower) sets `second`."""
 
     def __init__(self) -> None:
         self.threads: list[str] = []
@@ -172,9 +173,14 @@ class _WatchedMap:
 
     def range_view(self, pose, sensor):
         self.threads.append(threading.current_thread().name)
-        if len(self.threads) == 2:
+        if sum(name.startswith("rollout-views") for name in self.threads) == 2:
             self.second.set()
         return FLAT.range_view(pose, sensor)
+
+    def drawn_by_the_views_thread(self, frames: int) -> bool:
+        """Each frame's view drawn by the views thread, but the lower half of the first frame's, by the caller."""
+        return (sorted(self.threads) == ["MainThread", *["rollout-views_0"] * frames]
+                and self.threads[0].startswith("rollout-views"))
 
 
 class _InOrder:
@@ -213,7 +219,7 @@ def test_the_next_frames_views_are_drawn_while_the_network_samples(model, monkey
     finally:
         del model.forward
     assert waited == [True], "frame 1's map view was not drawn while frame 0 sampled"
-    assert len(source.threads) == 3 and all(name.startswith("rollout-views") for name in source.threads)
+    assert source.drawn_by_the_views_thread(3), source.threads
     monkeypatch.setattr(rollout_module, "ThreadPoolExecutor", _InOrder)
     in_order = rollout(model, straight_poses(3), map_source=FLAT, seed=4)
     for a, b in zip(overlapped.frames, in_order.frames, strict=True):
@@ -268,6 +274,25 @@ def test_a_guided_rollout_with_the_views_stem_drawn_ahead_draws_what_the_whole_s
         np.testing.assert_allclose(a.range_image.range, b.range_image.range, atol=1e-3)
 
 
+def test_the_first_frames_views_drawn_in_two_halves_of_its_beams_are_the_whole_frames(model, monkeypatch):
+    """Nothing runs beside the first frame, so its map and layout views are drawn by two threads, half the beams
+    each, and joined; every view is per ray and the stem reads one row beyond the split, so the frames are
+    those of views drawn whole (odd and even beam counts, guided with the map dropped too)."""
+    import inference.rollout as rollout_module
+
+    world = car_world()
+    for sensor in (SENSOR, Sensor.from_angles("odd", np.linspace(8, -20, 15), width=96)):
+        kwargs = dict(map_source=world.hdmap, layout=world.boxes, seed=2, guidance=2.0, steps=2, sensor=sensor)
+        halves = rollout(model, straight_poses(2), **kwargs)
+        with monkeypatch.context() as patch:
+            patch.setattr(rollout_module, "_row_halves", lambda sensor: None)
+            whole = rollout(model, straight_poses(2), **kwargs)
+        for a, b in zip(halves.frames, whole.frames, strict=True):
+            assert a.range_image.shape == sensor.shape
+            np.testing.assert_array_equal(a.range_image.range, b.range_image.range)
+            np.testing.assert_array_equal(a.points, b.points)
+
+
 def test_each_frame_samples_on_the_condition_training_builds_its_views_half_drawn_beside_the_network(
         model, monkeypatch):
     import inference.rollout as rollout_module
@@ -297,7 +322,7 @@ def test_each_frame_samples_on_the_condition_training_builds_its_views_half_draw
     monkeypatch.setattr(rollout_module, "with_cache", watched_cache)
     poses = straight_poses(3)
     rollout(model, poses, map_source=world.hdmap, layout=world.boxes, seed=3)
-    assert len(threads) == 3 and all(name.startswith("rollout-views") for name in threads)
+    assert sorted(threads) == ["MainThread", *["rollout-views_0"] * 3], "frame 0's in halves, the others ahead"
     assert len(conditions) == 3 and len(conditions[1][0]), "frame 1's condition did not see frame 0 in the cache"
     for (cache, pose, cond), time_s in zip(conditions, frame_times(3, None), strict=True):
         actors = world.boxes(float(time_s), pose)
@@ -380,7 +405,7 @@ def test_a_cancelled_rollout_drops_the_views_not_yet_started_and_leaves_no_threa
     source = _WatchedMap()
     with pytest.raises(KeyboardInterrupt):
         rollout(model, poses, map_source=source, measured=seen, update_cache=False, seed=0, callback=cancel)
-    assert len(source.threads) == 1, "frame 1's views, queued behind frame 0's measured view, were still drawn"
+    assert len(source.threads) == 2, "frame 1's views, queued behind frame 0's measured view, were still drawn"
     assert not [t for t in threading.enumerate() if t.name.startswith("rollout-views")]
 
 
