@@ -82,7 +82,7 @@ STAGES: tuple[tuple[Any, str, str], ...] = (
     (measured_module, "project", "observation: the sweeps' rays (project)"),
     (measured_module, "measured_points", "observation: points to world"),
     (measured_module, "sensor_shadow", "observation: sensor shadow"),
-    (rollout_module, "_layout", "layout view"),
+    (rollout_module, "layout_view", "layout view"),
     (conditioning_module, "box_range_view", "layout view: box ray-cast"),
     (hdmap_module.HDMap, "_ground_cast", "map view: ground cast"),
     (hdmap_module, "box_range_view", "map view: footprint box ray-cast"),
