@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import shutil
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -159,3 +160,27 @@ def test_the_report_names_the_scored_sweeps_the_fill_network_learnt_from(data: t
         assert says in format_report(report)
         # the bar setting on the sweeps it did not learn from, alone, where some were learnt from
         assert ("On the 1 scored sweeps it did not learn from (000001.pcd)" in format_report(report)) == bool(expected)
+
+
+def test_the_pictures_show_the_first_sweep_the_fill_network_did_not_learn_from(data, tmp_path, one_torch_thread):
+    """A picture of a sweep the network trained on shows a fit: the pictures take the first scored sweep it did
+    not learn from, and the first sweep only where it learnt from them all."""
+    folder, release = data
+    methods = (LINEAR, EDGE_AWARE, LEARNED)
+    scored = (str(folder / "000000.pcd"), str(folder / "000001.pcd"))
+    for learnt, shown, says in (([scored[0]], "000001.pcd", "did not learn from"),
+                                (list(scored), "000000.pcd", "learnt from")):
+        shipped = tmp_path / f"release_{len(learnt)}"
+        shutil.copytree(release, shipped)
+        extra = {"steps": "1", "config": json.dumps({"real": learnt, "every": [4]})}
+        (shipped / FILL_WEIGHTS_NAME).write_bytes(fill_network_bytes(FillNetwork(FillNetworkConfig(channels=8)), extra))
+        pipe = load_pipeline(shipped, device="cpu")
+        cfg = UpsampleEvalConfig(data=scored, methods=methods, sparse_example=str(tmp_path / "none.pcap"))
+        report = evaluate(pipe, cfg, pictures=tmp_path / f"pictures_{len(learnt)}")
+        assert report["protocol"]["pictured"] == shown
+        assert f"The pictures show {shown}, a sweep the fill network {says}." in format_report(report)
+        alone = evaluate(pipe, replace(cfg, data=(str(folder / shown),)), pictures=tmp_path / f"alone_{len(learnt)}")
+        assert alone["protocol"]["pictured"] == shown
+        for name in ("upsample_bev_0.png", "upsample_range_0.png"):  # the ring settings draw no random mask
+            assert (tmp_path / f"pictures_{len(learnt)}" / name).read_bytes() == \
+                (tmp_path / f"alone_{len(learnt)}" / name).read_bytes(), name

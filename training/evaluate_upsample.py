@@ -260,7 +260,7 @@ def write_pictures(out_dir: Path, sweep: Sweep, results: dict[str, dict[str, Ups
     for k, (setting, by_method) in enumerate(results.items()):
         first = next(iter(by_method.values()))
         given = first.points[: first.input_count]
-        clouds = {f"given: {setting} of {sweep.name} ({len(given):,} points)": given}
+        clouds = {f"given, {setting} ({len(given):,})": given}
         clouds |= {f"{m} ({len(r.points):,})": r.points for m, r in by_method.items()}
         clouds[f"truth ({len(sweep.scan.points):,})"] = sweep.scan.points
         bev = out_dir / f"upsample_bev_{k}.png"
@@ -308,23 +308,22 @@ def fill_summary(pipe: LidarVersePipeline) -> dict[str, Any] | None:
             "every": config.get("every", []), "sensors": list(pipe.fill_network.sensors or [])}
 
 
-def mark_training_sweeps(rows: list[dict[str, Any]], scored: list[Path], real: list[str]) -> list[str] | None:
-    """Marks each row's `in_training`: whether its sweep's bytes (`scored`, in the rows' order) are among the
-    `real` training sweeps (as a fill network's metadata names them, relative to the working directory), None
-    where that data is not here to compare. Returns the names of those learnt from, or None. A figure on a
-    sweep the network learnt from is a fit, and the card says which those are."""
+def training_digests(fill: dict[str, Any] | None) -> set[str] | None:
+    """The content digests of the real sweeps a fill network learnt from (`fill_summary`'s `real`, relative to
+    the working directory), or None where there is no network or its data is not here to compare."""
+    if fill is None:
+        return None
     try:
-        digests = {_digest(path) for path in sweep_files(tuple(real))[0]}
+        return {_digest(path) for path in sweep_files(tuple(fill["real"]))[0]}
     except InputError:
-        digests = None
-    for row, path in zip(rows, scored, strict=True):
-        row["in_training"] = None if digests is None else _digest(path) in digests
-    return None if digests is None else [r["sweep"] for r in rows if r["in_training"]]
+        return None
 
 
 def evaluate(pipe: LidarVersePipeline, cfg: UpsampleEvalConfig, seed: int = 0,
              pictures: Path | None = None) -> dict[str, Any]:
-    """Run the protocol; returns the JSON-ready report."""
+    """Run the protocol; returns the JSON-ready report. Each row says whether the fill network learnt from its
+    sweep (`in_training`, by content; None where that cannot be told): a figure there is a fit. The pictures
+    show the first sweep it did not learn from, else the first sweep."""
     start = time.perf_counter()
     without = [m for m in cfg.methods if m == LEARNED and pipe.fill_network is None]
     if without:
@@ -335,31 +334,43 @@ def evaluate(pipe: LidarVersePipeline, cfg: UpsampleEvalConfig, seed: int = 0,
     files, duplicates = sweep_files(cfg.data)
     if cfg.max_sweeps and len(files) > cfg.max_sweeps:
         files = [files[i] for i in np.linspace(0, len(files) - 1, cfg.max_sweeps).round().astype(int)]
-    rows, skipped, scored = [], [], []
+    fill = fill_summary(pipe)
+    learnt = training_digests(fill)
+    rows: list[dict[str, Any]] = []
+    skipped: list[str] = []
+    pictured: Sweep | None = None
+    first: tuple[Sweep, dict[str, dict[str, UpsampleResult]]] | None = None
     for index, path in enumerate(files):
         sweep = load_sweep(path)
         if isinstance(sweep, str):
             skipped.append(sweep)
             continue
         results = evaluate_sweep(pipe, sweep, index, cfg, seed)
-        if pictures is not None and not rows:
-            write_pictures(pictures, sweep, results)
-        scored.append(path)
-        rows.append({"sweep": sweep.name, "shape": list(sweep.truth.shape),
+        in_training = None if learnt is None else _digest(path) in learnt
+        if pictures is not None and pictured is None:
+            if not in_training:
+                write_pictures(pictures, sweep, results)
+                pictured = sweep
+            elif first is None:
+                first = (sweep, results)  # pictured if every sweep was learnt from
+        rows.append({"sweep": sweep.name, "shape": list(sweep.truth.shape), "in_training": in_training,
                      "scores": {s: {m: scores(r, sweep) for m, r in by.items()} for s, by in results.items()}})
         logger.info("%s: %s", sweep.name, {m: round(r["mae"], 3) for m, r in rows[-1]["scores"][BAR_SETTING].items()})
     if not rows:
         raise InputError(f"no sweep of {', '.join(cfg.data)} could be scored: {'; '.join(skipped) or 'none found'}")
-    tables = summarise(rows, cfg.methods)
-    fill = fill_summary(pipe)
+    if pictures is not None and pictured is None and first is not None:
+        write_pictures(pictures, *first)
+        pictured = first[0]
     if fill is not None:
-        fill["scored_in_training"] = mark_training_sweeps(rows, scored, fill["real"])
+        fill["scored_in_training"] = None if learnt is None else [r["sweep"] for r in rows if r["in_training"]]
     if pictures is not None:
         write_sparse_pictures(pictures, pipe, cfg, seed)
+    tables = summarise(rows, cfg.methods)
     return {
         "protocol": {**asdict(cfg), "left_out": without, "settings": [asdict(s) for s in SETTINGS], "seed": seed,
                      "steps": cfg.steps or pipe.config.default_steps, "baseline": BASELINE, "bar_setting": BAR_SETTING,
-                     "sweeps": [r["sweep"] for r in rows], "duplicates": duplicates, "skipped": skipped},
+                     "sweeps": [r["sweep"] for r in rows], "duplicates": duplicates, "skipped": skipped,
+                     "pictured": None if pictured is None else pictured.name},
         "tables": tables,
         "bars": bars(tables) if BASELINE in cfg.methods else [],
         "fill_network": fill,
@@ -424,6 +435,10 @@ def format_report(report: dict[str, Any]) -> str:
         lines += _unseen_line(report)
     if p.get("left_out"):
         lines.append(f"Left out (the model ships no fill network): {', '.join(p['left_out'])}.")
+    pictured = next((r for r in report["per_sweep"] if r["sweep"] == p.get("pictured")), None)
+    if pictured is not None:
+        unseen = {False: ", a sweep the fill network did not learn from", True: ", a sweep the fill network learnt from"}
+        lines.append(f"The pictures show {pictured['sweep']}{unseen.get(pictured['in_training'], '')}.")
     for setting, table in report["tables"].items():
         lines += ["", f"{setting}:", "", "| method | " + " | ".join(COLUMNS.values()) + " |",
                   "|---" * (len(COLUMNS) + 1) + "|"]
