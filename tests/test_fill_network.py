@@ -354,7 +354,7 @@ def test_ray_drops_add_completion_items_drawn_like_the_evaluations(train_data) -
     cfg = tiny_train(train_data, drops=(0.5, 0.9), camera_view=False)
     pools = build_pools(cfg)
     assert len(pools["real"]) == 2 * (4 + 2)  # 2 sweeps x (4 ring offsets + 2 ray drops)
-    sweep = load_sweep(sweep_files(cfg.real)[0][0])
+    sweep = load_sweep(next(iter(sweep_files(cfg.real)[0])))
     half, most = ray_drops(sweep, (0.5, 0.9), np.random.default_rng(0))
     share = [item.scored.sum() / sweep.truth.mask.sum() for item in (half, most)]
     assert 0.4 < share[0] < 0.5 < 0.8 < share[1] < 0.9  # scored: dropped rays the fill and the truth return on

@@ -143,8 +143,9 @@ def _digest(path: Path) -> str:
     return hashlib.sha1(path.read_bytes()).hexdigest()
 
 
-def sweep_files(data: tuple[str, ...]) -> tuple[list[Path], list[str]]:
-    """The sweep files of `data` (files, or folders of them), each content once, and the duplicates skipped."""
+def sweep_files(data: tuple[str, ...]) -> tuple[dict[Path, str], list[str]]:
+    """The sweep files of `data` (files, or folders of them), each content once, with their content digests, and
+    the duplicates skipped."""
     files: list[Path] = []
     for entry in map(Path, data):
         if entry.is_dir():
@@ -154,14 +155,15 @@ def sweep_files(data: tuple[str, ...]) -> tuple[list[Path], list[str]]:
         else:
             raise InputError(f"--data {entry}: no such file or folder; expected sweep files or folders of them")
     seen: dict[str, Path] = {}
-    kept, duplicates = [], []
+    kept: dict[Path, str] = {}
+    duplicates = []
     for path in files:
         digest = _digest(path)
         if digest in seen:
             duplicates.append(f"{path.name} (= {seen[digest].name})")
         else:
             seen[digest] = path
-            kept.append(path)
+            kept[path] = digest
     return kept, duplicates
 
 
@@ -314,7 +316,7 @@ def training_digests(fill: dict[str, Any] | None) -> set[str] | None:
     if fill is None:
         return None
     try:
-        return {_digest(path) for path in sweep_files(tuple(fill["real"]))[0]}
+        return set(sweep_files(tuple(fill["real"]))[0].values())
     except InputError:
         return None
 
@@ -331,7 +333,8 @@ def evaluate(pipe: LidarVersePipeline, cfg: UpsampleEvalConfig, seed: int = 0,
         if set(cfg.methods) <= set(without):
             raise InputError(f"method {LEARNED} needs a fill network and the model ships none; add another method")
         cfg = replace(cfg, methods=tuple(m for m in cfg.methods if m not in without))
-    files, duplicates = sweep_files(cfg.data)
+    digests, duplicates = sweep_files(cfg.data)
+    files = list(digests)
     if cfg.max_sweeps and len(files) > cfg.max_sweeps:
         files = [files[i] for i in np.linspace(0, len(files) - 1, cfg.max_sweeps).round().astype(int)]
     fill = fill_summary(pipe)
@@ -346,7 +349,7 @@ def evaluate(pipe: LidarVersePipeline, cfg: UpsampleEvalConfig, seed: int = 0,
             skipped.append(sweep)
             continue
         results = evaluate_sweep(pipe, sweep, index, cfg, seed)
-        in_training = None if learnt is None else _digest(path) in learnt
+        in_training = None if learnt is None else digests[path] in learnt
         if pictures is not None and pictured is None:
             if not in_training:
                 write_pictures(pictures, sweep, results)

@@ -206,7 +206,7 @@ def sim_sweep(dataset: SimDataset, sequence: int, frame: int) -> Sweep | str:
 def build_pools(cfg: FillTrainConfig) -> dict[str, list[Item]]:
     """Step 1: the real and the simulated items."""
     pools: dict[str, list[Item]] = {"real": [], "sim": []}
-    files, _ = sweep_files(cfg.real) if cfg.real else ([], [])
+    files = list(sweep_files(cfg.real)[0]) if cfg.real else []
     for index, path in enumerate(files):
         sweep = load_sweep(path)
         if isinstance(sweep, str):
