@@ -112,7 +112,8 @@ class Sensor:
         return _ray_table(self)
 
 
-#: Sensors whose ray table is kept (`Sensor.ray_table`): a forecast's measured one, the model's and a few more.
+#: Sensors whose ray table is kept (`Sensor.ray_table`): a forecast's measured one, the model's, the two halves
+#: of beams a rollout draws its first frame's map views on, and a few more.
 RAY_TABLES_KEPT = 8
 
 

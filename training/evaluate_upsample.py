@@ -438,7 +438,7 @@ def format_report(report: dict[str, Any]) -> str:
         lines += _unseen_line(report)
     if p.get("left_out"):
         lines.append(f"Left out (the model ships no fill network): {', '.join(p['left_out'])}.")
-    pictured = next((r for r in report["per_sweep"] if r["sweep"] == p.get("pictured")), None)
+    pictured = next((r for r in report["per_sweep"] if p.get("pictured") and r["sweep"] == p["pictured"]), None)
     if pictured is not None:
         unseen = {False: ", a sweep the fill network did not learn from", True: ", a sweep the fill network learnt from"}
         lines.append(f"The pictures show {pictured['sweep']}{unseen.get(pictured['in_training'], '')}.")
