@@ -32,7 +32,7 @@ import math
 import os
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -63,8 +63,6 @@ from inference.upsample import (
 )
 from lidar import sandbox
 from lidar.errors import InputError, shown
-from lidar.formats import Scan
-from lidar.recordings import is_container
 from lidar.sensors import PRESETS, Sensor
 from lidar.sim import ACTIONS, STYLES, make_world
 from lidar.sim.world import World
@@ -181,7 +179,8 @@ def _upsample(args: argparse.Namespace, started: float) -> int:
     if (args.out / RECORD_NAME).exists() and not args.overwrite:
         raise InputError(f"{args.out} already holds an upsampled sweep ({RECORD_NAME}); choose another --out or "
                          "pass --overwrite")
-    scan, name = _upsample_input(args)  # in a bounded worker; a bad file fails before the model loads
+    # in a bounded worker; a bad file fails before the model loads
+    scan, name = sandbox.one_sweep(args.scan, args.sweep, topic=args.topic)
     pipe = _load(args)
     ready = time.perf_counter() - started
     out = pipe.upsample(scan, args.factor, sensor=args.sensor, method=args.method, steps=args.steps, seed=args.seed)
@@ -196,36 +195,6 @@ def _upsample(args: argparse.Namespace, started: float) -> int:
           f"to {args.out}")
     print(f"ready {ready:.2f} s, upsample {out.timings['total']:.2f} s, write {record['timings']['write']:.2f} s")
     return 0
-
-
-def _upsample_input(args: argparse.Namespace) -> tuple[Scan, str | None]:
-    """The sweep to upsample, read in a bounded worker: `--scan` itself, or sweep `--sweep` of the recording,
-    folder or zip it names (a lab's sparse sensor records pcaps and bags, not sweep files), with that sweep's
-    name."""
-    if not args.scan.exists():
-        raise InputError(f"--scan {args.scan}: no such file or folder; expected a sweep file, a recording, a folder "
-                         "or a zip of sweeps")
-    container = args.scan.is_dir() or is_container(args.scan)
-    if args.topic is not None and not container:
-        raise InputError(f"--topic {shown(args.topic)}: {args.scan} is no recording; --topic picks a bag's stream")
-    if args.scan.suffix.lower() == ".zip" and not container:
-        sweeps = sandbox.read_sequence(args.scan)[0]
-        return _chosen(args, sweeps.scans, sweeps.names)
-    if container:
-        recording = sandbox.open_recording(args.scan, topic=args.topic)
-        return _chosen(args, recording, recording.names)
-    if args.sweep:
-        raise InputError(f"--sweep {args.sweep}: {args.scan} is one sweep file; --sweep picks a sweep of a "
-                         "recording, a folder or a zip")
-    return sandbox.read_points(args.scan), None
-
-
-def _chosen(args: argparse.Namespace, sweeps: Sequence[Scan], names: list[str]) -> tuple[Scan, str]:
-    """Sweep `--sweep` of `sweeps` (read when indexed) and its name, or the refusal naming how many there are."""
-    if not 0 <= args.sweep < len(sweeps):
-        held = f"{len(sweeps)} sweep{'s' if len(sweeps) != 1 else ''}"
-        raise InputError(f"--sweep {args.sweep}: {args.scan} holds {held}; expected 0 to {len(sweeps) - 1}")
-    return sweeps[args.sweep], names[args.sweep]
 
 
 def _observe(args: argparse.Namespace, sources: list[Path]) -> ObservedScene:
@@ -393,16 +362,19 @@ def _parser() -> argparse.ArgumentParser:
         p.add_argument("--topic", default=None,
                        help="the PointCloud2 topic of a bag (or the log of a nuScenes root); needed when it holds several")
 
-    def rollout_args(p: argparse.ArgumentParser) -> None:
+    scans_geometry = "the scans' own geometry, else the model's"
+
+    def rollout_args(p: argparse.ArgumentParser, sensor_default: str) -> None:
         p.add_argument("--action", default="straight", choices=ACTIONS)
         p.add_argument("--frames", type=_WHOLE, default=8, help=f"1..{MAX_FRAMES}")
-        sensor_args(p)
+        sensor_args(p, sensor_default)
         sampling_args(p)
         output_args(p)
 
-    def sensor_args(p: argparse.ArgumentParser) -> None:
+    def sensor_args(p: argparse.ArgumentParser, default: str = scans_geometry) -> None:
+        """--sensor and --columns; `default` says which sensor the frames get without them."""
         p.add_argument("--sensor", default=None, help=f"the frames' sensor, one of {', '.join(PRESETS)} (default: "
-                       "the scans' own geometry, else the model's)")
+                       f"{default})")
         p.add_argument("--columns", type=_WHOLE, default=None,
                        help="azimuth columns of the frames (default: the sensor's own)")
 
@@ -427,7 +399,7 @@ def _parser() -> argparse.ArgumentParser:
     common(gen)
     gen.add_argument("--map-seed", type=_WHOLE, default=0, help="procedural world seed")
     gen.add_argument("--style", default="urban", choices=STYLES)
-    rollout_args(gen)
+    rollout_args(gen, "the model's")
     gen.set_defaults(run=_generate)
 
     fc = sub.add_parser("forecast", help="continue from observed scan files")
@@ -440,7 +412,7 @@ def _parser() -> argparse.ArgumentParser:
         help="scan files (sensor frame; ordered by the frame number in their names), a folder or a zip",
     )
     observed_args(fc)
-    rollout_args(fc)
+    rollout_args(fc, scans_geometry)
     fc.add_argument("--feedback", action="store_true",
                     help="feed each generated frame back into the cache (invented content stays put; errors compound)")
     fc.set_defaults(run=_forecast)

@@ -35,6 +35,7 @@ from inference.rollout import Progress, RolloutResult, cache_from_scans, frame_t
 from inference.upsample import UpsampleResult, upsample
 from lidar.errors import InputError, shown
 from lidar.formats import Scan, detect_sensor, write_points
+from lidar.formats.rings import MAX_BEAMS, scan_order
 from lidar.range_image import RangeImage, grid_winners, unproject
 from lidar.rows import finite_rows, take_rows
 from lidar.sensors import Sensor, get_sensor
@@ -520,7 +521,9 @@ def write_rollout(
     request: dict[str, Any] | None = None,
     overwrite: bool = False,
 ) -> dict[str, Any]:
-    """Write `frame_XXX.<fmt>` per frame (sensor frame), `world.<fmt>` (world frame) and `poses.json`.
+    """Write `frame_XXX.<fmt>` per frame (sensor frame, stored ring by ring with each point's ring where the
+    format has a field for it, so any reader gets the frame's beams back), `world.<fmt>` (world frame) and
+    `poses.json`.
 
     The one poses.json layout the CLI and the app's download share; returns its content. A frame without
     returns gets no file (`"file": null`), since point formats cannot hold an empty cloud. A folder that
@@ -541,7 +544,10 @@ def write_rollout(
     for frame in result.frames:
         name: str | None = f"frame_{frame.index:03d}.{fmt}"
         if len(frame.points):
-            write_points(folder / name, frame.points)
+            # ring by ring, as a sensor stores a sweep: a format without a ring field keeps them in that order
+            order = scan_order(frame.points, frame.rings)
+            rings = frame.rings[order] if sensor.height <= MAX_BEAMS else None  # what the ring field holds
+            write_points(folder / name, frame.points[order], ring=rings)
         else:
             logger.warning("frame %d has no returns; %s not written", frame.index, name)
             name = None

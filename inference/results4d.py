@@ -77,7 +77,7 @@ def _ns(seconds: float) -> int:
 def _generated(result: RolloutResult, times: np.ndarray, boxes: BoxSource | None):
     for frame, t in zip(result.frames, times, strict=True):
         shown = (None, None) if boxes is None else boxes(float(t), frame.pose)
-        yield Sweep(frame.points, _ns(t), frame.pose, None, shown[0], shown[1])
+        yield Sweep(frame.points, _ns(t), frame.pose, frame.rings, shown[0], shown[1])
 
 
 def _observed(scene: ObservedScene):

@@ -44,7 +44,7 @@ from inference.measured import (
 )
 from inference.network import IMAGE_CHANNELS, PreparedCondition, WorldModel, to_encoded_image
 from lidar.blind_disc import unseen_ground
-from lidar.range_image import RangeImage, encode_range, unproject
+from lidar.range_image import RangeImage, encode_range, nearest_beam_rows, unproject
 from lidar.rows import take_rows
 from lidar.sensors import Sensor
 from lidar.vocabulary import FRAME_RATE_HZ, LayoutSource, MapSource, MapView, transform_points
@@ -68,6 +68,9 @@ class Frame:
     #: Wall time of this frame, from its condition to its delivery: sampling, decoding and cache update, and
     #: for a forecast's frame, finished beside the next frame's network, until that frame's first step.
     seconds: float
+    #: (N,) int64 row of each point in the rollout's sensor (0 = highest beam), the beam its ray lies on: the
+    #: ring a file stores (`write_rollout`).
+    rings: np.ndarray
 
 
 @dataclass(frozen=True)
@@ -293,8 +296,7 @@ class _ViewsAhead:
                              float(self._times[index]))
         return view.ready_to_settle() if map_view is None and boxes is None else view
 
-    def finish(self, x: torch.Tensor, kept: Future[MeasuredView] | None,
-               surfaces: _Surfaces) -> Future[tuple[RangeImage, np.ndarray, np.ndarray]]:
+    def finish(self, x: torch.Tensor, kept: Future[MeasuredView] | None, surfaces: _Surfaces) -> Future[_Finished]:
         """`_finish` of a frame whose points no later frame's condition needs (nothing fed back to the cache),
         drawn behind the frame's measured view while the next frame samples: at 64 x 2048 a forecast's frame
         spends 40-50 ms there, most of it settling the additions."""
@@ -317,6 +319,17 @@ class _Surfaces:
     measured: RangeImage | None
 
 
+@dataclass(frozen=True)
+class _Finished:
+    """A frame once finished (`_finish`): its range image, its points and their rings (sensor frame), and its
+    world points (sensor frame, less the observing car's body) for the cache and the rollout's union."""
+
+    image: RangeImage
+    points: np.ndarray
+    rings: np.ndarray
+    world: np.ndarray
+
+
 def _measured_surface(cache: SpatialCache, pose: np.ndarray, sensor: Sensor) -> RangeImage | None:
     """The cache's measured points (a sampled sweep's `cache_points`) z-buffered at `pose` as the condition
     z-buffers the cache, or None when it holds none, as in free generation. Only these hold a generated frame
@@ -328,32 +341,33 @@ def _measured_surface(cache: SpatialCache, pose: np.ndarray, sensor: Sensor) -> 
     return cache_view(take_rows(cache.points(), measured), pose, sensor)
 
 
-def _finish(x: torch.Tensor, kept: MeasuredView | None, sensor: Sensor,
-            surfaces: _Surfaces) -> tuple[RangeImage, np.ndarray, np.ndarray]:
-    """A sampled flow image -> the frame's range image, its points and its world points, both in the sensor
-    frame. Without a measurement (`kept`), what the network invented in front of the surfaces of the map, the
-    layout and the cache's measured points is moved onto them (`on_mapped_surfaces`). With one, the
-    measurement is written back, its points beside the grid after the image's, and for a frame without a map
-    or a layout, on which the additions rest on nothing else, the additions are settled against it; the car's
-    own body is no world point."""
+def _finish(x: torch.Tensor, kept: MeasuredView | None, sensor: Sensor, surfaces: _Surfaces) -> _Finished:
+    """A sampled flow image -> the frame's range image, its points with their rings, and its world points, all in
+    the sensor frame. Without a measurement (`kept`), what the network invented in front of the surfaces of the
+    map, the layout and the cache's measured points is moved onto them (`on_mapped_surfaces`). With one, the
+    measurement is written back, its points beside the grid after the image's (each on the beam nearest it),
+    and for a frame without a map or a layout, on which the additions rest on nothing else, the additions are
+    settled against it; the car's own body is no world point."""
     if kept is not None:
         x = keep_measured(x, kept, sensor)
     image = decode_image(to_encoded_image(x[0]), sensor)
     if kept is None:
         image = on_mapped_surfaces(image, surfaces.map_view, surfaces.boxes, sensor, surfaces.measured)
         points = unproject(image, sensor)
-        return image, points, points.copy()  # the union's own: a caller may change the frame's points
+        # the union's own copy: a caller may change the frame's points
+        return _Finished(image, points, np.flatnonzero(image.mask) // sensor.width, points.copy())
     points = measured_points_of(image, unproject(image, sensor), kept)
     if surfaces.map_view is None and surfaces.boxes is None:
         image, points = settle_additions(image, points, kept)
     world = take_rows(points, ~kept.body[image.mask])
+    rings = np.concatenate([np.flatnonzero(image.mask) // sensor.width, nearest_beam_rows(kept.beside, sensor)])
     points = np.concatenate([points, kept.beside])  # the measurement's rays that share a pixel
-    return image, points, np.concatenate([world, kept.beside])
+    return _Finished(image, points, rings, np.concatenate([world, kept.beside]))
 
 
 @torch.inference_mode()  # the views thread does not inherit the caller's mode
 def _finish_when_kept(x: torch.Tensor, kept: Future[MeasuredView] | None, sensor: Sensor,
-                      surfaces: _Surfaces) -> tuple[RangeImage, np.ndarray, np.ndarray]:
+                      surfaces: _Surfaces) -> _Finished:
     return _finish(x, None if kept is None else kept.result(), sensor, surfaces)
 
 
@@ -365,7 +379,7 @@ class _Finishing:
     index: int
     pose: np.ndarray
     started: float
-    result: Future[tuple[RangeImage, np.ndarray, np.ndarray]]
+    result: Future[_Finished]
 
 
 @dataclass
@@ -380,10 +394,9 @@ class _Delivery:
     in_world: list[tuple[np.ndarray, np.ndarray]] = field(default_factory=list)
     waiting: _Finishing | None = None
 
-    def frame(self, index: int, pose: np.ndarray, started: float, image: RangeImage, points: np.ndarray,
-              world_points: np.ndarray) -> None:
-        self.in_world.append((world_points, pose.copy()))  # the caller's poses array may be reused
-        frame = Frame(index, pose, points, image, time.perf_counter() - started)
+    def frame(self, index: int, pose: np.ndarray, started: float, finished: _Finished) -> None:
+        self.in_world.append((finished.world, pose.copy()))  # the caller's poses array may be reused
+        frame = Frame(index, pose, finished.points, finished.image, time.perf_counter() - started, finished.rings)
         self.done.append(frame)
         if self.callback is not None:
             self.callback(Progress(index, self.frames, self.steps, self.steps, frame))
@@ -397,7 +410,7 @@ class _Delivery:
         """Deliver the frame still finishing, if any."""
         if self.waiting is not None:
             waiting, self.waiting = self.waiting, None
-            self.frame(waiting.index, waiting.pose, waiting.started, *waiting.result.result())
+            self.frame(waiting.index, waiting.pose, waiting.started, waiting.result.result())
 
     def step_done(self, frame: int, step: int) -> None:
         self.waited()
@@ -542,9 +555,9 @@ def rollout(
                 delivery.finishing(_Finishing(index, pose, frame_start, ahead.finish(x, kept_view, surfaces)))
                 continue
             kept = None if kept_view is None else kept_view.result()
-            image, points, world_points = _finish(x, kept, sensor, surfaces)
-            cache.add(transform_points(world_points, pose), pose)
-            delivery.frame(index, pose, frame_start, image, points, world_points)
+            finished = _finish(x, kept, sensor, surfaces)
+            cache.add(transform_points(finished.world, pose), pose)
+            delivery.frame(index, pose, frame_start, finished)
         delivery.waited()
     finally:
         ahead.close()

@@ -62,6 +62,7 @@ from lidar.range_image import (
     RangeImage,
     azimuth_columns,
     column_neighbours,
+    nearest_beam_rows,
     nearest_per_pixel,
     point_elevations,
     point_ranges,
@@ -324,7 +325,8 @@ def _grid(xyzi: np.ndarray, scan: Scan, factor: int | None, sensor: Sensor | str
     target = _target(geometry.sensor, factor, sensor, limits)
     measured = geometry.sensor.elevations
     landing = np.abs(target.elevations[None, :] - measured[:, None]).argmin(axis=1)
-    rows = np.where(geometry.rows >= 0, landing[np.maximum(geometry.rows, 0)], _nearest_rows(xyzi, target))
+    # a point on no measured beam (a ring too sparse to measure) goes to the target's beam nearest it
+    rows = np.where(geometry.rows >= 0, landing[np.maximum(geometry.rows, 0)], nearest_beam_rows(xyzi, target))
     rng = point_ranges(xyzi)
     ray = rng > 0
     cols = azimuth_columns(xyzi[:, :2], target.width)
@@ -338,14 +340,6 @@ def _grid(xyzi: np.ndarray, scan: Scan, factor: int | None, sensor: Sensor | str
     top, bottom = measured[0] + (measured[0] - measured[1]), measured[-1] - (measured[-2] - measured[-1])
     return _Grid(target, geometry.sensor, rows, pixels, given, xyz.reshape(*target.shape, 3), np.unique(landing),
                  (bottom, top))
-
-
-def _nearest_rows(xyzi: np.ndarray, sensor: Sensor) -> np.ndarray:
-    """Each point's nearest beam of `sensor` by elevation: for points on no measured beam (a ring too sparse
-    to measure)."""
-    beams = sensor.elevations[::-1]
-    mids = 0.5 * (beams[1:] + beams[:-1])
-    return (sensor.height - 1 - np.searchsorted(mids, point_elevations(xyzi))).astype(np.int64)
 
 
 def _fill_mask(grid: _Grid, mask: np.ndarray | None) -> np.ndarray:

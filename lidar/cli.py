@@ -2,7 +2,7 @@
 
     python -m lidar info FILE [--json] [--topic T]
     python -m lidar convert IN OUT [--sensor S] [--topic T] [--sweeps START:STOP]
-    python -m lidar render FILE --out PNG [--view bev|range] [--sensor S]
+    python -m lidar render FILE --out PNG [--view bev|range] [--sensor S] [--topic T] [--sweep K]
 
 Files, and recording containers (their index and every sweep), are read in worker processes with bounded
 memory, CPU and time (`lidar.sandbox`), so a file that crashes its decoder or needs more than the reader's
@@ -41,7 +41,7 @@ from lidar.recordings.convert import (
     print_recording,
     summarize_recording,
 )
-from lidar.sandbox import WorkerContainer, open_recording, read_points
+from lidar.sandbox import WorkerContainer, one_sweep, open_recording, read_points
 from lidar.sensors import PRESETS, Sensor, get_sensor
 
 EXIT_USAGE = 2
@@ -215,7 +215,7 @@ def cmd_render(args: argparse.Namespace) -> int:
 
     _check_picture_path(args.out)
     sensor = _sensor_arg(args.sensor)
-    scan = read_points(args.file, sensor=sensor)
+    scan, _ = one_sweep(args.file, args.sweep, topic=args.topic, sensor=sensor)
     _print_notes(scan)
     if args.view == "bev":
         image = bev_image(scan.points, extent=args.extent, color_by=args.color_by)
@@ -264,6 +264,8 @@ def build_parser() -> argparse.ArgumentParser:
     render.add_argument("--extent", type=_extent_metres, default=50.0,
                         help=f"BEV half-width in metres, up to {MAX_EXTENT_M:g} (default 50)")
     render.add_argument("--color-by", choices=("height", "density", "intensity"), default="height")
+    render.add_argument("--topic", help="the PointCloud2 topic of a bag (or the log of a nuScenes root) to read")
+    render.add_argument("--sweep", type=int, default=0, help="the sweep of a recording to draw (default 0, the first)")
     render.set_defaults(func=cmd_render)
     return parser
 

@@ -105,6 +105,12 @@ def _nearest_beams(elevations: np.ndarray, sensor: Sensor) -> np.ndarray:
     return (len(beams) - 1 - asc).astype(np.int64)
 
 
+def nearest_beam_rows(points: np.ndarray, sensor: Sensor) -> np.ndarray:
+    """Row of each point's (N, 3+) nearest beam by elevation, never -1: a point beyond the outer beams takes
+    the outer beam's row (`beam_rows` rejects it instead)."""
+    return _nearest_beams(point_elevations(points), sensor)
+
+
 def beam_offsets(points: np.ndarray, sensor: Sensor) -> np.ndarray:
     """How far each point (N, 3+) lies from its nearest beam's elevation, in that beam's own spacing (the mean of
     its gaps to the beams above and below): 0 on the beam, 0.5 midway to the next; beyond the outer beams it

@@ -52,7 +52,7 @@ from typing import Any
 import numpy as np
 
 from lidar.cancel import checkpoint
-from lidar.errors import InputError
+from lidar.errors import InputError, shown
 from lidar.formats.scan import PointCloudError, Scan, max_points, point_limit
 from lidar.recordings.base import ContainerRecording
 from lidar.sensors import Sensor
@@ -628,6 +628,39 @@ def open_recording(source: str | Path, *, sensor: Sensor | None = None,
                           topic=topic)
     rec.decode = lambda index: _recording_sweeps(files[0], sensor, topic, [index])[0]
     return rec
+
+
+def one_sweep(source: Path, index: int = 0, *, topic: str | None = None,
+              sensor: Sensor | None = None) -> tuple[Scan, str | None]:
+    """One sweep, read in a bounded worker: `source` itself (a sweep file), or sweep `index` of the recording,
+    folder or zip it names (a lab's sensor records pcaps and bags, not sweep files), with that sweep's name.
+    The refusals name the flags a command line gives these as (`--sweep`, `--topic`)."""
+    from lidar.recordings import is_container
+
+    if not source.exists():
+        raise InputError(f"{source}: no such file or folder; expected a sweep file, a recording, a folder or a zip "
+                         "of sweeps")
+    container = source.is_dir() or is_container(source)
+    if topic is not None and not container:
+        raise InputError(f"--topic {shown(topic)}: {source} is no recording; --topic picks a bag's stream")
+    if source.suffix.lower() == ".zip" and not container:
+        sweeps = read_sequence(source, sensor=sensor)[0]
+        return _chosen(source, index, sweeps.scans, sweeps.names)
+    if container:
+        recording = open_recording(source, sensor=sensor, topic=topic)
+        return _chosen(source, index, recording, recording.names)
+    if index:
+        raise InputError(f"--sweep {index}: {source} is one sweep file; --sweep picks a sweep of a recording, a "
+                         "folder or a zip")
+    return read_points(source, sensor), None
+
+
+def _chosen(source: Path, index: int, sweeps: Sequence[Scan], names: list[str]) -> tuple[Scan, str]:
+    """Sweep `index` of `sweeps` (read when indexed) and its name, or the refusal naming how many there are."""
+    if not 0 <= index < len(sweeps):
+        held = f"{len(sweeps)} sweep{'s' if len(sweeps) != 1 else ''}"
+        raise InputError(f"--sweep {index}: {source} holds {held}; expected 0 to {len(sweeps) - 1}")
+    return sweeps[index], names[index]
 
 
 if __name__ == "__main__":

@@ -120,10 +120,16 @@ def test_pcd_with_a_wrong_extension_is_read_by_content(tmp_path, cloud):
     np.testing.assert_array_equal(scan.points, points)
 
 
-def test_unknown_extension_without_a_header_is_refused(tmp_path):
-    path = tmp_path / "notes.txt"
+@pytest.mark.parametrize(("name", "expected"), [
+    ("notes.txt", r"notes\.txt: \.txt files are not read here; expected a sweep file \(\.bin, \.pcd"),
+    ("fake.pcd", r"fake\.pcd: not a \.pcd file: it does not start with '# \.PCD', 'VERSION' or 'FIELDS'"),
+    ("fake.laz", r"fake\.laz: not a \.laz file: it does not start with 'LASF'"),
+    ("drive.pcap", r"drive\.pcap: a \.pcap file is a recording, not one sweep; open it as a recording"),
+])
+def test_a_file_whose_content_names_no_format_is_refused_saying_what_it_lacks(tmp_path, name, expected):
+    path = tmp_path / name
     path.write_text("hello world\n")
-    with pytest.raises(PointCloudError, match=r"notes\.txt.*unrecognised content"):
+    with pytest.raises(PointCloudError, match=expected):
         read_points(path)
 
 

@@ -118,7 +118,7 @@ def test_range_view_of_a_scan_not_in_the_sensor_frame_needs_a_sensor(tmp_path, c
         (["info", "/nonexistent/scan.bin"], "no such file"),
         (["render", "x.bin"], "--out"),
         (["frobnicate"], "invalid choice"),
-        (["info", "README.md"], "unrecognised content"),
+        (["info", "README.md"], ".md files are not read here; expected a sweep file (.bin, .pcd"),
     ],
 )
 def test_errors_are_one_line_on_stderr_with_exit_status_2(args, expected):
@@ -183,3 +183,12 @@ def test_an_unwritable_picture_is_an_error_line_not_a_traceback(hdl32_bin, tmp_p
     result = run_cli("render", str(hdl32_bin), "--out", str(hdl32_bin / "b.png"))  # a file is not a folder
     assert result.returncode == 2 and "Traceback" not in result.stderr
     assert re.fullmatch(r"lidar: error: .*sweep\.bin/b\.png: cannot write \(.+\)", result.stderr.strip().splitlines()[-1])
+
+
+def test_render_draws_a_sweep_of_a_recording_and_refuses_one_past_its_last(tmp_path, capsys):
+    pcap = REPO / "examples" / "scans" / "velodyne_vlp16.pcap"
+    assert main(["render", str(pcap), "--out", str(tmp_path / "v.png"), "--view", "range"]) == 0
+    with Image.open(tmp_path / "v.png") as img:
+        assert img.size[1] == 16 * 4  # the recording's own 16 beams
+    assert main(["render", str(pcap), "--sweep", "5", "--out", str(tmp_path / "w.png")]) == 2
+    assert "--sweep 5:" in capsys.readouterr().err and not (tmp_path / "w.png").exists()

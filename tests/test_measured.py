@@ -450,19 +450,49 @@ def test_an_actor_box_in_front_of_a_measured_point_hides_it(pipe, observed) -> N
 KITTI00 = Path(__file__).resolve().parents[2] / "shared" / "data" / "real_seq" / "kitti00"
 
 
-@pytest.mark.skipif(not KITTI00.is_dir(), reason=f"shared KITTI 00 sweeps not found at {KITTI00}")
-def test_a_native_zero_shift_resimulation_of_a_kitti_sweep_keeps_every_measured_point(pipe) -> None:
+@pytest.fixture(scope="module")
+def kitti_resimulated(pipe):
+    """A shared KITTI 00 sweep and its native zero-shift re-simulation's frame."""
+    if not KITTI00.is_dir():
+        pytest.skip(f"shared KITTI 00 sweeps not found at {KITTI00}")
     from lidar.formats import read_points
 
     sweep = read_points(sorted((KITTI00 / "velodyne").glob("*.bin"))[0])
-    points = sweep.points[np.linalg.norm(sweep.points[:, :3], axis=1) > 0]
     pose = np.eye(4)[None]
-    frame = pipe.resimulate([sweep], pose, pose, steps=1, seed=0).frames[0]
+    return sweep, pipe.resimulate([sweep], pose, pose, steps=1, seed=0).frames[0]
+
+
+def test_a_native_zero_shift_resimulation_of_a_kitti_sweep_keeps_every_measured_point(kitti_resimulated) -> None:
+    sweep, frame = kitti_resimulated
+    points = sweep.points[np.linalg.norm(sweep.points[:, :3], axis=1) > 0]
     assert frame.range_image.shape[0] == 64 and frame.range_image.shape[1] >= 1990  # the sweep's own geometry
     assert len(points) > 100_000
     # every measured point is in the frame where it was measured, with its intensity (float32 world trip)
     dist, _ = cKDTree(frame.points[:, :3]).query(points[:, :3])
     assert (dist < 1e-4).all(), f"{(dist >= 1e-4).sum()} of {len(points)} measured points lost"
+
+
+def test_a_native_frame_written_without_a_ring_field_reads_back_on_its_beams(kitti_resimulated, tmp_path) -> None:
+    """A frame's points each carry the beam their ray lies on, and `write_rollout` stores them ring by ring, so a
+    KITTI .bin of it reads back on the sweep's 64 beams (from the points' order) and a PCD with the rings."""
+    from inference import RolloutResult, write_rollout
+    from lidar.formats import read_points, sweep_geometry
+    from lidar.range_image import nearest_beam_rows
+
+    sweep, frame = kitti_resimulated
+    grid = sweep_geometry(sweep).sensor
+    assert (nearest_beam_rows(frame.points, grid) == frame.rings).mean() > 0.999
+    result = RolloutResult([frame], frame.points, {"total": 1.0}, cache=None)
+    for fmt in ("bin", "pcd"):
+        write_rollout(tmp_path / fmt, result, fmt, sensor=grid)
+        back = read_points(tmp_path / fmt / f"frame_000.{fmt}")
+        geometry = sweep_geometry(back)
+        assert geometry.sensor.height == 64 and abs(geometry.sensor.width / grid.width - 1) < 0.02
+        # the same points, each on its own beam
+        order = np.lexsort((frame.points[:, 2], frame.points[:, 1], frame.points[:, 0]))
+        again = np.lexsort((back.points[:, 2], back.points[:, 1], back.points[:, 0]))
+        np.testing.assert_array_equal(back.points[again], frame.points[order])
+        assert (geometry.rows[again] == frame.rings[order]).mean() > 0.99
 
 
 def test_a_second_point_on_a_pixel_that_is_a_ray_of_its_own_is_kept_beside_the_grid(pipe) -> None:

@@ -393,6 +393,10 @@ def check_views(out: Path, observed: int, frames: int = 2) -> None:
     made = open_container(out / "result.mcap", topic="/generated/points")
     assert len(seen) == observed and len(made) == frames
     np.testing.assert_allclose(made.poses, rebased(np.array([f["pose"] for f in meta["frames"]])), atol=1e-5)
+    beams = len(meta["sensor"]["elevations_deg"])
+    for frame in made.sweeps(range(frames)):  # each generated point with its ring on the frames' grid
+        assert frame.ring is not None and len(frame.ring) == frame.num_points and frame.ring.min() >= 0
+        assert frame.ring.max() < beams and len(np.unique(frame.ring)) > beams // 2
     gap = (made.stamps_ns[0] - seen.stamps_ns[-1]) / 1e9
     assert gap == pytest.approx(0.1)
 

@@ -155,11 +155,12 @@ def test_the_hostile_laz_files_end_in_one_error_naming_the_file(tmp_path, make):
 def test_a_worker_that_dies_by_a_signal_is_one_clear_message_and_the_caller_carries_on(slow_bin):
     """What an abort in native code looks like from outside: the worker is gone, the caller gets a message
     naming the file, and the next read works."""
-    thread, outcome = _in_thread(lambda: sandbox.read_points(slow_bin))
-    worker = _started_worker()
-    time.sleep(0.3)
-    os.kill(worker.pid, signal.SIGABRT)
-    thread.join(10)
+    with limits():  # the reader's, whatever an earlier import (the app's: the server's) configured
+        thread, outcome = _in_thread(lambda: sandbox.read_points(slow_bin))
+        worker = _started_worker()
+        time.sleep(0.3)
+        os.kill(worker.pid, signal.SIGABRT)
+        thread.join(10)
     err = outcome["error"]
     assert isinstance(err, sandbox.OverLimits), err
     assert str(err) == f"{slow_bin} could not be read within the reader's limits (the reader crashed with SIGABRT)"

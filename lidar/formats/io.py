@@ -61,6 +61,25 @@ def _sniff(path: Path) -> str | None:
     return None
 
 
+#: How each headed format's file starts (`_sniff`), as a refusal names it.
+_HEADERS = {".pcd": "'# .PCD', 'VERSION' or 'FIELDS'", ".ply": "'ply'", ".las": "'LASF'", ".laz": "'LASF'",
+            ".npy": "the NumPy magic '\\x93NUMPY'", ".npz": "a zip archive's 'PK'"}
+
+
+def _not_a_sweep_file(path: Path, suffix: str) -> str:
+    """Why a file whose content names no format is refused: a sweep format's file without its header, a
+    recording (read by the recording readers, not as one sweep), or a file of another kind."""
+    from lidar.recordings import CONTAINER_SUFFIXES  # the recordings' readers import this module
+
+    if suffix in _HEADERS:
+        return f"{path}: not a {suffix} file: it does not start with {_HEADERS[suffix]}"
+    if suffix in CONTAINER_SUFFIXES:
+        return (f"{path}: a {suffix} file is a recording, not one sweep; open it as a recording "
+                "(lidar.sequence.open_recording; the commands take it where they take a recording)")
+    return (f"{path}: {suffix} files are not read here; expected a sweep file ({', '.join(READ_SUFFIXES)}) or a "
+            "recording")
+
+
 def read_points(path: str | Path, sensor: Sensor | None = None) -> Scan:
     """Read one sweep from any supported file; `sensor`, if known, helps derive rings of organised dumps.
 
@@ -75,10 +94,7 @@ def read_points(path: str | Path, sensor: Sensor | None = None) -> Scan:
         raise PointCloudError(f"{capped(str(path), MAX_SHOWN_CHARS)}: cannot be read ({err.strerror or err})") from None
     suffix = path.suffix.lower()
     if kind is None and suffix not in (".bin", ""):
-        raise PointCloudError(
-            f"{path}: unrecognised content for a {suffix} file; expected one of "
-            f"{sorted(_EXTENSIONS)} (a {suffix} file must start with its format's header)"
-        )
+        raise PointCloudError(_not_a_sweep_file(path, suffix))
     expected = {"npy": (".npy",), "npz": (".npz",), "las": (".las", ".laz"), "ply": (".ply",), "pcd": (".pcd",)}
     notes = []
     if kind is not None and suffix not in expected[kind]:

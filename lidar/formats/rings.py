@@ -131,6 +131,14 @@ def _by_elevation(ring: np.ndarray, xyz: np.ndarray) -> np.ndarray:
     return np.where(ring >= 0, rank[np.maximum(ring, 0)], -1)
 
 
+def scan_order(points: np.ndarray, ring: np.ndarray) -> np.ndarray:
+    """The order that stores (N, 3+) points ring by ring (`ring`, 0 first), each ring in one turn from straight
+    behind in the range images' column direction (`lidar.range_image.azimuth_columns`): the order
+    `unfold_scan_order` reads the rings back from, for a file without a ring field."""
+    azimuth = np.arctan2(points[:, 1], points[:, 0])
+    return np.argsort(np.asarray(ring) * 8.0 + (np.pi - azimuth))  # a turn spans 2 pi < 8
+
+
 def unfold_scan_order(xyz: np.ndarray) -> Rings | None:
     """Rings of a sweep stored ring by ring, or None when its order is not that (see the module docstring)."""
     xyz = np.asarray(xyz, dtype=np.float64)
