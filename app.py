@@ -6,8 +6,8 @@ files (lidar.formats) and what visitors may see and load (app_policy) are other 
 holds the page layout, the per-request limits, the per-request scratch folder and the small formatting that
 turns a rollout into Gradio outputs.
 
-    python app.py [--model SRC] [--host H] [--port P] [--share] [--threads N]
-                  [--allow-model-switch [--allow-source SRC ...]] [--allow-any-source]
+    python app.py [--model SRC] [--host H] [--port P] [--share] [--threads N] [--dtype D]
+                  [--allow-model-switch [--allow-source SRC]...] [--allow-any-source]
     gradio app.py -- [--model SRC] ...      # the same, in Gradio's reload mode (the module-level `demo`)
 
 A public Space serves the model it was started with: visitors can read where it came from (a label,
@@ -226,6 +226,8 @@ REAL_SCANS_DIR = real_scans_dir()
 PIPELINE: LidarVersePipeline | None = None
 #: What visitors see as the loaded model's source: a repo-relative path, a Hub id or a folder name.
 SOURCE_LABEL = DEFAULT_SOURCE
+#: The dtype every loaded model runs in (`--dtype`); None: the device's default (`inference.loader`).
+DTYPE: str | None = None
 
 
 #: Which sources visitors may switch the model to (`app_policy.switch_policy`); None: no switching.
@@ -1282,7 +1284,7 @@ def model_info() -> dict[str, Any]:
 def load_model(source: str | None, label: str | None = None) -> LidarVersePipeline:
     """Load a pipeline and make it the one every tab uses (startup and the Model tab)."""
     global PIPELINE, SOURCE_LABEL
-    PIPELINE = load_pipeline(source)
+    PIPELINE = load_pipeline(source, dtype=DTYPE)
     SOURCE_LABEL = label or source_label(source)
     logger.info("model loaded as %r: %s", SOURCE_LABEL, PIPELINE.provenance.to_dict())
     return PIPELINE
@@ -1684,6 +1686,8 @@ def _parser() -> _Parser:
     parser.add_argument("--share", action="store_true", help="also serve through a public gradio.live link")
     parser.add_argument("--threads", type=int, default=None,
                         help="CPU threads for the model (default: torch's choice; 1 is fastest on a busy machine)")
+    parser.add_argument("--dtype", default=None, help="float32, bfloat16 or float16 (default: bfloat16 on a GPU "
+                        "and on a CPU with AMX, else float32)")
     parser.add_argument("--allow-model-switch", action="store_true", default=env_flag(SWITCH_ENV),
                         help=f"let visitors switch the model among weights/default, --model and --allow-source "
                              f"(default: off, or on when ${SWITCH_ENV}=1)")
@@ -1698,9 +1702,10 @@ def main(argv: list[str] | None = None) -> None:
     """`python app.py`: check the arguments, load the model, set the switch policy, then build the page for
     them (rebinding the module's `demo`, which `gradio app.py` reloads by that name) and launch it behind the
     per-client limits."""
-    global SWITCH, demo
+    global DTYPE, SWITCH, demo
     parser = _parser()
     args = parser.parse_args(argv)
+    DTYPE = args.dtype
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     if args.threads is not None:
         if args.threads < 1:

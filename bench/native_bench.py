@@ -232,7 +232,7 @@ def bare_network(pipe: LidarVersePipeline, cond: torch.Tensor, steps: int) -> tu
     passes at the sampler's times), and the forward passes alone."""
     sampler = FlowMatchSampler()
     sampler.set_timesteps(steps)
-    x = torch.randn(1, IMAGE_CHANNELS, *cond.shape[-2:])
+    x = torch.randn(1, IMAGE_CHANNELS, *cond.shape[-2:], dtype=next(pipe.model.parameters()).dtype)
     with torch.inference_mode():
         start = time.perf_counter()
         prepared = pipe.model.prepare(cond)
@@ -343,9 +343,10 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=5, help="alternating runs per figure (the fastest)")
     parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
     parser.add_argument("--profile", type=int, default=0, help="print cProfile's N costliest functions per call")
+    parser.add_argument("--dtype", default="float32", help="the network's dtype (bfloat16: a CPU with AMX's default)")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
-    pipe = load_pipeline(args.model, dtype=torch.float32)
+    pipe = load_pipeline(args.model, device="cpu", dtype=args.dtype)
     default = pipe.config.default_steps
     steps_list = args.steps or sorted({1, 2, default})
     try:

@@ -32,9 +32,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--scan", type=Path, default=Path(DEFAULT_DATA[0]) / "000000.bin")
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--dtype", default="float32", help="the networks' dtype (bfloat16: a CPU with AMX's default)")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
-    pipe = load_pipeline(args.model, device="cpu")
+    pipe = load_pipeline(args.model, device="cpu", dtype=args.dtype)
     methods = [m for m in METHODS if m != LEARNED or pipe.fill_network is not None]
     sweep = load_sweep(args.scan)
     if isinstance(sweep, str):

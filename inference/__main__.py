@@ -342,7 +342,8 @@ def _parser() -> argparse.ArgumentParser:
         p.add_argument("--config", default=None, help="config.json for a bare weights file")
         p.add_argument("--device", default=None, help="cpu or cuda (default: cuda if available)")
         p.add_argument(
-            "--dtype", default=None, help="float32, bfloat16 or float16 (default: bf16 on cuda, fp32 on cpu)"
+            "--dtype", default=None, help="float32, bfloat16 or float16 (default: bf16 on cuda and on a CPU with AMX, "
+            "else fp32)"
         )
         p.add_argument("--quiet", action="store_true", help="no per-frame progress lines")
         p.add_argument("--verbose", action="store_true", help="log loading and I/O details")

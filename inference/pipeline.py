@@ -28,7 +28,7 @@ from inference.allocator import keep_freed_memory
 from inference.cache import SpatialCache
 from inference.fill_network import FillNetwork, load_fill_network
 from inference.limits import LIBRARY_LIMITS, Limits
-from inference.loader import Provenance, load_model
+from inference.loader import Provenance, inference_device, load_model
 from inference.measured import Observation, ego_body, observation, without_ego_body
 from inference.network import WorldModel, WorldModelConfig
 from inference.rollout import Progress, RolloutResult, cache_from_scans, frame_times, rollout
@@ -88,6 +88,7 @@ class LidarVersePipeline:
         resolution giving it back cost page faults in every sampler step.
         """
         keep_freed_memory()
+        device, dtype = inference_device(device, dtype)
         model, provenance = load_model(
             source,
             config=config,
@@ -98,7 +99,8 @@ class LidarVersePipeline:
         )
         if compile and next(model.parameters()).device.type == "cuda":
             model = torch.compile(model)  # type: ignore[assignment]  # attributes proxy to the module
-        fill = None if provenance.fill is None else load_fill_network(provenance.fill, provenance.device)
+        weight = next(model.parameters())
+        fill = None if provenance.fill is None else load_fill_network(provenance.fill, weight.device, weight.dtype)
         return cls(model, provenance, fill)
 
     @property

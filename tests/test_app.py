@@ -730,6 +730,15 @@ def test_an_argument_error_is_one_error_line_and_exit_2(capsys, argv, expected):
     assert err.startswith("app.py: error: ") and expected in err
 
 
+def test_the_dtype_reaches_the_loader_and_a_bad_one_is_one_error_line(monkeypatch, capsys):
+    monkeypatch.setattr(app, "DTYPE", None)  # restored after the test, whatever main sets
+    with pytest.raises(SystemExit) as exit_info:
+        app.main(["--dtype", "int8", "--port", "1"])
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 2 and len(err.strip().splitlines()) == 1
+    assert err.startswith("app.py: error: cannot load the model:") and "unsupported dtype 'int8'" in err
+
+
 def test_a_bug_while_loading_is_raised_as_it_is_not_called_bad_input(monkeypatch):
     def broken(*_, **__):
         raise RuntimeError("a bug in the loader")

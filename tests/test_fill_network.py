@@ -93,10 +93,16 @@ def test_a_release_that_ships_a_fill_network_loads_it_and_upsamples_with_it(tmp_
         bare.upsample(sweep(), 4, method=LEARNED)
     network = perturbed()
     (release / FILL_WEIGHTS_NAME).write_bytes(fill_network_bytes(network))
-    pipe = load_pipeline(release, device="cpu")
+    pipe = load_pipeline(release, device="cpu", dtype="float32")
     assert pipe.provenance.fill == str(release / FILL_WEIGHTS_NAME)
     direct = upsample(None, sweep(), 4, method=LEARNED, fill_network=network)
     np.testing.assert_array_equal(pipe.upsample(sweep(), 4, method=LEARNED).image.range, direct.image.range)
+    # in the world model's dtype: a bfloat16 pipeline's fill network is bfloat16, and its fill the same rays
+    half = load_pipeline(release, device="cpu", dtype="bfloat16")
+    assert next(half.fill_network.parameters()).dtype == torch.bfloat16
+    filled = half.upsample(sweep(), 4, method=LEARNED)
+    np.testing.assert_array_equal(filled.image.mask, direct.image.mask)
+    assert filled.image.range.dtype == np.float32 and np.isfinite(filled.image.range).all()
 
 
 def test_a_hub_repo_with_a_fill_network_brings_it_from_the_same_commit(tmp_path, monkeypatch):

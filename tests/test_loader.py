@@ -17,12 +17,14 @@ import pytest
 import torch
 
 from checkpointing import CheckpointConfig, FSDPCheckpointer, JobConfig, ModelWithEMA
-from inference import loader
+from inference import load_pipeline, loader
 from inference.loader import (
     CONFIG_NAME,
     MODEL_ENV,
     WEIGHTS_NAME,
     ModelSourceError,
+    cpu_computes_bfloat16,
+    inference_device,
     load_model,
     resolve_source,
     select_device,
@@ -429,6 +431,24 @@ def test_torn_safetensors_file_is_refused(release):
 
 
 # --- device and dtype ------------------------------------------------------------------------------------------
+
+
+def test_a_pipeline_runs_bfloat16_on_the_cpu_only_where_it_computes_it_in_hardware(monkeypatch, tmp_path):
+    """One CPU is either kind, so the other is its capability check answering the other way. Loading to train
+    or to export (`select_device`, `load_model`) keeps float32 on every CPU."""
+    cpu = torch.device("cpu")
+    release = write_release(tmp_path / "r", tiny_model(seed=1))
+    for amx, default in ((False, torch.float32), (True, torch.bfloat16)):
+        monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda amx=amx: amx)
+        assert cpu_computes_bfloat16() is amx
+        assert inference_device("cpu") == (cpu, default)
+        assert inference_device("cpu", "float32") == (cpu, torch.float32)  # a choice is never changed
+        assert select_device("cpu") == (cpu, torch.float32)
+        assert next(load_model(str(release), device="cpu")[0].parameters()).dtype == torch.float32
+        pipe = load_pipeline(release, device="cpu")
+        assert next(pipe.model.parameters()).dtype == default and pipe.provenance.dtype == str(default).split(".")[1]
+    monkeypatch.delattr(torch.cpu, "_is_amx_tile_supported")
+    assert inference_device("cpu") == (cpu, torch.float32)  # a torch without the check keeps float32
 
 
 def test_device_defaults_to_cpu_float32_without_cuda():

@@ -420,7 +420,7 @@ def main(argv: list[str] | None = None) -> int:
         cfg = RealSequenceConfig(data=args.data, poses=args.poses, prefixes=tuple(args.prefixes),
                                  horizons=tuple(args.horizons), steps=args.steps, max_starts=args.max_starts,
                                  occ4d=not args.no_occ4d)
-        pipe = load_pipeline(args.model, device="cpu")
+        pipe = load_pipeline(args.model, device="cpu", dtype=args.dtype)
         report = evaluate_recording(pipe, cfg, seed=args.seed, pictures=args.pictures)
     except InputError as exc:  # a bad model source, recording or option; anything else is a bug
         print(f"error: {exc}", file=sys.stderr)

@@ -472,7 +472,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         cfg = UpsampleEvalConfig(data=tuple(args.data), methods=tuple(args.methods), steps=args.steps,
                                  max_sweeps=args.max_sweeps)
-        pipe = load_pipeline(args.model, device="cpu")
+        pipe = load_pipeline(args.model, device="cpu", dtype=args.dtype)
         report = evaluate(pipe, cfg, seed=args.seed, pictures=args.pictures)
     except InputError as exc:
         print(f"error: {' '.join(str(exc).split())}", file=sys.stderr)
