@@ -315,17 +315,12 @@ _FINITE = _number(float, "a finite number")
 def _check_arguments(args: argparse.Namespace) -> None:
     """The command's numbers against the library's limits (`inference.limits`), before anything is read or
     allocated: `--frames 1000000000000` would ask for 116 TiB of poses."""
-    checks = {"frames": LIBRARY_LIMITS.check_frames, "seed": LIBRARY_LIMITS.check_seed,
-              "map_seed": LIBRARY_LIMITS.check_seed}
+    checks: dict[str, Callable[[Any, str], Any]] = {
+        "frames": LIBRARY_LIMITS.check_frames, "seed": LIBRARY_LIMITS.check_seed, "map_seed": LIBRARY_LIMITS.check_seed,
+        "steps": LIBRARY_LIMITS.check_steps, "guidance": LIBRARY_LIMITS.check_guidance, "factor": check_factor}
     for name, check in checks.items():
         if getattr(args, name, None) is not None:
             check(getattr(args, name), "--" + name.replace("_", "-"))
-    if getattr(args, "steps", None) is not None:
-        LIBRARY_LIMITS.check_steps(args.steps)
-    if getattr(args, "guidance", None) is not None:
-        LIBRARY_LIMITS.check_guidance(args.guidance)
-    if getattr(args, "factor", None) is not None:
-        check_factor(args.factor)
 
 
 def _parser() -> argparse.ArgumentParser:

@@ -42,10 +42,10 @@ class Limits:
             raise InputError(f"{name} must be an integer in [1, {self.max_frames}], got {shown(frames)}")
         return int(frames)
 
-    def check_steps(self, steps: Any) -> int:
-        """`steps` as an int, or an InputError with the bounds."""
+    def check_steps(self, steps: Any, name: str = "steps") -> int:
+        """`steps` as an int, or an InputError naming `name` and the bounds."""
         if isinstance(steps, bool) or not isinstance(steps, int | np.integer) or not 1 <= steps <= self.max_steps:
-            raise InputError(f"steps must be an integer in [1, {self.max_steps}], got {shown(steps)}")
+            raise InputError(f"{name} must be an integer in [1, {self.max_steps}], got {shown(steps)}")
         return int(steps)
 
     def check_rays(self, height: int, width: int, name: str = "sensor") -> None:
@@ -56,15 +56,15 @@ class Limits:
                 f"(for example {self.max_rays // 2048} beams x 2048 columns)"
             )
 
-    def check_guidance(self, guidance: Any) -> float:
-        """`guidance` as a float, or an InputError with the bounds."""
+    def check_guidance(self, guidance: Any, name: str = "guidance") -> float:
+        """`guidance` as a float, or an InputError naming `name` and the bounds."""
         if (
             not isinstance(guidance, int | float)
             or not math.isfinite(guidance)
             or not 0.0 <= guidance <= self.max_guidance
         ):
             raise InputError(
-                f"guidance must be a number in [0, {self.max_guidance}] (1 = no guidance), got {shown(guidance)}"
+                f"{name} must be a number in [0, {self.max_guidance}] (1 = no guidance), got {shown(guidance)}"
             )
         return float(guidance)
 

@@ -244,10 +244,10 @@ def target_sensor(measured: Sensor, factor: int) -> Sensor:
     return replace(measured, name=name, elevations_deg=tuple(table))
 
 
-def check_factor(factor: object) -> int:
-    """`factor` as an int, or an InputError with the bounds (`MAX_FACTOR`)."""
+def check_factor(factor: object, name: str = "factor") -> int:
+    """`factor` as an int, or an InputError naming `name` and the bounds (`MAX_FACTOR`)."""
     if isinstance(factor, bool) or not isinstance(factor, int | np.integer) or not 1 <= factor <= MAX_FACTOR:
-        raise InputError(f"factor must be an integer in [1, {MAX_FACTOR}] (beams per measured gap), got {shown(factor)}")
+        raise InputError(f"{name} must be an integer in [1, {MAX_FACTOR}] (beams per measured gap), got {shown(factor)}")
     return int(factor)
 
 

@@ -148,7 +148,7 @@ def test_forecast_from_a_real_scan_file(release, tmp_path, capsys):
         ),
         (
             ["generate", "--model", "{release}", "--steps", "99", "--out", "{tmp}/o"],
-            "steps must be an integer in [1, 50]",
+            "--steps must be an integer in [1, 50]",
         ),
         (
             ["forecast", "--model", "{release}", "--prefix", "{tmp}/empty.bin", "--out", "{tmp}/o"],

@@ -68,8 +68,8 @@ def test_a_refusal_quotes_what_it_got_capped():
         (["generate", "--frames", "33"], "--frames must be an integer in [1, 32], got 33"),
         (["forecast", "--seed", str(10**30)], "--seed must be an integer in [0, 18446744073709551615]"),
         (["generate", "--map-seed", "-1"], "--map-seed must be an integer in [0, 18446744073709551615], got -1"),
-        (["generate", "--steps", "1000000000000"], "steps must be an integer in [1, 50], got 1000000000000"),
-        (["generate", "--guidance", "1e308"], "guidance must be a number in [0, 20.0]"),
+        (["generate", "--steps", "1000000000000"], "--steps must be an integer in [1, 50], got 1000000000000"),
+        (["generate", "--guidance", "1e308"], "--guidance must be a number in [0, 20.0]"),
     ],
 )
 def test_an_absurd_number_on_the_command_line_is_one_error_line(tmp_path, capsys, argv, message):

@@ -446,8 +446,8 @@ def test_the_command_refuses_an_earlier_result_unless_told_to_overwrite(release,
 
 
 @pytest.mark.parametrize(("extra", "message"), [
-    (["--factor", "0"], r"factor must be an integer in \[1, 8\]"),
-    (["--factor", "64"], r"factor must be an integer in \[1, 8\]"),
+    (["--factor", "0"], r"--factor must be an integer in \[1, 8\]"),
+    (["--factor", "64"], r"--factor must be an integer in \[1, 8\]"),
     (["--sensor", "no-such-lidar"], "no-such-lidar"),
 ])
 def test_bad_arguments_on_the_command_line_are_one_error_line_and_exit_2(release, tmp_path, capsys, extra, message):
