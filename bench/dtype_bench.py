@@ -1,8 +1,8 @@
 """bfloat16 against float32 on this CPU: the same calls end to end, timed alternating in one run.
 
-A CPU with AMX tiles (Intel Xeon since Sapphire Rapids) multiplies bfloat16 matrices in hardware, and
-`inference.loader.select_device` loads the networks in bfloat16 there (`cpu_computes_bfloat16`); elsewhere it
-keeps float32. The calls, on one torch thread by default, each from two pipelines of the same release, one
+A CPU with AMX tiles (Intel Xeon since Sapphire Rapids) multiplies bfloat16 matrices in hardware, and a
+pipeline loads its networks in bfloat16 there (`inference.loader.inference_device`); elsewhere it keeps
+float32. The calls, on one torch thread by default, each from two pipelines of the same release, one
 per dtype: a 1-frame forecast of one shared KITTI sweep in its own geometry and a 3-frame `generate_world`
 on an HDL-64E at 2048 columns (`bench.native_bench`'s cases), and the learned fill of the same sweep with
 16 of its 64 rings kept (the upsampling evaluation's bar setting). Each figure is the fastest of `--repeats`

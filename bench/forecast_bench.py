@@ -50,7 +50,7 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
-    pipe = load_pipeline(args.model)
+    pipe = load_pipeline(args.model, dtype=torch.float32)  # the tables' dtype on every CPU (dtype_bench: bf16)
     rec = open_recording(args.data)
     if rec.poses is None:
         raise SystemExit(f"error: {args.data} has no poses file")

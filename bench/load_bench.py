@@ -40,7 +40,7 @@ REPO = Path(__file__).resolve().parents[1]
 _READY = """
 import json, time, psutil
 from inference import load_pipeline
-pipe = load_pipeline({source!r}, device="cpu")
+pipe = load_pipeline({source!r}, device="cpu", dtype="float32")
 ready = time.time() - psutil.Process().create_time()
 print(json.dumps({{"ready": ready, "load": pipe.provenance.load_seconds}}))
 """
@@ -149,7 +149,7 @@ def bench_ready(forms: dict[str, tuple[str, dict, Path]], repeats: int) -> None:
 
 
 def bench_generate(release: Path, frames: int, steps: int, repeats: int) -> None:
-    pipe = load_pipeline(release, device="cpu")
+    pipe = load_pipeline(release, device="cpu", dtype=torch.float32)
     world = make_world(3, "urban")
     poses = plan_drive(world, "turn_left", frames, seed=0, mount_height=pipe.sensor.mount_height)
     scene = {"map_source": world.hdmap, "layout": world.boxes}  # what generate_world(map=World) conditions on

@@ -549,9 +549,9 @@ _DTYPES = {
 def cpu_computes_bfloat16() -> bool:
     """Whether this CPU multiplies bfloat16 matrices in hardware (AMX tiles: Intel Xeon since Sapphire Rapids).
 
-    There the world model's steps at 64 x 2048 run 1.5x as fast in bfloat16 as in float32 and a frame end to
-    end 1.3x, the learned fill 1.6x, with the same figures on real sweeps (docs/benchmarks.md); elsewhere
-    bfloat16 is emulated and slower. AVX512-BF16 without AMX (AMD Zen 4) is not measured and keeps float32.
+    There a pipeline runs faster in bfloat16 than in float32 with the same figures on real sweeps
+    (docs/benchmarks.md); elsewhere bfloat16 is emulated and slower. AVX512-BF16 without AMX (AMD Zen 4) is
+    not measured and keeps float32.
     """
     amx = getattr(torch.cpu, "_is_amx_tile_supported", None)  # torch's own check; private, so looked up
     return bool(amx is not None and amx())

@@ -524,8 +524,8 @@ def write_rollout(
     overwrite: bool = False,
 ) -> dict[str, Any]:
     """Write `frame_XXX.<fmt>` per frame (sensor frame, stored ring by ring with each point's ring where the
-    format has a field for it, so any reader gets the frame's beams back), `world.<fmt>` (world frame) and
-    `poses.json`.
+    format has a field for it: a format without one gives the beams back from the order, `lidar.formats.rings`),
+    `world.<fmt>` (world frame) and `poses.json`.
 
     The one poses.json layout the CLI and the app's download share; returns its content. A frame without
     returns gets no file (`"file": null`), since point formats cannot hold an empty cloud. A folder that

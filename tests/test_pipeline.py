@@ -249,7 +249,7 @@ def test_write_rollout_writes_frames_world_and_poses_json(pipe, tmp_path):
     pts = np.array([[1.0, 2.0, 0.5, 0.25], [3.0, -1.0, 0.0, 1.0]], np.float32)
     pose = np.eye(4)
     pose[0, 3] = 4.0
-    rings = np.array([3, 7])
+    rings = np.array([7, 3])  # stored ring by ring: the second point first
     frames = [Frame(0, np.eye(4), pts, empty, 0.1, rings), Frame(1, pose, pts[:0], empty, 0.2, rings[:0])]
     result = RolloutResult(frames, pts + np.float32([4.0, 0, 0, 0]), {"total": 0.3}, cache=None)
     meta = write_rollout(
@@ -257,8 +257,8 @@ def test_write_rollout_writes_frames_world_and_poses_json(pipe, tmp_path):
     )
     assert sorted(p.name for p in tmp_path.iterdir()) == ["frame_000.ply", "poses.json", "world.ply"]
     written = read_points(tmp_path / "frame_000.ply")
-    np.testing.assert_allclose(written.points, pts)
-    np.testing.assert_array_equal(written.ring, rings)  # a format with a ring field holds the frame's rings
+    np.testing.assert_allclose(written.points, pts[::-1])
+    np.testing.assert_array_equal(written.ring, rings[::-1])  # a format with a ring field holds the frame's rings
     assert json.loads((tmp_path / "poses.json").read_text()) == meta
     assert [f["file"] for f in meta["frames"]] == ["frame_000.ply", None]  # no returns, no file
     assert meta["frames"][1]["pose"] == pose.tolist() and meta["request"] == {"seed": 1}

@@ -22,7 +22,7 @@ from lidar.formats import (
     write_points,
 )
 from lidar.formats.detect import closest_preset, measured_width
-from lidar.formats.rings import _median, cluster_elevations, recover_rings, unfold_scan_order
+from lidar.formats.rings import _median, cluster_elevations, recover_rings, scan_order, unfold_scan_order
 from lidar.range_image import grid_winners, project
 from lidar.sensors import HDL32, HDL64, OS1_64, OS1_128, VLP16, Sensor
 
@@ -104,6 +104,24 @@ def test_a_ring_by_ring_sweep_starting_mid_ring_unfolds_into_its_beams(tmp_path,
     # split at the +-180 deg wrap instead, the sweep has 65 pieces whenever the cut is elsewhere
     az = np.arctan2(points[:, 1], points[:, 0])
     assert int((np.diff(az) < -np.pi).sum()) + 1 == (64 if cut_deg == 180.0 else 65)
+
+
+@pytest.mark.parametrize("silent_deg", [0.0, 60.0, 200.0])
+def test_points_put_in_scan_order_read_back_on_their_rings(tmp_path, silent_deg):
+    """What `write_rollout` stores: points in any order, with their rings, ring by ring; the first ring silent
+    for its first `silent_deg` of the turn (the sky above a generated frame) still unfolds ring for ring."""
+    sensor = HDL64.with_width(2000)
+    points, rows = ring_by_ring(sensor, 0.0, seed=4, skip_first_deg=0.0, skip_last_deg=0.0)
+    turned = np.degrees(np.mod(np.pi - np.arctan2(points[:, 1], points[:, 0]), 2.0 * np.pi))  # from behind
+    keep = (rows > 0) | (turned >= silent_deg)
+    shuffle = np.random.default_rng(0).permutation(int(keep.sum()))
+    points, rows = points[keep][shuffle], rows[keep][shuffle]
+    order = scan_order(points, rows)
+    np.testing.assert_array_equal(np.sort(order), np.arange(len(rows)))  # every point, once
+    assert (np.diff(rows[order]) >= 0).all()  # ring by ring
+    scan = read_points(write_points(tmp_path / "frame.bin", points[order]))
+    assert scan.ring_source == "scan order"
+    np.testing.assert_array_equal(scan.ring, rows[order])
 
 
 def test_beams_stored_in_laser_order_are_numbered_by_elevation():

@@ -132,11 +132,17 @@ def _by_elevation(ring: np.ndarray, xyz: np.ndarray) -> np.ndarray:
 
 
 def scan_order(points: np.ndarray, ring: np.ndarray) -> np.ndarray:
-    """The order that stores (N, 3+) points ring by ring (`ring`, 0 first), each ring in one turn from straight
-    behind in the range images' column direction (`lidar.range_image.azimuth_columns`): the order
-    `unfold_scan_order` reads the rings back from, for a file without a ring field."""
-    azimuth = np.arctan2(points[:, 1], points[:, 0])
-    return np.argsort(np.asarray(ring) * 8.0 + (np.pi - azimuth))  # a turn spans 2 pi < 8
+    """The order that stores (N, 3+) points ring by ring (`ring`, 0 first), each ring in one turn in the range
+    images' column direction (`lidar.range_image.azimuth_columns`): the order `unfold_scan_order` reads the
+    rings back from, for a file without a ring field. Every ring is cut at the first ring's first return, as a
+    sensor cuts a sweep at one azimuth: the reader looks for the cut just before the first point, and a first
+    ring silent for its first 60 deg would otherwise read the start of each later ring as the ring before."""
+    ring = np.asarray(ring)
+    if not len(ring):
+        return np.zeros(0, dtype=np.int64)
+    turned = np.mod(np.pi - np.arctan2(points[:, 1], points[:, 0]), 2.0 * np.pi)  # 0 straight behind
+    start = turned[ring == ring.min()].min()
+    return np.argsort(ring * 8.0 + np.mod(turned - start, 2.0 * np.pi))  # a turn spans 2 pi < 8
 
 
 def unfold_scan_order(xyz: np.ndarray) -> Rings | None:
