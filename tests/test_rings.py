@@ -21,7 +21,7 @@ from lidar.formats import (
     sweep_geometry,
     write_points,
 )
-from lidar.formats.detect import closest_preset, measured_width
+from lidar.formats.detect import _measured, closest_preset, measured_width
 from lidar.formats.rings import _median, cluster_elevations, recover_rings, scan_order, unfold_scan_order
 from lidar.range_image import grid_winners, project
 from lidar.sensors import HDL32, HDL64, OS1_64, OS1_128, VLP16, Sensor
@@ -337,3 +337,19 @@ def test_the_ring_median_is_numpys(count: int):
     rng = np.random.default_rng(count)
     for values in (rng.normal(size=count), np.round(rng.normal(size=count), 1)):
         assert _median(values) == np.median(values)
+
+
+def test_a_sweeps_geometry_is_measured_once_and_kept_read_only(monkeypatch):
+    """A request asks for an upload's geometry when it sizes its grid and again when it runs."""
+    import lidar.formats.detect as detect
+
+    points, rows = ring_by_ring(HDL64.with_width(2000), 0.0, seed=5)
+    scan = Scan(points=points, ring=rows, ring_source="file")
+    measured = []
+    monkeypatch.setattr(detect, "_measured", lambda s: measured.append(s) or _measured(s))
+    first = sweep_geometry(scan)
+    assert sweep_geometry(scan) is first and len(measured) == 1
+    assert not first.rows.flags.writeable
+    np.testing.assert_array_equal(first.rows, rows)
+    assert sweep_geometry(Scan(points=points, ring=rows, ring_source="file")).sensor == first.sensor
+    assert len(measured) == 2  # another Scan of the same points is measured anew

@@ -188,8 +188,18 @@ def sweep_geometry(scan: Scan) -> SweepGeometry | None:
     """The sensor a sweep was taken with, measured from its rings, and every point's row in it.
 
     Without rings (none in the file and none recoverable) the nearest preset's beams give the rows. None when
-    the scan is not in its sensor's frame (its elevations are no beam angles) or nothing fits.
+    the scan is not in its sensor's frame (its elevations are no beam angles) or nothing fits. Measured once
+    per `Scan` (`Scan.measured`; the rows read-only): a scan's points and rings are not changed after reading.
     """
+    if not scan.measured:
+        geometry = _sweep_geometry(scan)
+        if geometry is not None:
+            geometry.rows.flags.writeable = False
+        scan.measured = (geometry,)
+    return scan.measured[0]
+
+
+def _sweep_geometry(scan: Scan) -> SweepGeometry | None:
     if not scan.sensor_frame:
         return None
     if scan.ring is not None:

@@ -14,6 +14,7 @@ from collections.abc import Iterator
 from contextvars import ContextVar
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -82,6 +83,9 @@ class Scan:
     #: How `ring` was obtained: one of `lidar.formats.rings.RING_FROM_*` ("file", "organised", "scan order",
     #: "elevation clusters"); "" without a ring, and a ring given without a source counts as the file's.
     ring_source: str = ""
+    #: `lidar.formats.sweep_geometry`'s answer once it has measured this sweep (in a 1-tuple; empty before): a
+    #: request measures an upload when it sizes its grid and again when it runs, 17-22 ms each on KITTI.
+    measured: tuple[Any, ...] = field(default=(), init=False, repr=False, compare=False)
 
     @property
     def num_points(self) -> int:
