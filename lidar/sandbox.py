@@ -152,9 +152,13 @@ class _Arrays:
 _SCAN_ARRAYS, _SCAN_PATHS, _SCAN_TUPLES = ("points", "ring"), ("path",), ("columns",)
 
 
+#: What crosses between the processes of a `Scan`: what it is made with, not what was measured of it since.
+_SCAN_FIELDS = tuple(f.name for f in fields(Scan) if f.init)
+
+
 def _scan_out(scan: Scan, arrays: _Arrays) -> dict[str, Any]:
     out: dict[str, Any] = {}
-    for name in (f.name for f in fields(Scan)):
+    for name in _SCAN_FIELDS:
         value = getattr(scan, name)
         if name in _SCAN_ARRAYS:
             value = arrays.put(value)
@@ -168,7 +172,7 @@ def _scan_out(scan: Scan, arrays: _Arrays) -> dict[str, Any]:
 
 def _scan_in(data: dict[str, Any], arrays: _Arrays) -> Scan:
     values: dict[str, Any] = {}
-    for name in (f.name for f in fields(Scan)):
+    for name in _SCAN_FIELDS:
         value = data[name]
         if name in _SCAN_ARRAYS:
             value = arrays.get(value)
