@@ -455,9 +455,21 @@ def kitti_resimulated(pipe):
     """A shared KITTI 00 sweep and its native zero-shift re-simulation's frame."""
     if not KITTI00.is_dir():
         pytest.skip(f"shared KITTI 00 sweeps not found at {KITTI00}")
+    return _zero_shift(pipe, sorted((KITTI00 / "velodyne").glob("*.bin"))[0])
+
+
+@pytest.fixture(scope="module")
+def nuscenes_resimulated(pipe):
+    """The nuScenes example (an HDL-32E keeping 3,580 returns stored twice over, the car's own body) and its
+    native zero-shift re-simulation's frame."""
+    return _zero_shift(pipe, Path(__file__).resolve().parents[1] / "examples" / "scans"
+                       / "nuscenes_ff9eff4389a740848f9a56ad749a4ae8_keyframe.pcd")
+
+
+def _zero_shift(pipe, path: Path):
     from lidar.formats import read_points
 
-    sweep = read_points(sorted((KITTI00 / "velodyne").glob("*.bin"))[0])
+    sweep = read_points(path)
     pose = np.eye(4)[None]
     return sweep, pipe.resimulate([sweep], pose, pose, steps=1, seed=0).frames[0]
 
@@ -472,14 +484,16 @@ def test_a_native_zero_shift_resimulation_of_a_kitti_sweep_keeps_every_measured_
     assert (dist < 1e-4).all(), f"{(dist >= 1e-4).sum()} of {len(points)} measured points lost"
 
 
-def test_a_native_frame_written_without_a_ring_field_reads_back_on_its_beams(kitti_resimulated, tmp_path) -> None:
+@pytest.mark.parametrize("source", ["kitti_resimulated", "nuscenes_resimulated"])
+def test_a_native_frame_written_without_a_ring_field_reads_back_on_its_beams(source, request, tmp_path) -> None:
     """A frame's points each carry the beam their ray lies on, and `write_rollout` stores them ring by ring, so a
-    KITTI .bin of it reads back on the sweep's 64 beams (from the points' order) and a PCD with the rings."""
+    KITTI .bin of it reads back on the sweep's beams (from the points' order) and a PCD with the rings: a
+    nuScenes frame too, whose returns stored twice step nowhere in azimuth."""
     from inference import RolloutResult, write_rollout
     from lidar.formats import read_points, sweep_geometry
     from lidar.range_image import nearest_beam_rows
 
-    sweep, frame = kitti_resimulated
+    sweep, frame = request.getfixturevalue(source)
     grid = sweep_geometry(sweep).sensor
     assert (nearest_beam_rows(frame.points, grid) == frame.rings).mean() > 0.999
     result = RolloutResult([frame], frame.points, {"total": 1.0}, cache=None)
@@ -487,10 +501,10 @@ def test_a_native_frame_written_without_a_ring_field_reads_back_on_its_beams(kit
         write_rollout(tmp_path / fmt, result, fmt, sensor=grid)
         back = read_points(tmp_path / fmt / f"frame_000.{fmt}")
         geometry = sweep_geometry(back)
-        assert geometry.sensor.height == 64 and abs(geometry.sensor.width / grid.width - 1) < 0.02
-        # the same points, each on its own beam
-        order = np.lexsort((frame.points[:, 2], frame.points[:, 1], frame.points[:, 0]))
-        again = np.lexsort((back.points[:, 2], back.points[:, 1], back.points[:, 0]))
+        assert geometry.sensor.height == grid.height and abs(geometry.sensor.width / grid.width - 1) < 0.05
+        # the same points, each on its own beam (a point stored twice is one row of the sort either way)
+        order = np.lexsort((frame.rings, *frame.points.T[::-1]))
+        again = np.lexsort((geometry.rows, *back.points.T[::-1]))
         np.testing.assert_array_equal(back.points[again], frame.points[order])
         np.testing.assert_array_equal(geometry.rows[again], frame.rings[order])
 

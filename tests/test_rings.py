@@ -179,6 +179,27 @@ def test_a_full_grid_of_beams_no_organised_height_fits_is_measured_beam_for_beam
         np.testing.assert_array_equal(geometry.rows, rows[order])
 
 
+@pytest.mark.parametrize("second", ["farther", "the same point"])
+def test_second_returns_of_a_firing_stored_beside_the_first_keep_the_scan_order(second):
+    """A dual-return sensor stores a firing's two returns one after the other, at one azimuth up to rounding (or
+    the same point twice where both returns are one, as a forecast's frame keeps a measurement's duplicates): a
+    step of zero or a rounding's back is the same firing, not a sweep out of order."""
+    sensor = HDL64.with_width(2000)
+    points, rows = ring_by_ring(sensor, 0.0, seed=6)
+    dual = np.random.default_rng(6).random(len(points)) < 0.3
+    echo = points[dual].copy()
+    if second == "farther":
+        echo[:, :3] *= 1.2
+    slot = np.cumsum(np.r_[0, dual[:-1]]) + np.arange(len(points))  # each return, its second right after it
+    stored = np.empty((len(points) + int(dual.sum()), 4), dtype=np.float32)
+    stored_rows = np.empty(len(stored), dtype=np.int64)
+    stored[slot], stored_rows[slot] = points, rows
+    stored[slot[dual] + 1], stored_rows[slot[dual] + 1] = echo, rows[dual]
+    rings = unfold_scan_order(stored[:, :3])
+    assert rings is not None and rings.count == 64
+    np.testing.assert_array_equal(rings.ring, stored_rows)
+
+
 def test_placeholders_at_the_origin_take_their_neighbours_ring():
     sensor = VLP16.with_width(1024)
     points, rows = ring_by_ring(sensor, 0.0, seed=4)

@@ -42,6 +42,10 @@ COLUMN_RANGE = (64, 20_000)
 #: `_MAX_STEPS` typical steps (KITTI: 99.5 %; firing order steps 0 within a column, a shuffle anywhere).
 _MIN_FORWARD = 0.9
 _MAX_STEPS = 10.0
+#: A step back by less than this share of the typical step is a second return of the same firing (a dual-return
+#: sensor's, or one return stored twice, as a world model's frame keeps a measurement's duplicates), whose
+#: azimuth differs from the first's by rounding only.
+_SAME_FIRING = 0.01
 #: A step this far backwards passes over azimuths without returns (KITTI's camera-view files jump back by
 #: the crop's 80 deg, each ring covering only the view); a full sweep's near returns step back at most ~7 deg.
 _UNSEEN_JUMP = np.radians(20.0)
@@ -158,7 +162,7 @@ def unfold_scan_order(xyz: np.ndarray) -> Rings | None:
     typical = float(np.median(step))
     if not 2.0 * np.pi / COLUMN_RANGE[1] <= typical <= 2.0 * np.pi / COLUMN_RANGE[0]:
         return None
-    if np.mean((step > 0) & (step <= _MAX_STEPS * typical)) < _MIN_FORWARD:
+    if np.mean((step >= -_SAME_FIRING * typical) & (step <= _MAX_STEPS * typical)) < _MIN_FORWARD:
         return None
     # a step far backwards crosses azimuths without returns (a crop to a camera's view): the head turned on
     back = step < -_UNSEEN_JUMP
