@@ -3,7 +3,7 @@
 Two calls of `pipe.upsample` on the shared KITTI 00 sweep 000000 (64 x 2,012, read once outside the timing):
 16 of its 64 rings kept and the other 48 filled on its own table (the evaluation's bar setting), and the whole
 sweep at factor 2 (127 x 2,012, the app's default, within its ray limit). Methods alternate; each figure is the
-fastest of `--repeats` runs, on one torch thread by default. The issue's goal is 5 sweeps/s at 64 x 2,048.
+fastest of `--repeats` runs, on one torch thread by default. The goal is 5 sweeps/s at 64 x 2,048.
 
     python -m bench.upsample_bench [--model SRC] [--scan FILE] [--repeats 5] [--threads 1]
 """

@@ -68,12 +68,13 @@ class _Conv(nn.Module):
 
     def __init__(self, cin: int, cout: int, stride: int = 1) -> None:
         super().__init__()
-        self.conv = nn.Conv2d(cin, cout, 3, stride=stride)
+        # the convolution pads the rows with zeros itself: a second padded copy of the input cost a tenth of
+        # the network's time at 64 x 2048
+        self.conv = nn.Conv2d(cin, cout, 3, stride=stride, padding=(1, 0))
         self.norm = nn.GroupNorm(8, cout)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = F.pad(F.pad(x, (1, 1, 0, 0), mode="circular"), (0, 0, 1, 1))
-        return F.silu(self.norm(self.conv(x)))
+        return F.silu(self.norm(self.conv(F.pad(x, (1, 1, 0, 0), mode="circular"))))
 
 
 class FillNetwork(nn.Module):

@@ -364,15 +364,20 @@ def _fill_mask(grid: _Grid, mask: np.ndarray | None) -> np.ndarray:
 # ---------------------------------------------------------------------------------------------- the fills
 
 
-def planar_range(r_a: np.ndarray, r_b: np.ndarray, el_a: np.ndarray, el_b: np.ndarray, el: np.ndarray) -> np.ndarray:
-    """Range at elevation `el` on the plane through returns `r_a` at `el_a` and `r_b` at `el_b` in one vertical
-    fan (rad, m): its inverse range is A cos(el) + B sin(el). 0 where the plane is not in front of the sensor."""
+def plane_weights(el_a: np.ndarray, el_b: np.ndarray, el: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The weights of `planar_range`'s two inverse ranges, which depend on the elevations alone (rad): in one
+    vertical fan a plane's inverse range is A cos(el) + B sin(el), so through returns at `el_a` and `el_b` it
+    is 1/r_a sin(el_b - el) / sin(el_b - el_a) + 1/r_b sin(el - el_a) / sin(el_b - el_a) at `el`."""
     with np.errstate(divide="ignore", invalid="ignore"):
-        inv_a, inv_b = 1.0 / r_a, 1.0 / r_b
         det = np.sin(el_b - el_a)
-        a = (inv_a * np.sin(el_b) - inv_b * np.sin(el_a)) / det
-        b = (inv_b * np.cos(el_a) - inv_a * np.cos(el_b)) / det
-        inv = a * np.cos(el) + b * np.sin(el)
+        return np.sin(el_b - el) / det, np.sin(el - el_a) / det
+
+
+def planar_range(r_a: np.ndarray, r_b: np.ndarray, weights: tuple[np.ndarray, np.ndarray]) -> np.ndarray:
+    """Range on the plane through returns `r_a` and `r_b` (m) at the elevation `weights` (`plane_weights`) are
+    for; 0 where the plane is not in front of the sensor."""
+    with np.errstate(divide="ignore", invalid="ignore"):
+        inv = weights[0] / r_a + weights[1] / r_b
         return np.where(np.isfinite(inv) & (inv > 0), 1.0 / inv, 0.0)
 
 
@@ -459,12 +464,13 @@ def _edge_aware(given: RangeImage, sensor: Sensor, rows: np.ndarray, cols: np.nd
     r, c, a, b = rows[pair], cols[pair], a[pair], b[pair]
     column = 2.0 * np.pi / width
     up, down = (el[a] - el[r]) / column, (el[r] - el[b]) / column  # columns per unit of slope
+    weights = plane_weights(el[a], el[b], el[r])
     best_cost = np.full(len(r), np.inf)
     best = np.zeros(len(r))
     for slope in SLOPES:
         r_a = given.range[a, (c + np.rint(slope * up).astype(np.int64)) % width].astype(np.float64)
         r_b = given.range[b, (c - np.rint(slope * down).astype(np.int64)) % width].astype(np.float64)
-        value = planar_range(r_a, r_b, el[a], el[b], el[r])
+        value = planar_range(r_a, r_b, weights)
         valid = (r_a > 0) & (r_b > 0) & (value > 0)
         with np.errstate(divide="ignore", invalid="ignore"):
             cost = np.abs(np.log(r_a) - np.log(r_b)) + SLOPE_PENALTY * abs(slope)

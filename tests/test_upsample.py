@@ -31,6 +31,7 @@ from inference.upsample import (
     interpolate,
     largest_factor,
     planar_range,
+    plane_weights,
     sample_grid,
     target_sensor,
     upsample,
@@ -132,7 +133,8 @@ def test_planar_range_follows_any_plane_through_two_returns():
     r = d / (ray @ normal)
     mid = np.radians(-5.0)
     expected = d / (np.array([np.cos(mid), 0.0, np.sin(mid)]) @ normal)
-    np.testing.assert_allclose(planar_range(r[:1], r[1:], el[:1], el[1:], np.array([mid])), [expected], rtol=1e-9)
+    weights = plane_weights(el[:1], el[1:], np.array([mid]))
+    np.testing.assert_allclose(planar_range(r[:1], r[1:], weights), [expected], rtol=1e-9)
 
 
 def test_the_edge_aware_fill_follows_a_slanted_edge_the_vertical_cuts_across():
