@@ -139,14 +139,10 @@ NEAR_ONLY_M = 1.0
 NEAR_GROUND_M = 10.0
 NEAR_GROUND_TOLERANCE_M = 0.6
 #: An addition on an observing sweep's ray that returned farther than it (by this many metres, plus this share
-#: of its range), or silent within `SILENT_SEEN_M`, stood where that sensor saw through (`sight_through`); an
-#: older sweep's point on a ray the newest returned farther on is gone by the forecast's frames (`seen_past`). On
-#: KITTI 00 a reach of 60 m rather than 20 m took the 1.0 s forecast from 0.47 / 0.25x the better baseline to
-#: 0.44 / 0.22x (1 / 3 sweeps), the network's streaks through gaps between buildings fewer; nearer horizons
-#: and kitti_raw_ttc stayed within 0.01.
+#: of its range), or returned nothing at all, stood where that sensor saw through (`sight_through`); an older
+#: sweep's point on a ray the newest returned farther on is gone by the forecast's frames (`seen_past`).
 SIGHT_TOLERANCE_M = 0.3
 SIGHT_SLOPE = 0.05
-SILENT_SEEN_M = 60.0
 
 
 #: A measured point lies on one of the frames' beams within this share of the beam spacing (`beam_offsets`).
@@ -807,7 +803,10 @@ def settle_additions(image: RangeImage, points: np.ndarray, measured: MeasuredVi
 def sight_through(points: np.ndarray, measured: MeasuredView) -> np.ndarray:
     """(N,) bool: the frame's sensor-frame `points` on a ray of an observing sweep (`Observation.sight`) that
     returned beyond them (by more than `SIGHT_TOLERANCE_M`, plus `SIGHT_SLOPE` of their range), or returned
-    nothing within `SILENT_SEEN_M`: the sweep saw through where they stand."""
+    nothing: the sweep saw through where they stand. A silent ray clears its whole length, far additions too:
+    a sensor that saw nothing there sees no surface within its reach, and the network's far returns on such
+    rays (the sky over an open field, 60-80 m out) were most of what a forecast of a real HDL-32E drive got
+    wrong."""
     out = np.zeros(len(points), dtype=bool)
     observed = measured.observed
     if observed is None or not len(points):
@@ -816,7 +815,7 @@ def sight_through(points: np.ndarray, measured: MeasuredView) -> np.ndarray:
     for sight, sweep_pose in zip(observed.sight, observed.poses, strict=True):
         local = transform_points(points[:, :4].astype(np.float32), np.linalg.inv(sweep_pose) @ measured.pose)
         inside, seen, rng = _sight_at(sight, local, sensor)
-        out |= inside & (_seen_beyond(seen, rng) | ((seen <= 0) & (rng <= SILENT_SEEN_M)))
+        out |= inside & (_seen_beyond(seen, rng) | (seen <= 0))
     return out
 
 

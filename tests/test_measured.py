@@ -568,7 +568,7 @@ def test_a_point_a_nearer_surface_hides_from_a_moved_pose_is_not_kept_beside_the
 
 
 def test_an_addition_where_an_observing_sensor_saw_through_goes(pipe) -> None:
-    from inference.measured import SILENT_SEEN_M, sight_through
+    from inference.measured import sight_through
 
     sensor = pipe.sensor
     row = sensor.height // 2
@@ -586,9 +586,9 @@ def test_an_addition_where_an_observing_sensor_saw_through_goes(pipe) -> None:
     additions = np.stack([on_ray(10.0, 0.0),   # before the wall the sweep saw at 30 m: it saw through
                           on_ray(40.0, 90.0),  # behind the wall: hidden from it
                           on_ray(29.9, 180.0),  # on the wall, within the tolerance
-                          on_ray(SILENT_SEEN_M - 5, 45.0),  # a ray it returned nothing on, near: seen empty
-                          on_ray(SILENT_SEEN_M + 20, 45.0)])  # far along it: beyond what silence tells
-    np.testing.assert_array_equal(sight_through(additions, view), [True, False, False, True, False])
+                          on_ray(5.0, 45.0),  # a ray it returned nothing on: seen empty, near
+                          on_ray(80.0, 45.0)])  # and far along it, where the sky was
+    np.testing.assert_array_equal(sight_through(additions, view), [True, False, False, True, True])
 
 
 def test_near_the_observation_only_the_ground_around_the_car_is_added(pipe) -> None:
