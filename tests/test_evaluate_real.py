@@ -28,6 +28,7 @@ from training.evaluate_real import (
     RealSequenceConfig,
     Setting,
     baselines,
+    clock_note,
     evaluate_recording,
     main,
     picture_names,
@@ -104,6 +105,14 @@ def test_horizons_beyond_the_recording_are_skipped_with_the_reason() -> None:
     assert start_plan(occ_1s, 16, 0) == ({}, ["4D-Occ 1 s: 16 sweeps are too few for 5 observed 2 frames apart "
                                               "and 1.0 s ahead (needs 19)"])
     assert start_plan(occ_3s, 40, 0)[0] == {h: [8, 9] for h in occ_3s.horizons}
+
+
+def test_a_recording_off_ten_hertz_says_what_its_horizons_count() -> None:
+    """A Velodyne capture at 11.7 Hz: "0.1 s" is one sweep ahead, 0.086 s there; KITTI's 0.1036 s is 10 Hz."""
+    note = clock_note(0.0857)
+    assert note is not None and "0.086 s apart" in note and "one sweep ahead" in note
+    assert clock_note(0.1036) is None and clock_note(0.1) is None and clock_note(None) is None
+    assert clock_note(0.2) is not None  # a 5 Hz recording
 
 
 @pytest.fixture(scope="module")

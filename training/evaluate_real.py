@@ -148,6 +148,10 @@ def recording_poses(rec: Recording, how: str) -> tuple[np.ndarray, dict[str, Any
     return reg.poses, info
 
 
+#: A recording whose sweep interval is off 1 / FRAME_RATE_HZ by more than this share gets `clock_note`.
+CLOCK_TOLERANCE = 0.05
+
+
 def seconds(horizon: int) -> str:
     return f"{horizon / FRAME_RATE_HZ:.1f} s"
 
@@ -268,9 +272,20 @@ def evaluate_recording(pipe: LidarVersePipeline, cfg: RealSequenceConfig, seed: 
         raise InputError(f"{cfg.data}: {len(rec)} sweeps are too few for any prefix of {list(cfg.prefixes)} sweeps "
                          f"and {seconds(main_settings[0].common)} ahead")
     bars, goals = real_bars(tables)
-    return {"recording": Path(cfg.data).name, "sweeps": len(rec), "poses": pose_info, "protocol": asdict(cfg),
-            "steps": cfg.steps or pipe.config.default_steps, "tables": tables, "occ4d": occ4d,
-            "skipped": skipped, "bars": bars, "goals": goals}
+    interval = float(np.median(np.diff(rec.times))) if rec.times is not None and len(rec) > 1 else None
+    return {"recording": Path(cfg.data).name, "sweeps": len(rec), "sweep_interval_s": interval, "poses": pose_info,
+            "protocol": asdict(cfg), "steps": cfg.steps or pipe.config.default_steps, "tables": tables,
+            "occ4d": occ4d, "skipped": skipped, "bars": bars, "goals": goals}
+
+
+def clock_note(interval: float | None) -> str | None:
+    """What the horizons' labels mean for a recording whose sweeps are not 1 / `FRAME_RATE_HZ` apart (a Velodyne
+    capture at 11.7 Hz): a horizon counts sweeps, and the model is asked for the sweeps' own times."""
+    if interval is None or abs(interval * FRAME_RATE_HZ - 1.0) <= CLOCK_TOLERANCE:
+        return None
+    return (f"This recording's sweeps are {interval:.3f} s apart, not {1.0 / FRAME_RATE_HZ:.1f}: a horizon counts "
+            f"sweeps, labelled at {FRAME_RATE_HZ:g} Hz, so \"{seconds(1)}\" is one sweep ahead ({interval:.3f} s here), "
+            "and each forecast is made for its sweep's own time.")
 
 
 def _mean(values: list[float]) -> float | None:
@@ -392,6 +407,8 @@ def format_real(report: dict[str, Any]) -> str:
              + (f" (largest gap to the poses file {p['file_gap_m_max']:.2f} m; mean step {p['step_m_registered']:.3f} m "
                 f"registered, {p['step_m_file']:.3f} m in the file)" if "file_gap_m_max" in p else "")
              + f"; {report['steps']} sampler steps; scored against the full-resolution sweeps."]
+    if note := clock_note(report.get("sweep_interval_s")):
+        lines += ["", note]
     for name, table in report["tables"].items():
         lines += format_table(f"Prefix {name}", table)
     lines += format_bars(report)
