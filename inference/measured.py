@@ -755,7 +755,7 @@ def settle_additions(image: RangeImage, points: np.ndarray, measured: MeasuredVi
        the worse range (on KITTI 00 at 1.0 s, 3 % of the rays all methods return on, with 0.3-0.4 m median
        error against the measured point's 0.08-0.09 m).
     5. An addition where an observing sweep saw through goes (`sight_through`): its ray there returned
-       beyond it, or nothing near. On the shared KITTI raw drive creeping behind traffic (0.18 m a frame)
+       beyond it, or nothing at all. On the shared KITTI raw drive creeping behind traffic (0.18 m a frame)
        a 0.1 s forecast's additions were 2 % of its points and 0.0031 m² of its 0.0194 m² squared Chamfer
        (the newest sweep moved: 0.0159); seen-through ones gone, 0.7 % and 0.0002.
     6. An addition beyond `FAR_ADDITION_M` behind a kept measured surface near its ray (within
