@@ -803,10 +803,9 @@ def settle_additions(image: RangeImage, points: np.ndarray, measured: MeasuredVi
 def sight_through(points: np.ndarray, measured: MeasuredView) -> np.ndarray:
     """(N,) bool: the frame's sensor-frame `points` on a ray of an observing sweep (`Observation.sight`) that
     returned beyond them (by more than `SIGHT_TOLERANCE_M`, plus `SIGHT_SLOPE` of their range), or returned
-    nothing: the sweep saw through where they stand. A silent ray clears its whole length, far additions too:
-    a sensor that saw nothing there sees no surface within its reach, and the network's far returns on such
-    rays (the sky over an open field, 60-80 m out) were most of what a forecast of a real HDL-32E drive got
-    wrong."""
+    nothing: the sweep saw through where they stand. A silent ray clears its whole length, far additions too: a
+    sensor that saw nothing there (the sky over open ground) has no surface within its reach on that ray, and a
+    pose a few metres on has none either (docs/evaluation.md, a real HDL-32E drive)."""
     out = np.zeros(len(points), dtype=bool)
     observed = measured.observed
     if observed is None or not len(points):
