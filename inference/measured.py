@@ -139,7 +139,7 @@ NEAR_ONLY_M = 1.0
 NEAR_GROUND_M = 10.0
 NEAR_GROUND_TOLERANCE_M = 0.6
 #: An addition on an observing sweep's ray that returned farther than it (by this many metres, plus this share
-#: of its range), or returned nothing at all, stood where that sensor saw through (`sight_through`); an older
+#: of its range), or returned nothing within its reach, stood where that sensor saw through (`sight_through`); an older
 #: sweep's point on a ray the newest returned farther on is gone by the forecast's frames (`seen_past`).
 SIGHT_TOLERANCE_M = 0.3
 SIGHT_SLOPE = 0.05
@@ -735,37 +735,29 @@ def settle_additions(image: RangeImage, points: np.ndarray, measured: MeasuredVi
 
     1. A lone addition goes: a return none of whose 8 neighbouring rays returns within `LONE_RADIUS_M` (plus
        `LONE_SLOPE` of its range, the rays' own spread) of its point stands where nothing was seen (a speckle
-       in the sky, a streak through a gap). On KITTI 00 at 1.0 s they were about 1 % of the points, most with
-       no truth within a metre.
+       in the sky, a streak through a gap).
     2. An addition behind a measured surface that borders it (farther than a measured range within `GAP_REACH`
        of it divided by `BEHIND_RATIO`) takes that surface's range: a surface seen from a new angle spreads its
-       points apart, and the rays between them meet it, not the ground the network drew behind it. On KITTI
-       00 at 1.0 s that was ground drawn through parked cars.
+       points apart, and the rays between them meet it, not the ground the network drew behind it (through
+       parked cars).
     3. Within `NEAR_ONLY_M` of an observing sensor an addition off the ground near the car goes: from there
        the pose sees with nearly that sweep's eyes, and the observation explains the frame but for the holes
        around the car (the observing sensors' blind discs moved, the gaps between re-projected rings), which
        the network fills with ground well; a guessed surface costs the squared Chamfer the square of its
-       error. On the shared KITTI raw drive creeping at 0.18 m a frame, a 0.1 s forecast (one sweep) was
-       1.93x the better baseline without the rule and 1.01x with it, most of the difference from additions
-       40-80 m away. A metre or more from every observing sensor the truth sees past what was measured, and
-       the network fills it: on that drive a reach of 1 m leaves the forecast at 0.822 / 0.326x the better
-       baseline at 0.5 / 1.0 s (one sweep) and 0.639 / 0.378x (three); docs/evaluation.md compares reaches.
+       error. A metre or more from every observing sensor the truth sees past what was measured, and the
+       network fills it.
     4. An addition on a ray of the fine grid (`lidar.ray_grid`) that a measured point returns on goes: a pixel
-       is taller than a fine ray, and an addition drawn in front of its neighbour's measured point there was
-       the worse range (on KITTI 00 at 1.0 s, 3 % of the rays all methods return on, with 0.3-0.4 m median
-       error against the measured point's 0.08-0.09 m).
+       is taller than a fine ray, and an addition drawn in front of its neighbour's measured point there is
+       the worse range.
     5. An addition where an observing sweep saw through goes (`sight_through`): its ray there returned
-       beyond it, or nothing at all. On the shared KITTI raw drive creeping behind traffic (0.18 m a frame)
-       a 0.1 s forecast's additions were 2 % of its points and 0.0031 m² of its 0.0194 m² squared Chamfer
-       (the newest sweep moved: 0.0159); seen-through ones gone, 0.7 % and 0.0002.
+       beyond it, or nothing within the sensor's reach.
     6. An addition beyond `FAR_ADDITION_M` behind a kept measured surface near its ray (within
        `FAR_BEHIND_REACH` of the fine grid: 0.2 deg up or down, 2 deg either side) goes (`far_behind`): a
        surface measured from elsewhere comes back sparse, and the network draws the far ground through the
-       gaps between its points, radial streaks beyond a street's walls. On KITTI 00 at 1.0 s, three sweeps
-       observed, the additions beyond 20 m were 0.4 % of the forecast's points and carried half of its
-       squared distance to the truth; without the ones behind a surface, the forecast went from 0.439 to
-       0.235 of the better baseline (one sweep) and from 0.233 to 0.175 (three). Nearer than 20 m, the
-       ground behind a parked car the new pose may see round stays.
+       gaps between its points, radial streaks beyond a street's walls. Nearer than 20 m, the ground behind a
+       parked car the new pose may see round stays.
+
+    docs/evaluation.md has what each rule was measured to do on the shared real drives.
     """
     # Each rule asks only about the additions, and the frame loses its dropped rays once, at the end: a rule
     # about a point does not depend on which other additions go.
@@ -803,9 +795,10 @@ def settle_additions(image: RangeImage, points: np.ndarray, measured: MeasuredVi
 def sight_through(points: np.ndarray, measured: MeasuredView) -> np.ndarray:
     """(N,) bool: the frame's sensor-frame `points` on a ray of an observing sweep (`Observation.sight`) that
     returned beyond them (by more than `SIGHT_TOLERANCE_M`, plus `SIGHT_SLOPE` of their range), or returned
-    nothing: the sweep saw through where they stand. A silent ray clears its whole length, far additions too: a
-    sensor that saw nothing there (the sky over open ground) has no surface within its reach on that ray, and a
-    pose a few metres on has none either (docs/evaluation.md, a real HDL-32E drive)."""
+    nothing within the sensor's reach (`max_range`): the sweep saw through where they stand. A silent ray clears
+    its whole reach, far additions too: a sensor that saw nothing there (the sky over open ground) has no
+    surface within its reach on that ray, and a pose a few metres on has none either (docs/evaluation.md, a
+    real HDL-32E drive)."""
     out = np.zeros(len(points), dtype=bool)
     observed = measured.observed
     if observed is None or not len(points):
@@ -814,7 +807,7 @@ def sight_through(points: np.ndarray, measured: MeasuredView) -> np.ndarray:
     for sight, sweep_pose in zip(observed.sight, observed.poses, strict=True):
         local = transform_points(points[:, :4].astype(np.float32), np.linalg.inv(sweep_pose) @ measured.pose)
         inside, seen, rng = _sight_at(sight, local, sensor)
-        out |= inside & (_seen_beyond(seen, rng) | (seen <= 0))
+        out |= inside & (_seen_beyond(seen, rng) | ((seen <= 0) & (rng <= sensor.max_range)))
     return out
 
 

@@ -113,6 +113,7 @@ def test_a_recording_off_ten_hertz_says_what_its_horizons_count() -> None:
     assert note is not None and "0.086 s apart" in note and "one sweep ahead" in note
     assert clock_note(0.1036) is None and clock_note(0.1) is None and clock_note(None) is None
     assert clock_note(0.2) is not None  # a 5 Hz recording
+    assert clock_note(0.0) is None and clock_note(float("nan")) is None  # no clock: stamps all alike, or none
 
 
 @pytest.fixture(scope="module")

@@ -179,14 +179,15 @@ def test_a_full_grid_of_beams_no_organised_height_fits_is_measured_beam_for_beam
         np.testing.assert_array_equal(geometry.rows, rows[order])
 
 
+@pytest.mark.parametrize("share", [0.3, 1.0])
 @pytest.mark.parametrize("second", ["farther", "the same point"])
-def test_second_returns_of_a_firing_stored_beside_the_first_keep_the_scan_order(second):
+def test_second_returns_of_a_firing_stored_beside_the_first_keep_the_scan_order(second, share):
     """A dual-return sensor stores a firing's two returns one after the other, at one azimuth up to rounding (or
     the same point twice where both returns are one, as a forecast's frame keeps a measurement's duplicates): a
     step of zero or a rounding's back is the same firing, not a sweep out of order."""
     sensor = HDL64.with_width(2000)
     points, rows = ring_by_ring(sensor, 0.0, seed=6)
-    dual = np.random.default_rng(6).random(len(points)) < 0.3
+    dual = np.random.default_rng(6).random(len(points)) < share  # 1.0: every firing stores two returns
     echo = points[dual].copy()
     if second == "farther":
         echo[:, :3] *= 1.2

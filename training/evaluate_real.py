@@ -281,7 +281,9 @@ def evaluate_recording(pipe: LidarVersePipeline, cfg: RealSequenceConfig, seed: 
 def clock_note(interval: float | None) -> str | None:
     """What the horizons' labels mean for a recording whose sweeps are not 1 / `FRAME_RATE_HZ` apart (a Velodyne
     capture at 11.7 Hz): a horizon counts sweeps, and the model is asked for the sweeps' own times."""
-    if interval is None or abs(interval * FRAME_RATE_HZ - 1.0) <= CLOCK_TOLERANCE:
+    if interval is None or not math.isfinite(interval) or interval <= 0.0:
+        return None  # no clock to speak of: the sweeps are placed at the protocol's 10 Hz
+    if abs(interval * FRAME_RATE_HZ - 1.0) <= CLOCK_TOLERANCE:
         return None
     return (f"This recording's sweeps are {interval:.3f} s apart, not {1.0 / FRAME_RATE_HZ:.1f}: a horizon counts "
             f"sweeps, labelled at {FRAME_RATE_HZ:g} Hz, so \"{seconds(1)}\" is one sweep ahead ({interval:.3f} s here), "

@@ -39,13 +39,16 @@ MIN_RANGE_M = 2.0
 #: Columns per revolution a spinning LiDAR can have: a scan-order step outside this is not one firing.
 COLUMN_RANGE = (64, 20_000)
 #: A sweep is stored ring by ring when this share of consecutive steps go forward by at most
-#: `_MAX_STEPS` typical steps (KITTI: 99.5 %; firing order steps 0 within a column, a shuffle anywhere).
+#: `_MAX_STEPS` typical steps (KITTI: 99.5 %; a shuffle steps anywhere).
 _MIN_FORWARD = 0.9
 _MAX_STEPS = 10.0
-#: A step back by less than this share of the typical step is a second return of the same firing (a dual-return
-#: sensor's, or one return stored twice, as a world model's frame keeps a measurement's duplicates), whose
-#: azimuth differs from the first's by rounding only.
-_SAME_FIRING = 0.01
+#: A step within this of zero (rad, a hundredth of the finest column) is a second return of the same firing: a
+#: dual-return sensor's, or one return stored twice (a world model's frame keeps a measurement's duplicates),
+#: whose azimuth differs from the first's by rounding only.
+_SAME_FIRING_RAD = 0.01 * 2.0 * np.pi / COLUMN_RANGE[1]
+#: At least this share of the steps move on to another firing: ring by ring all do but the second returns
+#: (half the steps where every firing stores two), firing order one in each column's beams (1/16 to 1/128).
+_MIN_MOVING = 0.4
 #: A step this far backwards passes over azimuths without returns (KITTI's camera-view files jump back by
 #: the crop's 80 deg, each ring covering only the view); a full sweep's near returns step back at most ~7 deg.
 _UNSEEN_JUMP = np.radians(20.0)
@@ -158,11 +161,14 @@ def unfold_scan_order(xyz: np.ndarray) -> Rings | None:
     pts = xyz[index]
     az = np.arctan2(pts[:, 1], pts[:, 0])
     step = _wrapped(np.diff(az))
-    step *= 1.0 if np.median(step) >= 0 else -1.0  # the spin's direction: forward is positive
-    typical = float(np.median(step))
+    moving = np.abs(step) > _SAME_FIRING_RAD
+    if np.mean(moving) < _MIN_MOVING:
+        return None
+    step *= 1.0 if np.median(step[moving]) >= 0 else -1.0  # the spin's direction: forward is positive
+    typical = float(np.median(step[moving]))
     if not 2.0 * np.pi / COLUMN_RANGE[1] <= typical <= 2.0 * np.pi / COLUMN_RANGE[0]:
         return None
-    if np.mean((step >= -_SAME_FIRING * typical) & (step <= _MAX_STEPS * typical)) < _MIN_FORWARD:
+    if np.mean((step >= -_SAME_FIRING_RAD) & (step <= _MAX_STEPS * typical)) < _MIN_FORWARD:
         return None
     # a step far backwards crosses azimuths without returns (a crop to a camera's view): the head turned on
     back = step < -_UNSEEN_JUMP
@@ -181,7 +187,7 @@ def unfold_scan_order(xyz: np.ndarray) -> Rings | None:
     crop = f"; {int(back.sum())} jumps over azimuths without returns" if back.any() else ""
     note = (
         f"ring recovered from the scan order: the points are stored ring by ring, {count} rings from a cut "
-        f"{np.degrees(cut):.1f} deg before the first point ({2.0 * np.pi / typical:,.0f} returns a turn{crop})"
+        f"{np.degrees(cut):.1f} deg before the first point ({2.0 * np.pi / typical:,.0f} firings a turn{crop})"
     )
     return Rings(_by_elevation(full, xyz), RING_FROM_SCAN_ORDER, note)
 
