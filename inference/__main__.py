@@ -63,6 +63,7 @@ from inference.upsample import (
 )
 from lidar import sandbox
 from lidar.errors import InputError, shown
+from lidar.recordings import TOPIC_HELP
 from lidar.sensors import PRESETS, Sensor
 from lidar.sim import ACTIONS, STYLES, make_world
 from lidar.sim.world import World
@@ -355,8 +356,7 @@ def _parser() -> argparse.ArgumentParser:
             "a JSON list of 4x4 world_from_sensor poses (default: register several scans, identity for one)",
         )
         how.add_argument("--register", action="store_true", help="register the scans with KISS-ICP")
-        p.add_argument("--topic", default=None,
-                       help="the PointCloud2 topic of a bag (or the log of a nuScenes root); needed when it holds several")
+        p.add_argument("--topic", default=None, help=TOPIC_HELP)
 
     scans_geometry = "the scans' own geometry, else the model's"
 
@@ -440,8 +440,7 @@ def _parser() -> argparse.ArgumentParser:
                          "Argoverse 2 log), a folder or a zip of sweeps, of which --sweep is taken")
     up.add_argument("--sweep", type=_WHOLE, default=0,
                     help="which sweep of a recording, folder or zip (default: 0, the first)")
-    up.add_argument("--topic", default=None,
-                    help="the PointCloud2 topic of a bag (or the log of a nuScenes root); needed when it holds several")
+    up.add_argument("--topic", default=None, help=TOPIC_HELP)
     target = up.add_mutually_exclusive_group()
     target.add_argument("--factor", type=_WHOLE, default=None,
                         help=f"beams per measured gap (default {DEFAULT_FACTOR}; 1 fills the sweep's own silent rays)")

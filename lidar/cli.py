@@ -32,7 +32,7 @@ from lidar.formats import (
 )
 from lidar.formats.io import format_for
 from lidar.range_image import beam_rows, point_elevations, project
-from lidar.recordings import is_container
+from lidar.recordings import TOPIC_HELP, is_container
 from lidar.recordings.convert import (
     BAG_SUFFIXES,
     check_bag_output,
@@ -243,7 +243,7 @@ def build_parser() -> argparse.ArgumentParser:
     info.add_argument("file", type=Path)
     info.add_argument("--json", action="store_true", help="print JSON instead of text")
     info.add_argument("--sensor", help=f"use this {sensors} instead of detecting it")
-    info.add_argument("--topic", help="the PointCloud2 topic of a bag (or the log of a nuScenes root) to read")
+    info.add_argument("--topic", help=TOPIC_HELP)
     info.set_defaults(func=cmd_info)
 
     convert = sub.add_parser("convert", help="rewrite a file in the format of OUT's extension")
@@ -251,7 +251,7 @@ def build_parser() -> argparse.ArgumentParser:
     convert.add_argument("output", type=Path, help=".bin, .pcd.bin (nuScenes), .pcd, .ply, .npy, .npz, .las, .laz; "
                          "a recording (bag, pcap, dataset log) to .mcap, .db3 or .bag")
     convert.add_argument("--sensor", help=f"{sensors}; derives a ring column (nearest beam) when the file has none")
-    convert.add_argument("--topic", help="the PointCloud2 topic of a bag (or the log of a nuScenes root) to read")
+    convert.add_argument("--topic", help=TOPIC_HELP)
     convert.add_argument("--sweeps", help="START:STOP, the sweeps of a recording to write, e.g. 0:8 or --sweeps=-8: "
                          "(default: all)")
     convert.set_defaults(func=cmd_convert)
@@ -264,7 +264,7 @@ def build_parser() -> argparse.ArgumentParser:
     render.add_argument("--extent", type=_extent_metres, default=50.0,
                         help=f"BEV half-width in metres, up to {MAX_EXTENT_M:g} (default 50)")
     render.add_argument("--color-by", choices=("height", "density", "intensity"), default="height")
-    render.add_argument("--topic", help="the PointCloud2 topic of a bag (or the log of a nuScenes root) to read")
+    render.add_argument("--topic", help=TOPIC_HELP)
     render.add_argument("--sweep", type=int, default=0, help="the sweep of a recording to draw (default 0, the first)")
     render.set_defaults(func=cmd_render)
     return parser

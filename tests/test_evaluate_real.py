@@ -30,6 +30,7 @@ from training.evaluate_real import (
     baselines,
     clock_note,
     evaluate_recording,
+    format_real,
     main,
     picture_names,
     start_plan,
@@ -37,6 +38,8 @@ from training.evaluate_real import (
 from training.sweep_scores import sweep_scores
 
 KITTI00 = Path(__file__).resolve().parents[2] / "shared" / "data" / "real_seq" / "kitti00"
+HDL32_PCAP = (Path(__file__).resolve().parents[2] / "shared" / "data" / "recordings" / "velodyne_hdl32_pcap"
+              / "hdl32_example.pcap")
 
 
 def one_point_per_cell(seed: int = 0) -> np.ndarray:
@@ -199,3 +202,15 @@ def test_registered_kitti00_poses_are_reported_against_the_ground_truth_file(rel
     # scored against the full sweep: the baselines carry about the truth's points, not a model grid's
     rows = report["tables"]["K=3"]["horizons"]["0.5 s"]
     assert rows[LAST_MOVED]["points"] > 0.85
+
+
+@pytest.mark.skipif(not HDL32_PCAP.is_file(), reason="the shared HDL-32E capture is not beside the checkout")
+def test_a_recording_file_is_scored_on_its_own_clock(release) -> None:
+    """A Velodyne pcap as it was captured (11.7 Hz), read by the container readers: registered, scored against
+    its full sweeps, and its horizons' labels explained."""
+    cfg = RealSequenceConfig(data=str(HDL32_PCAP), prefixes=(1,), horizons=(1,), max_starts=1, occ4d=False)
+    report = evaluate_recording(load_pipeline(release), cfg)
+    assert report["sweeps"] == 5 and report["poses"]["source"].startswith("registered")
+    assert 0.08 < report["sweep_interval_s"] < 0.09
+    assert report["tables"]["K=1"]["horizons"]["0.1 s"][LAST_MOVED]["points"] > 0.85
+    assert "one sweep ahead" in format_real(report)

@@ -40,6 +40,7 @@ from inference.pipeline import LidarVersePipeline
 from lidar.errors import InputError
 from lidar.range_image import elevation_span
 from lidar.ray_grid import field_of_view, in_field_of_view, nearest_per_ray, ray_image, span_rows, z_buffer
+from lidar.recordings import TOPIC_HELP
 from lidar.registration import register_sweeps
 from lidar.render import labelled, range_image_png
 from lidar.sequence import Recording, open_recording
@@ -105,6 +106,9 @@ class RealSequenceConfig:
     """One real-sequence evaluation; the defaults are the release protocol on the shared KITTI 00 frames."""
 
     data: str = str(Path(__file__).resolve().parents[2] / "shared" / "data" / "real_seq" / "kitti00")
+    #: The stream to read where `data` is a recording container holding several (a bag's PointCloud2 topic,
+    #: a nuScenes log).
+    topic: str | None = None
     #: "registered" (KISS-ICP over the whole recording) or "file" (the recording's poses file).
     poses: str = "registered"
     prefixes: tuple[int, ...] = PREFIX_LENGTHS
@@ -251,7 +255,7 @@ def evaluate_setting(pipe: LidarVersePipeline, rec: Recording, sweep: Callable[[
 def evaluate_recording(pipe: LidarVersePipeline, cfg: RealSequenceConfig, seed: int = 0,
                        pictures: Path | None = None) -> dict[str, Any]:
     """The whole protocol on one recording; returns the JSON-ready report (`format_real` renders it)."""
-    rec = open_recording(cfg.data)
+    rec = open_recording(cfg.data, topic=cfg.topic)
     poses, pose_info = recording_poses(rec, cfg.poses)
     main_settings = cfg.settings()
     extra = OCC4D_SETTINGS if cfg.occ4d else ()
@@ -425,7 +429,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     report_arguments(parser)
     parser.add_argument("--data", default=RealSequenceConfig.data, help="recording folder (KITTI odometry or raw "
-                        "layout, a folder with poses.json, or sweeps alone)")
+                        "layout, a folder with poses.json, or sweeps alone) or recording (a Velodyne or Ouster "
+                        "pcap, a ROS bag, an MCAP, a nuScenes root, an Argoverse 2 log)")
+    parser.add_argument("--topic", default=None, help=TOPIC_HELP)
     parser.add_argument("--poses", default="registered", choices=("registered", "file"))
     parser.add_argument("--prefixes", type=int, nargs="+", default=list(PREFIX_LENGTHS), help="sweeps observed")
     parser.add_argument("--horizons", type=int, nargs="+", default=list(HORIZONS), help="frames ahead (10 Hz)")
@@ -436,7 +442,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     start_run(args)
     try:
-        cfg = RealSequenceConfig(data=args.data, poses=args.poses, prefixes=tuple(args.prefixes),
+        cfg = RealSequenceConfig(data=args.data, topic=args.topic, poses=args.poses, prefixes=tuple(args.prefixes),
                                  horizons=tuple(args.horizons), steps=args.steps, max_starts=args.max_starts,
                                  occ4d=not args.no_occ4d)
         pipe = load_pipeline(args.model, device="cpu", dtype=args.dtype)

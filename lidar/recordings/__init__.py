@@ -17,6 +17,8 @@ from lidar.recordings.bag_guard import MCAP_MAGIC, ROS1_MAGIC, SQLITE_MAGIC
 from lidar.recordings.base import ContainerRecording, unreadable
 from lidar.sensors import Sensor
 
+#: What a command line's `--topic` chooses, in its help.
+TOPIC_HELP = "the PointCloud2 topic of a bag (or the log of a nuScenes root) to read; needed when it holds several"
 #: File suffixes of the single-file containers (what an upload may be); folders are recognised by layout.
 CONTAINER_SUFFIXES = (".bag", ".db3", ".mcap", ".pcap")
 _BAG_MAGICS = (ROS1_MAGIC, MCAP_MAGIC, SQLITE_MAGIC)
