@@ -82,7 +82,7 @@ from app_policy import (
 from inference import LidarVersePipeline, RolloutResult, load_pipeline, write_rollout
 from inference import Progress as RolloutProgress
 from inference.limits import APP_LIMITS
-from inference.loader import ModelSourceError, Provenance, env_flag
+from inference.loader import DTYPE_HELP, ModelSourceError, Provenance, env_flag
 from inference.network import WorldModelConfig
 from inference.observed import ObservedScene, check_inside, observe, record_prefix, shifted_path
 from inference.results4d import write_upsample_views, write_views
@@ -1686,8 +1686,7 @@ def _parser() -> _Parser:
     parser.add_argument("--share", action="store_true", help="also serve through a public gradio.live link")
     parser.add_argument("--threads", type=int, default=None,
                         help="CPU threads for the model (default: torch's choice; 1 is fastest on a busy machine)")
-    parser.add_argument("--dtype", default=None, help="float32, bfloat16 or float16 (default: bfloat16 on a GPU "
-                        "and on a CPU with AMX, else float32)")
+    parser.add_argument("--dtype", default=None, help=DTYPE_HELP)
     parser.add_argument("--allow-model-switch", action="store_true", default=env_flag(SWITCH_ENV),
                         help=f"let visitors switch the model among weights/default, --model and --allow-source "
                              f"(default: off, or on when ${SWITCH_ENV}=1)")

@@ -39,6 +39,7 @@ from typing import Any
 import psutil
 
 from inference.limits import LIBRARY_LIMITS
+from inference.loader import DTYPE_HELP
 from inference.observed import ObservedScene, check_inside, observe, record_prefix, shifted_path
 from inference.pipeline import (
     MAX_FRAMES,
@@ -337,10 +338,7 @@ def _parser() -> argparse.ArgumentParser:
         )
         p.add_argument("--config", default=None, help="config.json for a bare weights file")
         p.add_argument("--device", default=None, help="cpu or cuda (default: cuda if available)")
-        p.add_argument(
-            "--dtype", default=None, help="float32, bfloat16 or float16 (default: bf16 on cuda and on a CPU with AMX, "
-            "else fp32)"
-        )
+        p.add_argument("--dtype", default=None, help=DTYPE_HELP)
         p.add_argument("--quiet", action="store_true", help="no per-frame progress lines")
         p.add_argument("--verbose", action="store_true", help="log loading and I/O details")
 

@@ -534,6 +534,8 @@ def _ema_from_metadata(meta: dict[str, str], default: bool | None) -> bool | Non
 # ---------------------------------------------------------------------------------------------------------
 
 
+#: What a command line's `--dtype` chooses, in its help: `inference_device`'s default where none is given.
+DTYPE_HELP = "float32, bfloat16 or float16 (default: bfloat16 on a GPU and on a CPU with AMX, else float32)"
 _DTYPES = {
     "float32": torch.float32,
     "fp32": torch.float32,

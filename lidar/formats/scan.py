@@ -84,7 +84,7 @@ class Scan:
     #: "elevation clusters"); "" without a ring, and a ring given without a source counts as the file's.
     ring_source: str = ""
     #: `lidar.formats.sweep_geometry`'s answer once it has measured this sweep (in a 1-tuple; empty before): a
-    #: request measures an upload when it sizes its grid and again when it runs, 17-22 ms each on KITTI.
+    #: request asks for an upload's geometry when it sizes its grid and again when it runs.
     measured: tuple[Any, ...] = field(default=(), init=False, repr=False, compare=False)
 
     @property
