@@ -177,6 +177,8 @@ def test_the_cli_prints_the_tables_and_names_a_missing_recording(recording, rele
     assert json.loads(out.read_text())["tables"]["K=3"]["starts"]["0.4 s"] == ["000002.bin"]
     assert {p.name for p in pictures.iterdir()} == {n for h in (2, 4) for n in picture_names(recording.name, h)}
     assert picture_names("KITTI 00", 10) == ("real_kitti-00_bev_10.png", "real_kitti-00_range_10.png")
+    assert picture_names("KITTI 00", 10, "bfloat16") == ("real_kitti-00_bev_10_bfloat16.png",
+                                                         "real_kitti-00_range_10_bfloat16.png")
     assert Image.open(pictures / picture_names(recording.name, 4)[1]).width == COLUMNS  # the truth's fine grid
     # the release card carries the same tables under its real-recordings heading
     from training.export import evaluation_section

@@ -280,6 +280,8 @@ def test_release_carries_the_evaluation_pictures_and_the_card_shows_them(job, tm
     assert "](eval_sim_bev.png)" in card and "eval_kitti_bev.png" not in card
     assert export_module.picture_caption("real_kitti00_range_10.png") == (
         "real `kitti00`, 1 s ahead: truth / forecast / every prefix sweep moved (range images)")
+    assert export_module.picture_caption("real_kitti00_bev_10_bfloat16.png") == (
+        "real `kitti00` in bfloat16, 1 s ahead: truth | forecast | every prefix sweep moved (BEV)")
     assert export_module.picture_caption("eval_sim_bev_hdl64.png").startswith("simulated drive on hdl64, 1.0 s ahead")
     assert export_module.picture_caption("unrelated.png") is None
     export(job[0], release, pictures=pictures)  # a release with pictures can be replaced by the next export
@@ -462,3 +464,14 @@ def test_push_options_are_checked_before_any_work(job, tmp_path, capsys) -> None
         main([str(job[0]), str(tmp_path / "out"), "--push-to-hub", "no-org"])
     assert "expects ORG/NAME" in capsys.readouterr().err
     assert not (tmp_path / "out").exists()
+
+
+def test_every_file_of_the_shipped_release_is_a_release_file_its_card_shows() -> None:
+    """A file the exporter does not know would stop the next export into the folder (`check_replaceable`) and
+    would not be pushed to a Hub repo; a picture the card does not show is dead weight."""
+    release = Path(__file__).resolve().parents[1] / "weights" / "default"
+    card = (release / "README.md").read_text()
+    for item in release.iterdir():
+        assert export_module.is_release_file(item.name), item.name
+        if item.suffix == ".png":
+            assert f"]({item.name})" in card, item.name

@@ -243,7 +243,7 @@ def evaluate_setting(pipe: LidarVersePipeline, rec: Recording, sweep: Callable[[
         for h in horizons:
             per_start[h].append(scores)
         if pictures is not None and end == plan[min(plan)][0]:
-            write_pictures(pictures, scores.kept, rec.names[end], Path(cfg.data).name)
+            write_pictures(pictures, scores.kept, rec.names[end], Path(cfg.data).name, pipe.provenance.dtype)
     table = {"prefix": setting.prefix, "stride": setting.stride,
              "starts": {seconds(h): [rec.names[e] for e in plan[h]] for h in plan},
              "common_rays": {seconds(h): _mean([s.common[h] for s in per_start[h]]) for h in plan},
@@ -334,15 +334,17 @@ def recording_slug(recording: str) -> str:
     return re.sub(r"[^a-z0-9_-]+", "-", recording.lower()) or "recording"
 
 
-def picture_names(recording: str, frames: int) -> tuple[str, str]:
-    """The BEV and range-image files of `recording` `frames` ahead: named by the recording, so one release
-    folder holds the pictures of every recording it was evaluated on."""
-    slug = recording_slug(recording)
-    return f"real_{slug}_bev_{frames}.png", f"real_{slug}_range_{frames}.png"
+def picture_names(recording: str, frames: int, dtype: str = "float32") -> tuple[str, str]:
+    """The BEV and range-image files of `recording` `frames` ahead: named by the recording (and the model's
+    dtype where it is not float32), so one release folder holds the pictures of every recording and dtype it was
+    evaluated on."""
+    stem = f"{recording_slug(recording)}_{{}}_{frames}" + ("" if dtype == "float32" else f"_{dtype}")
+    return f"real_{stem.format('bev')}.png", f"real_{stem.format('range')}.png"
 
 
-def write_pictures(out_dir: Path, kept: dict[int, Forecast], start: str, recording: str) -> None:
-    """`picture_names(recording, h)`: truth | forecast | moved prefix at the two longest horizons, every point
+def write_pictures(out_dir: Path, kept: dict[int, Forecast], start: str, recording: str,
+                   dtype: str = "float32") -> None:
+    """`picture_names(recording, h, dtype)`: truth | forecast | moved prefix at the two longest horizons, every point
     drawn (the range images on the ray grid, rows cropped to the truth's elevation span)."""
     out_dir.mkdir(parents=True, exist_ok=True)
     for h in sorted(kept)[-2:]:
@@ -351,7 +353,7 @@ def write_pictures(out_dir: Path, kept: dict[int, Forecast], start: str, recordi
         model, prefix = (c[in_field_of_view(c, span)] for c in (f.model_points, f.prefix_points))
         clouds = {f"truth, {label} ({len(f.truth):,} points)": f.truth,
                   f"{MODEL} ({len(model):,})": model, f"{PREFIX_MOVED} ({len(prefix):,})": prefix}
-        bev_name, range_name = picture_names(recording, h)
+        bev_name, range_name = picture_names(recording, h, dtype)
         bev_panels(list(clouds.items())).save(out_dir / bev_name)
         rows = span_rows(span)
         strips = {name: range_image_png(ray_image(nearest_per_ray(c), rows), max_range=PICTURE_MAX_RANGE, scale=2)

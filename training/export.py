@@ -55,11 +55,13 @@ TRAINING_NAME = "training.json"
 #: The repository's root: where a launch command's config must be tracked for a fresh clone to rerun it.
 REPO_ROOT = Path(__file__).resolve().parents[1]
 #: The evaluation's pictures a release may carry for its card (`training.evaluate --pictures`, on the model's
-#: grid or a preset's; `training.evaluate_real --pictures`, one recording's at a horizon in frames).
+#: grid or a preset's; `training.evaluate_real --pictures`, one recording's at a horizon in frames, and in a
+#: dtype other than float32 where the model ran in one).
 #: `training.evaluate_upsample --pictures`: one setting's (its index) given | each fill | truth, or the sparse
 #: example's given | each fill.
 PICTURE = re.compile(r"eval_sim_(?P<sim>bev|range)(?:_(?P<sensor>[a-z0-9-]+))?\.png|eval_kitti_bev\.png|"
-                     r"real_(?P<recording>[a-z0-9_-]+?)_(?P<real>bev|range)_(?P<frames>[0-9]+)\.png|"
+                     r"real_(?P<recording>[a-z0-9_-]+?)_(?P<real>bev|range)_(?P<frames>[0-9]+)"
+                     r"(?:_(?P<dtype>bfloat16|float16))?\.png|"
                      r"upsample_(?P<up>bev|range)_(?P<setting>[0-9]+|sparse)\.png")
 #: What a release folder holds besides its pictures; exporting replaces the whole folder, so nothing else may be in it.
 RELEASE_FILES = (CONFIG_NAME, WEIGHTS_NAME, CARD_NAME, TRAINING_NAME, FILL_WEIGHTS_NAME)
@@ -82,7 +84,8 @@ def picture_caption(name: str) -> str | None:
         return f"simulated drive{on}, 1.0 s ahead: {panels} ({view})"
     ahead = f"{int(match['frames']) / FRAME_RATE_HZ:g} s"
     panels = join.join(("truth", "forecast", "every prefix sweep moved"))
-    return f"real `{match['recording']}`, {ahead} ahead: {panels} ({view})"
+    dtype = f" in {match['dtype']}" if match["dtype"] else ""
+    return f"real `{match['recording']}`{dtype}, {ahead} ahead: {panels} ({view})"
 
 
 def upsample_caption(setting: str, bev: bool) -> str:
